@@ -1,0 +1,46 @@
+# k3forge: `make gate` and `make test` are the two commands a newcomer types (see README).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU machines carry a local CPU build of exactly this torch; an unpinned torch pulls a CUDA build.
+TORCH_CPU := torch==2.13.0
+WHEELHOUSE := .wheelhouse
+# cp312 manylinux wheels of the pinned GPU extras, for GPU runners without a package index.
+WHEEL_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+GPU_WHEELS := nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+	nvidia-cutlass-dsl-libs-cu13==4.8.1 fla-core==0.6.0
+
+.PHONY: install test gate bench wheelhouse clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_CPU)
+	$(BIN)/pip install -q -e '.[gpu,test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+gate: $(STAMP)
+	$(BIN)/k3forge gate
+
+bench: $(STAMP)
+	$(BIN)/k3forge bench
+
+# Wheels split into parts under 46 MB: one device call carries at most 64 MiB.
+wheelhouse:
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b
+	$(PYTHON) -m pip download --no-deps $(WHEEL_PLATFORM) -d $(WHEELHOUSE)/all $(GPU_WHEELS)
+	cd $(WHEELHOUSE)/all && for w in *.whl; do \
+		if [ $$(stat -c %s $$w) -gt 46000000 ]; then split -b 46M -d $$w ../a/$$w.part; else cp $$w ../a/; fi; done
+	mv $(WHEELHOUSE)/a/*.part01 $(WHEELHOUSE)/b/ 2>/dev/null || true
+	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b
+
+clean:
+	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache
