@@ -37,11 +37,15 @@ class Part:
     tensor: CkptTensor
     shard_dim: int | None = None  # None: replicated, every rank reads all of it
     local_size: int | None = None  # zero-pad the rank's slice to this size along shard_dim
+    extent: int | None = None  # only the first `extent` entries along shard_dim are real (A_log's padding)
+
+    def _rank_len(self, tp: TP) -> int:
+        return (self.extent or self.tensor.shape[self.shard_dim]) // tp.size
 
     def local_shape(self, tp: TP) -> tuple[int, ...]:
         shape = list(self.tensor.shape)
         if self.shard_dim is not None:
-            shape[self.shard_dim] = self.local_size or shape[self.shard_dim] // tp.size
+            shape[self.shard_dim] = self.local_size or self._rank_len(tp)
         return tuple(shape)
 
     def read(self, get_slice: Callable[[str], object], tp: TP) -> torch.Tensor:
@@ -49,7 +53,7 @@ class Part:
         sl = get_slice(self.tensor.name)
         if self.shard_dim is None:
             return sl[:]
-        n = self.tensor.shape[self.shard_dim] // tp.size
+        n = self._rank_len(tp)
         index = [slice(None)] * len(self.tensor.shape)
         index[self.shard_dim] = slice(tp.rank * n, (tp.rank + 1) * n)
         t = sl[tuple(index)]
@@ -97,7 +101,7 @@ class BindingSet:
         for b in bindings:
             parts = tuple(
                 Part(CkptTensor(ckpt_prefix + p.tensor.name, p.tensor.shape, p.tensor.dtype, p.tensor.init),
-                     p.shard_dim, p.local_size)
+                     p.shard_dim, p.local_size, p.extent)
                 for p in b.parts
             )
             self.items.append(Binding(param_prefix + b.param, parts, b.index, b.pad_rows))

@@ -1,0 +1,61 @@
+"""What one forward step computes: tokens grouped by sequence, each sequence bound to a cache slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+
+class StepKind(str, Enum):
+    PREFILL = "prefill"  # every sequence brings new prompt tokens
+    DECODE = "decode"  # one new token per sequence, all with cached context
+    VERIFY = "verify"  # 1 + spec_tokens tokens per sequence (speculative verification)
+    MIXED = "mixed"  # prefill and decode sequences in one step
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Flat token layout: sequence i owns tokens [starts[i], starts[i] + query_lens[i])."""
+
+    slots: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]  # tokens already cached for each sequence before this step
+    spec_tokens: int = 0  # > 0 marks a verification step
+
+    def __post_init__(self) -> None:
+        if not (len(self.slots) == len(self.query_lens) == len(self.context_lens)):
+            raise ValueError("StepBatch: slots, query_lens and context_lens differ in length")
+        if any(q < 1 for q in self.query_lens):
+            raise ValueError("StepBatch: every sequence needs at least one new token")
+        if self.spec_tokens and any(q != 1 + self.spec_tokens for q in self.query_lens):
+            raise ValueError("StepBatch: a verification step has 1 + spec_tokens tokens per sequence")
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.query_lens)
+
+    @property
+    def kind(self) -> StepKind:
+        if self.spec_tokens:
+            return StepKind.VERIFY
+        decode = [q == 1 and c > 0 for q, c in zip(self.query_lens, self.context_lens)]
+        if all(decode):
+            return StepKind.DECODE
+        return StepKind.MIXED if any(decode) else StepKind.PREFILL
+
+    @property
+    def starts(self) -> list[int]:
+        out, pos = [], 0
+        for q in self.query_lens:
+            out.append(pos)
+            pos += q
+        return out
+
+    def slot_tensor(self, device: torch.device | str) -> torch.Tensor:
+        return torch.tensor(self.slots, dtype=torch.int64, device=device)

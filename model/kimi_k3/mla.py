@@ -1,0 +1,104 @@
+"""MLA layer (spec §4): q-LoRA, NoPE, output gate; materialized prefill and weight-absorbed decode over a
+latent cache of [normalized c_kv | k_pe] per token (576 wide in K3), with its checkpoint bindings."""
+
+from __future__ import annotations
+
+import torch
+
+from .batch import StepBatch, StepKind
+from .cache import ModelCache
+from .config import KimiK3Config
+from .module import Weighted, rms_norm
+from .parallel import TP
+from .weights import Binding, CkptTensor, Part, single
+
+# Moonshot's modeling code builds the q/kv LoRA norms with KimiRMSNorm's default eps (vLLM uses 1e-5);
+# the modeling code defines what the checkpoint means (spec §10).
+LORA_NORM_EPS = 1e-6
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+               lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
+    """Weight-absorbed decode attention, one query token per sequence.
+
+    q_nope [B, H, N], q_pe [B, H, R]; kv_cache [slots, L, C + R] ([c_kv | k_pe]); lengths [B] valid
+    entries (the current token included); w_uk [H, N, C] maps c_kv to k_nope, w_uv [H, V, C] to v.
+    Returns [B, H, V] fp32.
+    """
+    c = w_uk.shape[-1]
+    entries = kv_cache[slots].float()  # [B, L, C + R]
+    q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float())
+    query = torch.cat([q_lat, q_pe.float()], dim=-1)  # [B, H, C + R]
+    scores = torch.einsum("bhe,ble->bhl", query, entries) * scale
+    valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
+    probs = torch.softmax(scores.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
+    latent = torch.einsum("bhl,blc->bhc", probs, entries[..., :c])
+    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
+
+
+class KimiMLA(Weighted):
+    def __init__(self, cfg: KimiK3Config, layer: int, tp: TP, act_dtype: torch.dtype):
+        super().__init__(tp, act_dtype)
+        self.layer = layer
+        pre = f"model.layers.{layer}.self_attn."
+        d, h = cfg.hidden_size, cfg.num_attention_heads
+        self.heads = tp.local(h)
+        self.q_lora, self.kv_lora, self.rope = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        self.nope, self.v_dim = cfg.qk_nope_head_dim, cfg.v_head_dim
+        self.scale = cfg.qk_head_dim**-0.5
+        bf16 = torch.bfloat16
+
+        self.declare(Binding("fused_qkv_a", (
+            Part(CkptTensor(pre + "q_a_proj.weight", (self.q_lora, d), bf16)),
+            Part(CkptTensor(pre + "kv_a_proj_with_mqa.weight", (self.kv_lora + self.rope, d), bf16)),
+        )))
+        self.declare(single("q_a_norm", pre + "q_a_layernorm.weight", (self.q_lora,), bf16, "ones"))
+        self.declare(single("kv_a_norm", pre + "kv_a_layernorm.weight", (self.kv_lora,), bf16, "ones"))
+        self.declare(single("q_b_proj", pre + "q_b_proj.weight", (h * cfg.qk_head_dim, self.q_lora), bf16, shard_dim=0))
+        self.declare(single("kv_b_proj", pre + "kv_b_proj.weight", (h * (self.nope + self.v_dim), self.kv_lora), bf16,
+                            shard_dim=0))
+        self.declare(single("g_proj", pre + "g_proj.weight", (h * self.v_dim, d), bf16, shard_dim=0))
+        self.declare(single("o_proj", pre + "o_proj.weight", (d, h * self.v_dim), bf16, shard_dim=1))
+
+    def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, nope, kv_lora] and W_UV [H, v, kv_lora], views of kv_b_proj."""
+        kv_b = self.kv_b_proj.view(self.heads, self.nope + self.v_dim, self.kv_lora)
+        return kv_b[:, :self.nope], kv_b[:, self.nope:]
+
+    def forward(self, x: torch.Tensor, batch: StepBatch, cache: ModelCache, ops) -> torch.Tensor:
+        t = x.shape[0]
+        c_q, c_kv, k_pe = (x @ self.fused_qkv_a.t()).split([self.q_lora, self.kv_lora, self.rope], dim=-1)
+        c_q, c_kv = rms_norm(c_q, self.q_a_norm, LORA_NORM_EPS), rms_norm(c_kv, self.kv_a_norm, LORA_NORM_EPS)
+        q = (c_q @ self.q_b_proj.t()).view(t, self.heads, self.nope + self.rope)
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        kv = cache.kv[self.layer]
+        entry = torch.cat([c_kv, k_pe], dim=-1)
+        for slot, start, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens):
+            kv[slot, ctx:ctx + n] = entry[start:start + n]
+
+        w_uk, w_uv = self.absorbed()
+        if batch.kind == StepKind.DECODE:
+            lengths = torch.tensor(batch.context_lens, device=x.device) + 1
+            attn = ops.call("mla_decode", q_nope, q_pe, kv, batch.slot_tensor(x.device), lengths, w_uk, w_uv,
+                            self.scale)
+        else:
+            attn = torch.cat([
+                self._prefill(q_nope[s:s + n], q_pe[s:s + n], kv[slot, :ctx + n], w_uk, w_uv)
+                for slot, s, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens)
+            ])
+        gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(x @ self.g_proj.t())
+        return self.tp.all_reduce(gated @ self.o_proj.t())
+
+    def _prefill(self, q_nope, q_pe, entries, w_uk, w_uv) -> torch.Tensor:
+        """Materialized causal attention of n new queries over a sequence's whole cached context [L, C + R]."""
+        n, total = q_nope.shape[0], entries.shape[0]
+        c_kv, k_pe = entries.float().split([self.kv_lora, self.rope], dim=-1)
+        k_nope = torch.einsum("lc,hnc->lhn", c_kv, w_uk.float())
+        v = torch.einsum("lc,hvc->lhv", c_kv, w_uv.float())
+        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, self.heads, -1)], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1).float()
+        scores = torch.einsum("thd,lhd->htl", q, k) * self.scale
+        query_pos = torch.arange(total - n, total, device=q.device).unsqueeze(-1)
+        causal = torch.arange(total, device=q.device) <= query_pos  # [n, L]
+        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+        return torch.einsum("htl,lhv->thv", probs, v)

@@ -1,0 +1,107 @@
+"""The Kimi K3 text model (spec §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
+(no ordinary residual stream), final AttnRes, norm and the untied lm_head. Rank-local for a TP rank."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attn_res import AttnResWeights
+from .batch import StepBatch
+from .cache import ModelCache
+from .config import KimiK3Config
+from .dispatch import Dispatcher
+from .kda import KimiDeltaAttention
+from .mla import KimiMLA
+from .module import RMSNorm, Weighted
+from .moe import DenseMLP, LatentMoE
+from .parallel import TP
+from .weights import BindingSet, single
+
+
+class VocabParallel(Weighted):
+    """Embedding and lm_head rows split across ranks (vocab_size / tp each)."""
+
+    def __init__(self, cfg: KimiK3Config, tp: TP, act_dtype: torch.dtype):
+        super().__init__(tp, act_dtype)
+        v, d = cfg.vocab_size, cfg.hidden_size
+        self.rows = tp.local(v)
+        self.declare(single("embed", "model.embed_tokens.weight", (v, d), torch.bfloat16, "embed", shard_dim=0))
+        self.declare(single("lm_head", "lm_head.weight", (v, d), torch.bfloat16, "lm_head", shard_dim=0))
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.tp.rank * self.rows
+        mine = (local >= 0) & (local < self.rows)
+        out = self.embed[local.clamp(0, self.rows - 1)] * mine.unsqueeze(-1).to(self.embed.dtype)
+        return self.tp.all_reduce(out)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather_last(h.float() @ self.lm_head.float().t())
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: KimiK3Config, layer: int, tp: TP, act_dtype: torch.dtype):
+        super().__init__()
+        pre, d, eps = f"model.layers.{layer}.", cfg.hidden_size, cfg.rms_norm_eps
+        self.layer = layer
+        self.attn_res = AttnResWeights(pre, "self_attention_res", d, eps, tp, act_dtype)
+        self.input_layernorm = RMSNorm(pre + "input_layernorm.weight", d, eps, tp, act_dtype)
+        attn_cls = KimiMLA if cfg.is_mla_layer(layer) else KimiDeltaAttention
+        self.self_attn = attn_cls(cfg, layer, tp, act_dtype)
+        self.mlp_res = AttnResWeights(pre, "mlp_res", d, eps, tp, act_dtype)
+        self.post_attention_layernorm = RMSNorm(pre + "post_attention_layernorm.weight", d, eps, tp, act_dtype)
+        ffn_cls = LatentMoE if cfg.is_moe_layer(layer) else DenseMLP
+        self.ffn = ffn_cls(cfg, layer, tp, act_dtype)
+
+
+class KimiK3Model(nn.Module):
+    def __init__(self, cfg: KimiK3Config, tp: TP = TP(), act_dtype: torch.dtype = torch.bfloat16):
+        super().__init__()
+        cfg.check_tp(tp.size)
+        self.cfg, self.tp, self.act_dtype = cfg, tp, act_dtype
+        self.vocab = VocabParallel(cfg, tp, act_dtype)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp, act_dtype) for i in range(cfg.num_hidden_layers))
+        d, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.output_res = AttnResWeights("model.", "output_attn_res", d, eps, tp, act_dtype)
+        self.norm = RMSNorm("model.norm.weight", d, eps, tp, act_dtype)
+        self.ops = Dispatcher()
+
+    def bindings(self) -> BindingSet:
+        """Every parameter's checkpoint binding, with parameter paths relative to this model."""
+        out = BindingSet()
+        for path, module in self.named_modules():
+            if isinstance(module, Weighted):
+                out.add(module.weight_bindings, f"{path}." if path else "", "")
+        return out
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor, batch: StepBatch, cache: ModelCache) -> torch.Tensor:
+        """Run one step over the batch's tokens [T]; return the final hidden states [T, D] (before the norm)."""
+        self.ops.begin_step(batch)
+        for slot, n in zip(batch.slots, batch.query_lens):
+            cache.check_room(slot, n)
+        block_size = self.cfg.attn_res_block_size
+        partial = self.vocab.embed_tokens(token_ids).to(self.act_dtype)
+        blocks: list[torch.Tensor] = []
+        ffn_out = None
+        for layer in self.layers:
+            i = layer.layer
+            if ffn_out is not None:
+                partial = partial + ffn_out
+            writes = i % block_size == 0
+            if writes:
+                blocks.append(partial)
+            n_prev = -(-i // block_size)  # blocks completed before this layer
+            h = layer.attn_res(blocks[:n_prev] + [partial], self.ops) if n_prev else partial
+            a = layer.self_attn(layer.input_layernorm(h), batch, cache, self.ops)
+            partial = a if writes else partial + a
+            h2 = layer.mlp_res(blocks[:n_prev + writes] + [partial], self.ops)
+            ffn_out = layer.ffn(layer.post_attention_layernorm(h2), self.ops)
+        partial = partial + ffn_out
+        for slot, n in zip(batch.slots, batch.query_lens):
+            cache.lengths[slot] += n
+        return self.output_res(blocks + [partial], self.ops)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [T, vocab] from final hidden states (the final norm is applied here, as in vLLM)."""
+        return self.vocab.logits(self.norm(hidden))
