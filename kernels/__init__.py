@@ -1,0 +1,1 @@
+"""Model-independent kernel toolkit: contracts, arch detection, CuTe DSL runtime, timing, roofline."""
