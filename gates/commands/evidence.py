@@ -1,0 +1,85 @@
+"""`k3forge evidence verify [PATH]` and `k3forge evidence show PATH`: is the evidence intact, fresh, and what it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from gates.bundle import load_bundle
+from gates.cli import UsageError
+from gates.evidence import find_bundles, verify_bundle, verify_tree
+from gates.sources import REPO_ROOT, relative
+from gates.status import Status
+
+STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evidence", help="verify or show evidence bundles")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    verify = verbs.add_parser("verify", help="check integrity (manifest) and freshness (source hashes)")
+    verify.add_argument("path", nargs="?", type=Path,
+                        help="a bundle directory or a directory of bundles (default: evidence/)")
+    verify.set_defaults(func=run_verify)
+    show = verbs.add_parser("show", help="print a bundle's summary")
+    show.add_argument("path", type=Path, help="a bundle directory (evidence/<op>/<arch>)")
+    show.set_defaults(func=run_show)
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_dir():
+        raise UsageError(f"{path}: no such directory")
+    return path
+
+
+def run_verify(args) -> int:
+    path = _existing(args.path) if args.path else REPO_ROOT / "evidence"  # no evidence/ yet: nothing to verify
+    results = verify_tree(path)
+    out = Console(highlight=False)
+    if not results:
+        out.print(f"no evidence bundles under {relative(path)}")
+        return 0
+    for directory, problems in results.items():
+        if problems:
+            out.print(f"[red]✗[/] {relative(directory)}")
+            for problem in problems:
+                out.print(f"    {problem}", soft_wrap=True)
+        else:
+            out.print(f"[green]✓[/] {relative(directory)}: intact and fresh")
+    bad = sum(1 for p in results.values() if p)
+    out.print(f"{len(results) - bad} of {len(results)} bundle(s) intact and fresh")
+    return 1 if bad else 0
+
+
+def run_show(args) -> int:
+    directory = _existing(args.path)
+    if find_bundles(directory) != [directory]:
+        raise UsageError(f"{directory}: not a bundle directory (expected bundle.json and manifest.json)")
+    bundle = load_bundle(directory)
+    out = Console(highlight=False)
+    verdict = bundle.verdict
+    commit = (bundle.git.commit or "no commit")[:12] + (" (uncommitted changes)" if bundle.git.dirty else "")
+    out.print(Panel.fit(
+        f"[bold]{bundle.op}[/] on {bundle.arch} ({bundle.environment.device_name})\n"
+        f"verdict [{STYLE.get(verdict, 'red')}]{verdict.value}[/] · commit {commit} · {bundle.created}\n"
+        f"owners {', '.join(bundle.owners)} · backend {bundle.contract['backend']}", title="evidence"))
+    table = Table()
+    for col in ("gate", "status", "result"):
+        table.add_column(col)
+    for g in bundle.gates:
+        table.add_row(g.title, f"[{STYLE.get(g.status, 'red')}]{g.status.value}[/]",
+                      g.reason if g.status is Status.NOT_RUN else g.summary)
+    out.print(table)
+    for g in bundle.gates:
+        if g.status.failed and g.reason:
+            out.print(f"[red]{g.title}:[/] {g.reason}", soft_wrap=True)
+    for flag in bundle.flags:
+        out.print(f"[yellow]⚠[/] {flag}", soft_wrap=True)
+    problems = verify_bundle(directory)
+    out.print("[green]intact and fresh[/]" if not problems else "[red]not trustworthy:[/]\n  " + "\n  ".join(problems),
+              soft_wrap=True)
+    out.print(f"report: {relative(directory / 'report.html')}")
+    return 0

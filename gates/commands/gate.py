@@ -1,0 +1,84 @@
+"""`k3forge gate`: run every gate for every contract this machine can run, write the evidence bundles."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gates.cli import UsageError
+from gates.contracts import contract_files
+from gates.registry import Gate, registered
+from gates.runner import Reporter, gate_all, new_options
+from gates.sources import REPO_ROOT, relative
+from gates.status import GateResult, Status
+
+STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("gate", help="run the gates and write evidence bundles",
+                       description="Run every gate for every contract (or --ops) and write evidence/<op>/<arch>/.")
+    p.add_argument("--ops", help="comma-separated op names (default: every contract)")
+    p.add_argument("--contracts", type=Path, default=REPO_ROOT / "contracts", help="contracts directory")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "evidence", help="evidence directory")
+    p.add_argument("--seed", type=int, help="fix the master seed (to reproduce a failure; recorded as given)")
+    p.add_argument("--trials", type=int, default=2, help="seeded inputs per envelope point and distribution")
+    p.add_argument("--runs", type=int, default=4, help="candidate runs per input, all bitwise identical")
+    p.add_argument("--steps", type=int, default=32, help="consecutive steps of a stateful op")
+    p.add_argument("--bench-iters", type=int, default=100, help="timed replays per implementation and point")
+    p.set_defaults(func=run)
+
+
+class RichReporter(Reporter):
+    def __init__(self, progress: Progress, task, console: Console):
+        self.progress, self.task, self.console, self.current = progress, task, console, ""
+
+    def gate_started(self, op: str, gate: Gate) -> None:
+        self.current = f"{op} · {gate.title.lower()}"
+        self.progress.update(self.task, description=self.current)
+
+    def note(self, text: str) -> None:
+        self.progress.update(self.task, description=f"{self.current}: {text}")
+
+    def gate_done(self, op: str, result: GateResult) -> None:
+        style = STYLE.get(result.status, "red")
+        self.console.print(f"  [{style}]{result.status.value:<15}[/] {op} · {result.title}: {result.summary}",
+                           highlight=False, soft_wrap=True)
+        self.progress.advance(self.task)
+
+
+def run(args) -> int:
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    try:
+        options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
+                              bench_iters=args.bench_iters)
+    except ValidationError as e:
+        raise UsageError("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
+                                   for err in e.errors())) from None
+    console = Console(stderr=True)
+    n_ops = len(ops) if ops else len(contract_files(args.contracts))
+    command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["gate"] else "k3forge gate"
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("checking contracts", total=n_ops * len(registered()))
+        outcome = gate_all(args.contracts, args.out, ops, options, RichReporter(progress, task, console), command)
+    for problem in outcome.contract_problems:
+        console.print(f"[bold red]contract:[/] {problem}", highlight=False, soft_wrap=True)
+    if not outcome.bundles:
+        console.print(f"no bundles written (contracts: {args.contracts})", highlight=False)
+        return outcome.exit_code
+    table = Table(title=f"evidence ({len(outcome.bundles)} bundle(s))")
+    for col in ("op", "arch", "verdict", "gates", "bundle"):
+        table.add_column(col)
+    for directory, bundle in outcome.bundles:
+        gates = " ".join(f"[{STYLE.get(g.status, 'red')}]{g.gate}[/]" for g in bundle.gates)
+        table.add_row(bundle.op, bundle.arch, f"[{STYLE.get(bundle.verdict, 'red')}]{bundle.verdict.value}[/]", gates,
+                      relative(directory / "report.html"))
+    Console().print(table)
+    return outcome.exit_code

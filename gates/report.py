@@ -1,0 +1,76 @@
+"""Render a bundle as report.md and report.html (jinja2 templates in gates/templates/), and the evidence index.
+
+Each gate's section comes from `templates/gates/<gate>.{md,html}.j2`; a gate without one (a model-level eval
+plugged in later) is shown by `_generic`, a table of its details.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
+
+from gates.bundle import Bundle
+from gates.plots import bar_chart, by_batch
+from gates.status import Status
+
+TEMPLATES = Path(__file__).with_name("templates")
+REPORT_MD, REPORT_HTML = "report.md", "report.html"
+STATUS_CLASS = {Status.PASSED: "pass", Status.NOT_RUN: "skip", Status.SLOWER: "warn"}
+
+
+def _env() -> Environment:
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html.j2"]),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.filters.update(
+        us=lambda v: "–" if v is None else f"{v:,.2f} µs",
+        pct=lambda v: "–" if v is None else f"{v:.1%}",
+        fraction=lambda v: f"{v:.3%}",
+        sci=lambda v: "–" if v is None else f"{v:.3g}",
+        short=lambda digest: digest[:12],
+        status_class=lambda s: STATUS_CLASS.get(Status(s), "fail"),
+        pretty=lambda v: json.dumps(v, indent=2, default=str),
+        md_cell=lambda v: str(v).replace("|", "\\|").replace("\n", " "),
+    )
+    return env
+
+
+def _plots(bundle: Bundle) -> dict[str, list[Markup]]:
+    """SVG plots per gate: speedup and fraction of the roofline per batch size, one bar per shape."""
+    plots: dict[str, list[Markup]] = {}
+    bench = next((g for g in bundle.gates if g.gate == "benchmarks" and g.details.get("rows")), None)
+    if bench is not None:
+        rows, d = bench.details["rows"], bench.details
+        categories, speedups = by_batch(rows, "speedup")
+        charts = [bar_chart("Speedup over the standard implementation", categories, speedups, y_label="speedup (×)",
+                            lines=[(d["required_speedup"], f"required {d['required_speedup']:g}×"), (1.0, "1×")],
+                            value_format="{:.2f}×")]
+        if any(r["roofline_fraction"] is not None for r in rows):
+            _, fractions = by_batch(rows, "roofline_fraction")
+            lines = [(1.0, "roofline")] + ([(d["min_roofline_fraction"], "required")] if d["min_roofline_fraction"] else [])
+            charts.append(bar_chart("Fraction of the roofline", categories, fractions, y_label="floor / measured",
+                                    lines=lines, value_format="{:.0%}"))
+        plots["benchmarks"] = [Markup(c) for c in charts]
+    return plots
+
+
+def _context(bundle: Bundle) -> dict:
+    return {"b": bundle, "verdict": bundle.verdict, "plots": _plots(bundle), "Status": Status}
+
+
+def render_markdown(bundle: Bundle) -> str:
+    return _env().get_template("report.md.j2").render(**_context(bundle))
+
+
+def render_html(bundle: Bundle) -> str:
+    return _env().get_template("report.html.j2").render(**_context(bundle))
+
+
+def render_reports(bundle: Bundle) -> dict[str, str]:
+    return {REPORT_MD: render_markdown(bundle), REPORT_HTML: render_html(bundle)}
+
+
+def render_index(rows: list[dict]) -> str:
+    return _env().get_template("index.md.j2").render(rows=rows)

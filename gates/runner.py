@@ -1,0 +1,118 @@
+"""The gate runner: every registered gate for every contract (or the ops asked for), one evidence bundle per
+op and arch under `evidence/<op>/<arch>/`, then the index.
+
+Exit codes: 0 every gate that ran passed; 1 a gate failed (or errored on the candidate); 2 a contract problem.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gates.bundle import Bundle, GitState, covered_sources, git_state, now, write_bundle
+from gates.contracts import check_contracts, load_contracts
+from gates.evidence import write_index
+from gates.machine import Environment, Machine, detect, environment, one_thread
+from gates.problems import ProblemError, load_problem
+from gates.registry import Gate, GateContext, GateOptions, registered
+from gates.report import render_reports
+from gates.sources import relative
+from gates.status import GateResult, Status
+from kernels.contract import Contract
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class Reporter:
+    """What the runner tells a user interface; the CLI shows it with rich."""
+
+    def gate_started(self, op: str, gate: Gate) -> None: ...
+    def note(self, text: str) -> None: ...
+    def gate_done(self, op: str, result: GateResult) -> None: ...
+
+
+@dataclass
+class Outcome:
+    bundles: list[tuple[Path, Bundle]] = field(default_factory=list)
+    contract_problems: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.contract_problems:
+            return EXIT_USAGE
+        return EXIT_FAILED if any(b.verdict.failed for _, b in self.bundles) else EXIT_OK
+
+
+def new_options(seed: int | None = None, **overrides) -> GateOptions:
+    """Options with a secret seed drawn now, after the candidate is fixed (or the one given, to reproduce)."""
+    return GateOptions(seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None, **overrides)
+
+
+def run_gates(contract: Contract, contract_path: Path, machine: Machine, options: GateOptions,
+              contract_problems: list[str] = (), reporter: Reporter = Reporter(),
+              gates: list[Gate] | None = None) -> list[GateResult]:
+    """Every gate in order; a gate whose prerequisite failed is NOT_RUN, a gate that crashes is an ERROR."""
+    ctx = GateContext(contract=contract, contract_path=contract_path, machine=machine, options=options,
+                      contract_problems=list(contract_problems), progress=reporter.note)
+    for gate in gates if gates is not None else registered():
+        reporter.gate_started(contract.op, gate)
+        blocked = next((n for n in gate.needs if n in ctx.results and ctx.results[n].status.failed), None)
+        t0 = time.perf_counter()
+        if blocked is not None:
+            result = GateResult.not_run(gate.name, gate.title, f"the {blocked} gate {ctx.results[blocked].status.value}")
+        else:
+            try:
+                with one_thread():
+                    result = gate.run(ctx)
+            except Exception as e:
+                result = GateResult(gate=gate.name, title=gate.title, status=Status.ERROR,
+                                    reason="".join(traceback.format_exception_only(e)).strip(),
+                                    summary="the gate raised", details={"traceback": traceback.format_exc(limit=-6)})
+        result.seconds = time.perf_counter() - t0
+        ctx.results[gate.name] = result
+        reporter.gate_done(contract.op, result)
+    return list(ctx.results.values())
+
+
+def make_bundle(contract: Contract, contract_path: Path, machine: Machine, env: Environment, git: GitState,
+                options: GateOptions, results: list[GateResult], command: str) -> Bundle:
+    try:
+        problem_file = load_problem(contract.op).source
+    except ProblemError:
+        problem_file = None
+    return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
+                  contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
+                  owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
+                  environment=env, options=options, gates=results)
+
+
+def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,
+             reporter: Reporter = Reporter(), command: str = "k3forge gate") -> Outcome:
+    """Check the contracts, gate each op this run covers, write its bundle and the index."""
+    problems = check_contracts(contracts_dir)
+    contracts, _ = load_contracts(contracts_dir)
+    by_op = {c.op: (path, c) for path, c in contracts.items()}
+    if ops:
+        unknown = sorted(set(ops) - set(by_op))
+        if unknown:
+            known = ", ".join(sorted(by_op)) or "none"
+            return Outcome(contract_problems=problems + [f"{contracts_dir}: --ops: no valid contract for "
+                                                         f"{', '.join(unknown)} (valid: {known})"])
+    selected = [by_op[op] for op in (ops or sorted(by_op))]
+    if problems:
+        reporter.note(f"{len(problems)} contract problem(s)")
+    machine = detect()
+    env, git = environment(machine), git_state()
+    options = options or new_options()
+    outcome = Outcome(contract_problems=problems)
+    for path, contract in selected:
+        results = run_gates(contract, path, machine, options, problems, reporter)
+        bundle = make_bundle(contract, path, machine, env, git, options, results, command)
+        directory = write_bundle(Path(out_dir) / contract.op / machine.arch, bundle, render_reports(bundle))
+        outcome.bundles.append((directory, bundle))
+    if selected:
+        write_index(Path(out_dir))
+    return outcome

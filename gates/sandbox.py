@@ -1,0 +1,87 @@
+"""The gate's side of the isolation: candidate code runs only in a spawned child (gates.worker).
+
+Requests go down a private pipe as torch-serialized tensors (never the seed that drew them); replies come back
+as bytes the gate loads with `weights_only=True`, so nothing the child sends can run code in the gate. A child
+that dies, hangs or sends something else is an error of the candidate, never a pass.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+
+import torch
+
+from gates import worker
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class SandboxError(Exception):
+    """The candidate's process failed as a whole: died, hung, or raised outside a call."""
+
+
+class TamperError(SandboxError):
+    """The candidate replaced a function the harness times or checks with."""
+
+
+class Sandbox:
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {})), daemon=True,
+                                 name="k3forge-candidate")
+        self._proc.start()
+        child.close()
+        self.timeout_s = timeout_s
+
+    def request(self, kind: str, **payload) -> dict:
+        buf = io.BytesIO()
+        torch.save({"kind": kind, **payload}, buf)
+        try:
+            self._conn.send_bytes(buf.getvalue())
+            if not self._conn.poll(self.timeout_s):
+                self.close()
+                raise SandboxError(f"{kind}: no reply from the candidate's process within {self.timeout_s:.0f} s")
+            data = self._conn.recv_bytes()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._proc.join(5)
+            raise SandboxError(f"{kind}: the candidate's process died (exit code {self._proc.exitcode})") from None
+        try:
+            reply = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as e:
+            raise SandboxError(f"{kind}: the candidate's process sent something other than plain tensors and "
+                               f"numbers ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        if reply.get("tampered"):
+            raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
+                               "its process cannot be trusted")
+        if "error" in reply:
+            raise SandboxError(f"{kind}: {reply['error'].strip()}")
+        return reply
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send_bytes(_END)
+            except OSError:
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        self._conn.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _end_marker() -> bytes:
+    buf = io.BytesIO()
+    torch.save(None, buf)
+    return buf.getvalue()
+
+
+_END = _end_marker()

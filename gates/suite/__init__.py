@@ -1,0 +1,1 @@
+"""The gates, one module each, run in the order gates.registry.GATE_MODULES lists them."""

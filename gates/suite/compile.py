@@ -1,0 +1,73 @@
+"""Compile gate: every kernel compiles for every arch the contract validates or declares, CPU machines included,
+across the envelope's distinct compile keys, within the contract's resource bounds.
+
+The protocol a specialized module follows (backends cutedsl and triton):
+    compile_keys(contract) -> list[key]   the distinct compilations the envelope needs (dtypes, head counts, ...)
+    compile(key, arch) -> report          compile for `arch` ('sm_90', 'sm_100', ...); the report has integer
+                                          `registers`, `spill_bytes`, `shared_bytes` (attributes or dict keys)
+Each arch compiles in its own spawned process with CUTE_DSL_ARCH set (sm_90 -> sm_90a) before cutlass is
+imported, so no GPU is needed. `gates.cubin.kernel_resources` reads these numbers from a cubin.
+"""
+
+from __future__ import annotations
+
+from gates.machine import target_arch
+from gates.registry import Gate, GateContext
+from gates.sandbox import Sandbox, SandboxError, TamperError
+from gates.status import GateResult, Status
+from kernels.contract import Resources
+
+NAME, TITLE = "compile", "Compile"
+BOUNDS = (("registers", "max_registers"), ("spill_bytes", "max_spill_bytes"), ("shared_bytes", "max_shared_bytes"))
+
+
+def resource_violations(reports: list[dict], bounds: Resources) -> list[str]:
+    """`key on arch: registers 168 > max_registers 128` for every compiled kernel over a contract bound."""
+    out = []
+    for r in reports:
+        for used, limit in BOUNDS:
+            bound = getattr(bounds, limit)
+            if bound is not None and used in r and r[used] > bound:
+                out.append(f"{r['key']} on {r['arch']}: {used} {r[used]} > {limit} {bound}")
+    return out
+
+
+def run(ctx: GateContext) -> GateResult:
+    c = ctx.contract
+    if c.backend == "torch":
+        return GateResult.not_run(NAME, TITLE, "torch backend: nothing to compile")
+    archs = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
+    module = c.implementation.partition(":")[0]
+    reports: list[dict] = []
+    details = {"archs": archs, "kernels": reports, "bounds": c.resources.model_dump(), "violations": []}
+    for arch in archs:
+        ctx.progress(f"compile for {arch}")
+        env = {"CUTE_DSL_ARCH": target_arch(arch)} if c.backend == "cutedsl" else {}
+        try:
+            with Sandbox(env) as box:
+                reply = box.request("compile", module=module, contract=c.model_dump(mode="json"), archs=[arch])
+        except TamperError:
+            raise
+        except SandboxError as e:
+            return GateResult(gate=NAME, title=TITLE, status=Status.FAILED_COMPILE, reason=str(e),
+                              summary=f"compile for {arch} failed before any kernel was built", details=details)
+        if "protocol" in reply:
+            return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=reply["protocol"],
+                              summary="the implementation does not follow the compile protocol")
+        reports.extend(reply["reports"])
+    errors = [f"{r['key']} on {r['arch']}: {r['error']}" for r in reports if "error" in r]
+    violations = details["violations"] = resource_violations(reports, c.resources)
+    if not reports:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="compile_keys() returned no keys",
+                          summary="nothing was compiled", details=details)
+    if errors or violations:
+        return GateResult(gate=NAME, title=TITLE, status=Status.FAILED_COMPILE, reason="; ".join(errors + violations),
+                          summary=f"{len(errors)} compile error(s), {len(violations)} resource bound(s) exceeded",
+                          details=details)
+    keys = len({r["key"] for r in reports})
+    return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
+                      summary=f"{keys} key(s) × {len(archs)} arch(s) compiled ({', '.join(archs)}), within bounds")
+
+
+GATE = Gate(NAME, TITLE, "every compile key builds for every validated and declared arch, within the resource bounds", run,
+            needs=("contracts",))

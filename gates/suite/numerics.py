@@ -1,0 +1,263 @@
+"""Numerics gate: the candidate against the reference at every point of the contract's envelope.
+
+Per point (batch edges and an odd batch, spec-token edges, every rank-local shape), `trials` seeded inputs from
+each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a secret seed and
+sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers: first right after
+the reference ran in that process (its freed result lying in memory), then after memory the size of every
+output was filled with NaN. Every run must pass the graded tolerance on outputs and on the state updated in
+place, be bitwise identical to the others, leave its other inputs untouched, return plain tensors that share
+no memory with the inputs, and not raise. A stateful op also runs `steps` consecutive decode steps carrying
+its state, one of them repeating the previous step's input (a result cached on the input would be stale).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from gates.compare import TensorCheck, same_bits
+from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
+from gates.registry import Gate, GateContext, arg_names
+from gates.sandbox import Sandbox, SandboxError
+from gates.status import GateResult, Status
+from gates.trees import clone, leaves
+from kernels.contract import Tolerance
+
+NAME, TITLE = "numerics", "Numerics"
+CHECKS = {
+    "raised": "runs without raising",
+    "plain": "returns plain tensors on the device",
+    "shape": "output and state shapes and dtypes",
+    "finite": "no NaN/inf where the reference is finite",
+    "tolerance": "outputs within graded tolerance",
+    "state": "state updated in place within tolerance",
+    "mutation": "other inputs left untouched",
+    "aliasing": "outputs share no memory with inputs",
+    "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
+    "trajectory": "outputs and final state over consecutive steps",
+    "repeat": "a repeated input with an evolved state (no stale cached result)",
+}
+
+
+@dataclass
+class Expected:
+    outputs: list[tuple[str, torch.Tensor]]
+    states: list[tuple[str, torch.Tensor]]
+
+
+def reference_run(problem: Problem, case: Case, names: list[str], device: str) -> Expected:
+    """The reference on the gate's own copy of the inputs (in this process, on the candidate's device)."""
+    args = clone(case.args, device)
+    out = problem.reference(*args)
+    return Expected(outputs=[(n, t.cpu()) for n, t in leaves(out, "out")],
+                    states=[(n, t.cpu()) for i in case.state for n, t in leaves(args[i], names[i])])
+
+
+def _nonfinite_reference(expected: Expected) -> str | None:
+    for name, t in expected.outputs + expected.states:
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            return name
+    return None
+
+
+class Findings:
+    """Failures by check, with the first few messages of each, and worst-case error statistics per row."""
+
+    LIMIT = 5
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+        self.examples: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, check: str, message: str) -> None:
+        self.counts[check] += 1
+        if len(self.examples[check]) < self.LIMIT:
+            self.examples[check].append(message)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+def compare_named(problem: Problem, got: list, expected: list, tol: Tolerance, kind: str, where: str,
+             findings: Findings) -> list[TensorCheck]:
+    """Check each expected tensor against the candidate's of the same name; findings under `kind`."""
+    by_name = dict(got)
+    checks = []
+    for name, ref in expected:
+        if by_name.get(name) is None:
+            findings.add("shape", f"{where}: no {name} returned")
+            continue
+        check: TensorCheck = problem.check(name, by_name[name], ref, tol)
+        checks.append(check)
+        if not check.passed:
+            category = "shape" if not check.numel and ref.numel() else "finite" if check.nonfinite else kind
+            findings.add(category, f"{where}: {'; '.join(check.problems)}"
+                         + (f" (worst: {check.mismatches[0]})" if check.mismatches else ""))
+    extra = sorted(set(by_name) - {n for n, _ in expected})
+    if extra:
+        findings.add("shape", f"{where}: unexpected outputs {', '.join(extra)}")
+    return checks
+
+
+def _overlaps(outputs: list, inputs: list) -> list[str]:
+    pairs = []
+    for out_name, out_ptr, out_size in outputs:
+        for in_name, in_ptr, in_size in inputs:
+            if out_size and in_size and out_ptr < in_ptr + in_size and in_ptr < out_ptr + out_size:
+                pairs.append(f"{out_name} shares memory with {in_name}")
+    return pairs
+
+
+def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict], names: list[str],
+               tol: Tolerance, where: str, findings: Findings) -> list[TensorCheck]:
+    """Every check on one input's runs; the first run's tensor comparisons are returned for the statistics."""
+    pristine = [(n, t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])]
+    first: list[TensorCheck] = []
+    for r, run in enumerate(runs):
+        at = f"{where}, run {r + 1}"
+        if "raised" in run:
+            findings.add("raised", f"{at}: {run['raised']}")
+            continue
+        for message in run["problems"]:
+            findings.add("plain", f"{at}: {message}")
+        checks = compare_named(problem, run["outputs"], expected.outputs, tol, "tolerance", at, findings)
+        checks += compare_named(problem, run["states"], expected.states, tol, "state", at, findings)
+        first = first or checks
+        after = dict(run["inputs"])
+        for name, before in pristine:
+            if after.get(name) is None or not same_bits(after[name], before):
+                findings.add("mutation", f"{at}: input {name} changed")
+        for pair in _overlaps(run["output_storage"], run["input_storage"]):
+            findings.add("aliasing", f"{at}: {pair}")
+        if r and "raised" not in runs[0]:
+            base = dict(runs[0]["outputs"] + runs[0]["states"])
+            for name, t in run["outputs"] + run["states"]:
+                if t is not None and name in base and base[name] is not None and not same_bits(t, base[name]):
+                    findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
+                                 "reference's freed result; this run followed poisoned memory)")
+    return first
+
+
+def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool, state_names: set[str]) -> dict:
+    outs = [c for cs in checks for c in cs if c.name not in state_names and c.numel]
+    states = [c for cs in checks for c in cs if c.name in state_names and c.numel]
+    return {
+        "point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks), "passed": not failed,
+        "max_abs": max((c.max_abs for c in outs), default=0.0),
+        "mean_abs": max((c.mean_abs for c in outs), default=0.0),
+        "max_units": max((c.max_units for c in outs), default=0.0),
+        "close_fraction": min((c.close_fraction for c in outs), default=1.0),
+        "rel_l2": max((c.rel_l2 for c in outs), default=0.0),
+        "state_rel_l2": max((c.rel_l2 for c in states), default=0.0),
+    }
+
+
+def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[Point], names: list[str],
+                 findings: Findings) -> list[dict]:
+    c, opts, device = ctx.contract, ctx.options, ctx.machine.device
+    rows = []
+    for point in points:
+        ctx.progress(f"numerics: {point.label}")
+        cases, expected, labels = [], [], []
+        for dist in DISTRIBUTIONS:
+            for t in range(opts.trials):
+                case = problem.generate_input(point, seed_for(opts.seed, NAME, point.label, dist, t), dist)
+                exp = reference_run(problem, case, names, device)
+                if (bad := _nonfinite_reference(exp)) is not None:
+                    raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
+                                       f"the problem {problem.source.name} drew inputs outside the op's domain")
+                cases.append(case), expected.append(exp), labels.append((dist, t))
+        specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
+        reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=device, names=names,
+                            cases=cases, runs=opts.runs, output_specs=specs)
+        per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+        failed_dists = set()
+        for case, exp, (dist, t), runs in zip(cases, expected, labels, reply["cases"]):
+            before = sum(findings.counts.values())
+            per_dist[dist].append(judge_case(problem, case, exp, runs, names, c.tolerance,
+                                             f"{point.label}, {dist} #{t + 1}", findings))
+            if sum(findings.counts.values()) > before:
+                failed_dists.add(dist)
+        state_names = {n for n, _ in expected[0].states}
+        rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names) for dist in DISTRIBUTIONS]
+    return rows
+
+
+def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
+                     findings: Findings) -> dict:
+    """`steps` consecutive steps from one state; step steps//2 repeats the input of the step before it."""
+    opts, device, tol = ctx.options, ctx.machine.device, ctx.contract.tolerance
+    seed = seed_for(opts.seed, "trajectory", point.label)
+    first = problem.generate_input(point, seed, "normal")
+    inputs = [first]
+    for s in range(1, opts.steps):
+        inputs.append(inputs[-1] if s == opts.steps // 2 else problem.next_input(first, seed_for(seed, s), "normal"))
+    ref_args = clone(first.args, device)
+    expected = []
+    for case in inputs:
+        for i, a in enumerate(case.args):
+            if i not in first.state:
+                ref_args = ref_args[:i] + (clone(a, device),) + ref_args[i + 1:]
+        expected.append([(n, t.cpu()) for n, t in leaves(problem.reference(*ref_args), "out")])
+    final = [(n, t.cpu()) for i in first.state for n, t in leaves(ref_args[i], names[i])]
+    steps = [tuple(None if i in first.state else a for i, a in enumerate(case.args)) for case in inputs]
+    reply = box.request("trajectory", candidate=ctx.contract.implementation, device=device, names=names,
+                        initial=first.args, state=first.state, steps=steps)
+    worst = 0.0
+    for s, (run, exp) in enumerate(zip(reply["steps"], expected)):
+        where = f"{point.label}, step {s + 1} of {opts.steps}"
+        if "raised" in run:
+            findings.add("raised", f"{where}: {run['raised']}")
+            break
+        kind = "repeat" if s == opts.steps // 2 else "trajectory"
+        checks = compare_named(problem, run["outputs"], exp, tol, kind, where, findings)
+        worst = max([worst] + [ch.rel_l2 for ch in checks])
+    for message in reply["problems"]:
+        findings.add("plain", f"{point.label}, final state: {message}")
+    state_checks = compare_named(problem, reply["final_state"], final, tol, "trajectory",
+                            f"{point.label}, state after {opts.steps} steps", findings)
+    return {"point": point.label, "steps": opts.steps, "repeated_step": opts.steps // 2 + 1, "out_rel_l2": worst,
+            "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
+
+
+def run(ctx: GateContext) -> GateResult:
+    if reason := ctx.cannot_run_here():
+        return GateResult.not_run(NAME, TITLE, reason)
+    try:
+        problem = ctx.problem()
+        points = envelope_points(ctx.contract, problem)
+        names = arg_names(problem.reference)
+        findings = Findings()
+        with Sandbox() as box:
+            rows = check_points(ctx, problem, box, points, names, findings)
+            trajectories = [check_trajectory(ctx, problem, box, p, names, findings) for p in points] if problem.stateful else []
+    except ProblemError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="the op's problem cannot check this contract")
+    except SandboxError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="the candidate's process failed")
+    checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
+               "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
+              for key, what in CHECKS.items() if key not in ("trajectory", "repeat") or problem.stateful]
+    tol = ctx.contract.tolerance
+    details = {
+        "device": ctx.machine.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
+        "trials": ctx.options.trials, "runs": ctx.options.runs,
+        "tolerance": tol.model_dump(), "problem": problem.source.name, "checks": checks, "rows": rows,
+        "trajectories": trajectories,
+    }
+    inputs = len(rows) * ctx.options.trials
+    if not findings:
+        return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
+                          summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points passed"
+                                  + (f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""))
+    failed = [ch for ch in checks if not ch["passed"]]
+    status = Status.ERROR if [ch["check"] for ch in failed] == ["raised"] else Status.FAILED_NUMERICS
+    return GateResult(gate=NAME, title=TITLE, status=status, details=details,
+                      reason="; ".join(f"{ch['what']}: {ch['examples'][0]}" for ch in failed),
+                      summary="failed: " + ", ".join(f"{ch['check']} ({ch['failures']})" for ch in failed))
+
+
+GATE = Gate(NAME, TITLE, "the candidate matches the reference across the envelope, with every anti-cheat check", run,
+            needs=("contracts", "compile"))

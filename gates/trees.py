@@ -1,0 +1,51 @@
+"""Tensors inside op arguments: tuples, lists, dicts and dataclasses (KDAWeights) of tensors and scalars."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+def leaves(obj: Any, name: str) -> Iterator[tuple[str, Any]]:
+    """(path, tensor-like) for every tensor-like leaf, paths like `w.conv_weight` or `out[1]`.
+
+    A leaf is anything that is a torch.Tensor instance, subclasses included: callers decide what to accept.
+    """
+    if isinstance(obj, torch.Tensor):
+        yield name, obj
+    elif isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            yield from leaves(item, f"{name}[{i}]")
+    elif isinstance(obj, dict):
+        for key, item in obj.items():
+            yield from leaves(item, f"{name}[{key!r}]")
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from leaves(getattr(obj, f.name), f"{name}.{f.name}")
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """The same structure with every tensor replaced by fn(tensor)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(item, fn) for item in obj)
+    if isinstance(obj, dict):
+        return {key: map_tensors(item, fn) for key, item in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def clone(obj: Any, device: str | torch.device | None = None) -> Any:
+    """A deep copy of every tensor (on `device` if given); other values shared."""
+    return map_tensors(obj, lambda t: t.detach().to(device or t.device, copy=True))
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """Write src's tensors into dst's tensors of the same structure, in place (persistent buffers)."""
+    for (_, d), (_, s) in zip(leaves(dst, ""), leaves(src, ""), strict=True):
+        d.copy_(s)

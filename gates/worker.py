@@ -1,0 +1,332 @@
+"""The candidate's side of the sandbox: a spawned process that imports candidate code, runs it on tensors the
+gate sends, and sends back raw results (outputs, states, inputs after the call, storage pointers, per-call
+timings). It decides nothing: every verdict is computed by the gate, in the parent.
+
+It never learns the seed that drew its inputs. The functions the harness times and synchronizes with are
+captured here before any candidate module is imported, used through those references, and checked after
+every request: a candidate that replaces one is reported, whatever it returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import os
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from gates.trees import clone, copy_into, leaves
+
+_perf_counter = time.perf_counter
+_synchronize = torch.cuda.synchronize
+_record = torch.cuda.Event.record
+_elapsed_time = torch.cuda.Event.elapsed_time
+_replay = torch.cuda.CUDAGraph.replay
+
+# (owner, attribute) pairs a candidate could patch to forge timings or results.
+GUARDED = {
+    "time.perf_counter": (time, "perf_counter"),
+    "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+    "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
+    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
+    "torch.cuda.CUDAGraph.replay": (torch.cuda.CUDAGraph, "replay"),
+    "torch.Tensor.copy_": (torch.Tensor, "copy_"),
+    "torch.Tensor.clone": (torch.Tensor, "clone"),
+    "torch.Tensor.cpu": (torch.Tensor, "cpu"),
+    "torch.save": (torch, "save"),
+}
+_ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
+POISON_COPIES = 4
+
+
+def tampered() -> list[str]:
+    return [name for name, (owner, attr) in GUARDED.items() if getattr(owner, attr) is not _ORIGINAL[name]]
+
+
+def load_entry(entry: str) -> Callable:
+    module, _, name = entry.partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    if not callable(fn):
+        raise TypeError(f"{entry} is a {type(fn).__name__}, not callable")
+    return fn
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        _synchronize()
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
+
+
+def _plain(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
+    """A detached CPU copy of a candidate's tensor, or None with the reason in `problems`."""
+    if type(t) is not torch.Tensor:  # noqa: E721 - subclasses can defer work past the call or lie about values
+        problems.append(f"{name} is a {type(t).__module__}.{type(t).__qualname__}, not a plain torch.Tensor")
+        return None
+    if t.device.type != device:
+        problems.append(f"{name} is on {t.device}, expected {device}")
+        return None
+    return _ORIGINAL["torch.Tensor.clone"](t.detach()).to("cpu")
+
+
+def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], device: str,
+         keep: list, with_inputs: bool) -> dict:
+    """One call of the candidate on `args` (its buffers, updated in place): its raw outputs and side effects.
+
+    `keep` holds the returned objects alive, so a later run cannot be handed this run's result memory.
+    """
+    inputs = [(n, *_storage(t)) for i, a in enumerate(args) for n, t in leaves(a, names[i])]
+    try:
+        out = fn(*args)
+        _sync(device)
+    except Exception as e:  # the candidate's own failure: a result, not a harness error
+        return {"raised": f"{type(e).__name__}: {e}"}
+    keep.append(out)
+    problems: list[str] = []
+    outputs = [(n, c) for n, t in leaves(out, "out") if (c := _plain(n, t, device, problems)) is not None]
+    result = {
+        "outputs": outputs,
+        "problems": problems,
+        "input_storage": inputs,
+        "output_storage": [(n, *_storage(t)) for n, t in leaves(out, "out")],
+        "states": [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])],
+    }
+    if with_inputs:
+        result["inputs"] = [(n, _plain(n, t, device, problems)) for i, a in enumerate(args) if i not in state
+                            for n, t in leaves(a, names[i])]
+    return result
+
+
+def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> None:
+    """Fill freed memory of each output's size with NaN (or the max integer): an output the candidate does not
+    write then reads as poison, not as whatever result last lived there."""
+    held = []
+    for shape, dtype in specs:
+        for _ in range(POISON_COPIES):
+            value = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
+            held.append(torch.full(shape, value, dtype=dtype, device=device))
+    _sync(device)
+    del held
+
+
+def run_cases(*, candidate: str, reference: str, device: str, names: list[str], cases: list, runs: int,
+              output_specs: list) -> dict:
+    """Every case of one envelope point on the same persistent buffers (same pointers, fresh contents, as a
+    serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
+    freed; the other runs follow poisoned memory. All runs must agree bit for bit."""
+    fn, ref = load_entry(candidate), load_entry(reference)
+    buffers = None
+    results = []
+    for case in cases:
+        pristine = clone(case.args, device)
+        buffers = clone(pristine) if buffers is None else buffers
+        keep: list = []
+        per_run = []
+        for r in range(runs):
+            copy_into(buffers, pristine)
+            if r == 0:
+                ref(*clone(pristine))  # its result is freed right here: the trap a candidate must not fall into
+            else:
+                poison(output_specs, device)
+            per_run.append(call(fn, buffers, case.state, names, device, keep, with_inputs=True))
+        results.append(per_run)
+        del keep
+    return {"cases": results}
+
+
+def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tuple, state: tuple[int, ...],
+                   steps: list) -> dict:
+    """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
+    fn = load_entry(candidate)
+    args = clone(initial, device)
+    keep: list = []
+    outputs = []
+    for step in steps:
+        for i, a in enumerate(step):
+            if i not in state:
+                copy_into(args[i], a)
+        result = call(fn, args, (), names, device, keep, with_inputs=False)
+        outputs.append(result)
+        if "raised" in result:
+            break
+        keep.clear()
+    problems: list[str] = []
+    final = [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])]
+    return {"steps": outputs, "final_state": final, "problems": problems}
+
+
+def _capture(fn: Callable, args: tuple, warm: tuple) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm up on a side stream (autotuners, compile caches), then capture one call in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            copy_into(args, warm)
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    _synchronize()
+    graph = torch.cuda.CUDAGraph()
+    copy_into(args, warm)
+    with torch.cuda.graph(graph):
+        out = fn(*args)
+    _synchronize()
+    return graph, out
+
+
+def _kernel_count(fn: Callable, args: tuple) -> int:
+    """GPU kernels one eager call launches, on every stream (memcpy and memset not counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(*args)
+        _synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset")))
+
+
+def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list, iters: int,
+                  host_iters: int) -> dict:
+    """Candidate and standard timed side by side, interleaved, over CUDA-graph replays.
+
+    Before every timed replay the next input set (cycling through `sets`) is copied into the graph's buffers and
+    a buffer of twice the L2 is written, so each call starts cold on fresh inputs. Each replay has its own pair
+    of events on the capture stream (device time); host wall time is replay plus a device-wide synchronize,
+    which also counts work left on other streams. Afterwards every input set is replayed once more and the
+    outputs returned for the gate to check against the reference.
+    """
+    device = "cuda"
+    fns = {name: load_entry(entry) for name, entry in impls.items()}
+    on_device = [clone(s, device) for s in sets]
+    l2 = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 64 << 20)
+    flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+    buffers = {name: clone(on_device[0]) for name in fns}
+    graphs, outs = {}, {}
+    for name, fn in fns.items():
+        graphs[name], outs[name] = _capture(fn, buffers[name], on_device[0])
+    order = list(fns)
+    device_us: dict[str, list[float]] = {name: [] for name in fns}
+    events = []
+    for i in range(iters):
+        for name in (order if i % 2 == 0 else order[::-1]):
+            copy_into(buffers[name], on_device[i % len(on_device)])
+            flush.fill_(i)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            _record(start)
+            _replay(graphs[name])
+            _record(end)
+            events.append((name, start, end))
+    _synchronize()
+    for name, start, end in events:
+        device_us[name].append(_elapsed_time(start, end) * 1e3)
+    host_us: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(host_iters):
+        for name in order:
+            copy_into(buffers[name], on_device[i % len(on_device)])
+            flush.fill_(i)
+            _synchronize()
+            t0 = _perf_counter()
+            _replay(graphs[name])
+            _synchronize()
+            host_us[name].append((_perf_counter() - t0) * 1e6)
+    recheck: dict[str, list[dict]] = {name: [] for name in fns}
+    for name in fns:
+        for s in on_device:
+            copy_into(buffers[name], s)
+            _replay(graphs[name])
+            _synchronize()
+            problems: list[str] = []
+            recheck[name].append({
+                "outputs": [(n, c) for n, t in leaves(outs[name], "out") if (c := _plain(n, t, device, problems)) is not None],
+                "states": [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(buffers[name][i], names[i])],
+                "problems": problems})
+    kernels = {}
+    for name, fn in fns.items():
+        copy_into(buffers[name], on_device[0])
+        kernels[name] = _kernel_count(fn, buffers[name])
+    return {"device_us": device_us, "host_us": host_us, "recheck": recheck, "kernels": kernels}
+
+
+def probe(*, entries: list[str]) -> dict:
+    """Import each `module:function`; the error for each that does not import, is not callable, or replaces a
+    guarded function on import (put back, so the next entry is judged on its own)."""
+    errors = {}
+    for entry in entries:
+        try:
+            load_entry(entry)
+        except Exception as e:
+            errors[entry] = f"{type(e).__name__}: {e}"
+        if patched := tampered():
+            errors[entry] = f"importing it replaced {', '.join(patched)}"
+            for name in patched:
+                owner, attr = GUARDED[name]
+                setattr(owner, attr, _ORIGINAL[name])
+    return {"errors": errors}
+
+
+REPORT_FIELDS = ("registers", "spill_bytes", "shared_bytes")
+
+
+def run_compile(*, module: str, contract: dict, archs: list[str]) -> dict:
+    """Compile every key the module lists for every arch: resources or the compile error, per key and arch."""
+    from kernels.contract import Contract
+
+    mod = importlib.import_module(module)
+    missing = [f for f in ("compile_keys", "compile") if not callable(getattr(mod, f, None))]
+    if missing:
+        return {"protocol": f"{module} defines no {' or '.join(missing)}()"}
+    keys = list(mod.compile_keys(Contract.model_validate(contract)))
+    reports = []
+    for key in keys:
+        for arch in archs:
+            entry: dict[str, Any] = {"key": repr(key), "arch": arch}
+            t0 = _perf_counter()
+            try:
+                report = mod.compile(key, arch)
+                values = report if isinstance(report, dict) else {f: getattr(report, f, None) for f in REPORT_FIELDS}
+                bad = [f for f in REPORT_FIELDS if not isinstance(values.get(f), int)]
+                if bad:
+                    entry["error"] = f"compile() returned no integer {', '.join(bad)} in {type(report).__name__}"
+                else:
+                    entry.update({f: int(values[f]) for f in REPORT_FIELDS})
+            except Exception as e:
+                entry["error"] = "".join(traceback.format_exception_only(e)).strip()
+            entry["seconds"] = _perf_counter() - t0
+            reports.append(entry)
+    return {"reports": reports}
+
+
+HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "benchmark": run_benchmark, "probe": probe,
+            "compile": run_compile}
+
+
+def serve(conn, env: dict[str, str]) -> None:
+    """The child's loop: one request in, one reply out, until the gate closes the pipe."""
+    os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
+    torch.set_num_threads(1)  # see gates.machine.one_thread
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        request = torch.load(io.BytesIO(data), weights_only=False)  # from the gate: trusted
+        if request is None:
+            return
+        kind = request.pop("kind")
+        try:
+            reply = HANDLERS[kind](**request)
+        except Exception:
+            reply = {"error": traceback.format_exc(limit=-4)}
+        reply["tampered"] = tampered()
+        buf = io.BytesIO()
+        _ORIGINAL["torch.save"](reply, buf)
+        conn.send_bytes(buf.getvalue())

@@ -1,0 +1,121 @@
+"""Known-bad KDA decode candidates, each wrong or cheating the way real contributions have been caught doing
+(spec/gate_practices.md). Each wraps the reference so it runs fast on CPU at small shapes; the gates must
+reject every one with the right status. Same signature as the reference:
+
+    out = candidate(proj, conv_state, ssm_state, slots, w)    # conv_state, ssm_state updated in place
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from model.kimi_k3.ops.kda import KDAColumns, conv_update, kda_decode, prepare
+
+TILE_ROWS = 4
+
+
+def _state_step(proj, conv_state, ssm_state, slots, w):
+    """The reference's state update without producing the output."""
+    cols = KDAColumns.of(ssm_state, w)
+    x = conv_update(proj[:, cols.qkv], conv_state, slots, w.conv_weight)
+    _, k, v, g, beta = prepare(proj, x, cols, w)
+    s = ssm_state[slots].float() * torch.exp(g).unsqueeze(2)
+    u = beta.unsqueeze(-1) * (v - torch.einsum("bhvk,bhk->bhv", s, k))
+    ssm_state[slots] = s + u.unsqueeze(-1) * k.unsqueeze(2)
+
+
+_by_pointer: dict[tuple, torch.Tensor] = {}
+
+
+def cached_by_pointer(proj, conv_state, ssm_state, slots, w):
+    """Replays the result of an earlier call on the same buffers, skipping the work (and the state update)."""
+    key = (proj.data_ptr(), conv_state.data_ptr(), ssm_state.data_ptr(), tuple(proj.shape))
+    if key not in _by_pointer:
+        _by_pointer[key] = kda_decode(proj, conv_state, ssm_state, slots, w).clone()
+    return _by_pointer[key].clone()
+
+
+_by_content: dict[str, tuple] = {}
+
+
+def cached_by_content(proj, conv_state, ssm_state, slots, w):
+    """Keys the result (output and new state rows) on the input's bytes: "the same token gives the same output".
+    Exact for repeated identical calls, stale as soon as the state has moved on."""
+    key = hashlib.sha256(proj.float().numpy().tobytes()).hexdigest()
+    if key in _by_content:
+        out, conv_rows, ssm_rows = _by_content[key]
+        conv_state[slots], ssm_state[slots] = conv_rows, ssm_rows
+        return out.clone()
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    _by_content[key] = (out.clone(), conv_state[slots].clone(), ssm_state[slots].clone())
+    return out
+
+
+def partial_write(proj, conv_state, ssm_state, slots, w):
+    """Writes the output for the first tile of rows only: right up to batch 4, garbage after."""
+    ref = kda_decode(proj, conv_state, ssm_state, slots, w)
+    out = torch.empty_like(ref)
+    out[:TILE_ROWS] = ref[:TILE_ROWS]
+    return out
+
+
+def mutates_input(proj, conv_state, ssm_state, slots, w):
+    """Correct output, but uses the projection buffer as scratch afterwards."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    proj.mul_(0.5)
+    return out
+
+
+def aliases_input(proj, conv_state, ssm_state, slots, w):
+    """Returns its output in the projection's memory (the q columns), saving an allocation."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    view = proj[:, : out.shape[1]]
+    view.copy_(out)
+    return view
+
+
+def normal_inputs_only(proj, conv_state, ssm_state, slots, w):
+    """Saturates activations at ±8, as a low-precision fast path would: exact on normal inputs only."""
+    return kda_decode(proj.clamp(-8, 8), conv_state, ssm_state, slots, w)
+
+
+def nan_on_large_inputs(proj, conv_state, ssm_state, slots, w):
+    """Computes the output gate's sigmoid as e^g / (e^g + 1): inf / inf = NaN once a gate logit passes ~88."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    cols = KDAColumns.of(ssm_state, w)
+    g = proj[:, cols.gate].float()
+    naive = torch.exp(g) / (torch.exp(g) + 1)
+    return (out.float() * naive / torch.sigmoid(g)).to(out.dtype)
+
+
+def fails_at_batch_edge(proj, conv_state, ssm_state, slots, w):
+    """Claims batch 1-8 but handles at most 7 sequences (an off-by-one in its grid): the 8th gets zeros."""
+    n = min(proj.shape[0], 7)
+    out = torch.zeros(proj.shape[0], KDAColumns.of(ssm_state, w).p, dtype=proj.dtype)
+    out[:n] = kda_decode(proj[:n], conv_state, ssm_state, slots[:n], w)
+    return out
+
+
+def reuses_freed_buffer(proj, conv_state, ssm_state, slots, w):
+    """Updates the state but never computes the output: returns fresh memory, where a harness that ran the
+    reference just before (and freed its result) leaves the right answer."""
+    _state_step(proj, conv_state, ssm_state, slots, w)
+    return torch.empty(proj.shape[0], KDAColumns.of(ssm_state, w).p, dtype=proj.dtype, device=proj.device)
+
+
+class _Deferred(torch.Tensor):
+    """A tensor subclass: the kind of object that can defer work past the timed call."""
+
+
+def returns_subclass(proj, conv_state, ssm_state, slots, w):
+    return kda_decode(proj, conv_state, ssm_state, slots, w).as_subclass(_Deferred)
+
+
+def side_stream(proj, conv_state, ssm_state, slots, w):
+    """GPU: does its work on a side stream the timed stream never waits for (events see an empty stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        return kda_decode(proj, conv_state, ssm_state, slots, w)

@@ -1,0 +1,75 @@
+"""Every known-bad candidate is rejected, with the status and the check a reviewer would expect.
+
+Each runs the real gate (numerics, and on a GPU benchmarks) against the fixture contract with the candidate
+as its implementation: a spawned process, secret-seeded inputs, verdicts in the gate.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from gates.contracts import check_contracts
+from gates.status import GateResult, Status
+from gates.suite import benchmarks, numerics
+from tests.gates.fixtures.helpers import failed_checks, kda_contract, run_gate, write_contract
+
+CANDIDATES = "tests.adversarial.candidates"
+
+# candidate, the checks that must catch it (others may fail too)
+REJECTED = [
+    ("cached_by_pointer", {"tolerance", "state"}),
+    ("cached_by_content", {"repeat"}),
+    ("partial_write", {"tolerance", "determinism"}),
+    ("mutates_input", {"mutation"}),
+    ("aliases_input", {"aliasing"}),
+    ("normal_inputs_only", {"tolerance"}),
+    ("nan_on_large_inputs", {"finite"}),
+    ("fails_at_batch_edge", {"tolerance", "state"}),
+    ("reuses_freed_buffer", {"tolerance"}),
+    ("returns_subclass", {"plain"}),
+]
+
+
+@functools.cache
+def numerics_of(name: str) -> GateResult:
+    return run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:{name}"))
+
+
+@pytest.mark.parametrize("name, catches", REJECTED, ids=[r[0] for r in REJECTED])
+def test_numerics_rejects(name, catches):
+    result = numerics_of(name)
+    assert result.status is Status.FAILED_NUMERICS, result.reason
+    assert catches <= failed_checks(result), failed_checks(result)
+
+
+def test_shortcut_for_normal_inputs_fails_only_off_normal():
+    failing = {r["dist"] for r in numerics_of("normal_inputs_only").details["rows"] if not r["passed"]}
+    assert "normal" not in failing and {"heavy_tailed", "large"} <= failing
+
+
+def test_envelope_claim_fails_at_its_edge():
+    assert {r["batch"] for r in numerics_of("fails_at_batch_edge").details["rows"] if not r["passed"]} == {8}
+
+
+def test_timer_patch_is_an_error_of_the_candidate():
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.patches_timer:kda_decode"))
+    assert result.status is Status.ERROR
+    assert "torch.cuda.Event.elapsed_time" in result.reason and "time.perf_counter" in result.reason
+
+
+def test_timer_patch_is_caught_when_the_contract_is_checked(tmp_path):
+    write_contract(tmp_path, implementation="tests.adversarial.patches_timer:kda_decode")
+    (problem,) = check_contracts(tmp_path)
+    assert "implementation" in problem and "replaced time.perf_counter" in problem
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("implementation", [f"{CANDIDATES}:side_stream", "tests.adversarial.patches_timer:kda_decode"])
+def test_benchmarks_reject_on_gpu(implementation):
+    """Work left on a side stream cannot be captured with the timed stream; a patched timer taints the process."""
+    contract = kda_contract(implementation=implementation,
+                            benchmark={"points": [{"batch": 1}, {"batch": 8}], "required_speedup": 0.1})
+    result = run_gate(benchmarks.GATE, contract)
+    assert result.status is Status.ERROR, result.summary

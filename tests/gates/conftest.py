@@ -1,0 +1,61 @@
+"""One real gate run over the fixture contract, shared by the evidence, report and CLI tests."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from gates.bundle import load_bundle
+from gates.cli import main
+from gates.problems import Point
+from gates.status import GateResult, Status
+from gates.suite.benchmarks import judge_point
+from tests.gates.fixtures.helpers import CONTRACTS
+
+
+@pytest.fixture(scope="session")
+def gated(tmp_path_factory):
+    """(exit code, evidence directory) of `k3forge gate` over the fixture contracts, on this CPU machine."""
+    out = tmp_path_factory.mktemp("evidence")
+    code = main(["gate", "--contracts", str(CONTRACTS), "--out", str(out), "--seed", "7", "--trials", "1",
+                 "--runs", "3", "--steps", "8"])
+    return code, out
+
+
+@pytest.fixture
+def bundle_dir(gated, tmp_path):
+    """A private copy of the gated bundle, free to tamper with."""
+    _, out = gated
+    return shutil.copytree(out / "kda_decode" / "cpu", tmp_path / "kda_decode" / "cpu")
+
+
+def synthetic_benchmarks(required: float = 1.5) -> GateResult:
+    """A benchmarks result as an H200 run would produce it, from made-up raw samples (for rendering tests)."""
+    rng = random.Random(0)
+    rows, flags, slower = [], [], []
+    for heads, base in ((12, 20.0), (6, 11.0)):
+        for batch in (1, 33, 64):
+            point = Point(batch, 0, (("heads", heads), ("head_dim", 128)), "bf16")
+            cand, std = base * (1 + batch / 40), base * (1 + batch / 40) * (2.2 - batch / 80)
+            raw = {"device_us": {"candidate": [cand * rng.uniform(0.98, 1.05) for _ in range(50)],
+                                 "standard": [std * rng.uniform(0.98, 1.05) for _ in range(50)]},
+                   "host_us": {"candidate": [cand + 6.0] * 10, "standard": [std + 6.5] * 10},
+                   "kernels": {"candidate": 1, "standard": 5}}
+            row, f, s = judge_point(point, raw, floor_us=cand * 0.55, required=required, min_fraction=None)
+            rows.append(row), flags.extend(f), slower.extend(s)
+    return GateResult(gate="benchmarks", title="Benchmarks", status=Status.SLOWER if slower else Status.PASSED,
+                      reason="; ".join(slower), flags=flags, summary="synthetic", seconds=12.0,
+                      details={"rows": rows, "required_speedup": required, "min_roofline_fraction": None,
+                               "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12}, "method": "synthetic samples",
+                               "recheck_failures": []})
+
+
+@pytest.fixture
+def gpu_like_bundle(gated):
+    """The gated bundle with its benchmarks result replaced by a synthetic H200 one."""
+    _, out = gated
+    bundle = load_bundle(out / "kda_decode" / "cpu")
+    gates = [synthetic_benchmarks() if g.gate == "benchmarks" else g for g in bundle.gates]
+    return bundle.model_copy(update={"gates": gates, "arch": "sm_90"})

@@ -1,0 +1,57 @@
+"""Graded comparison: fraction within tolerance, max and mean error in tolerance units, relative norm, NaN."""
+
+import pytest
+import torch
+
+from gates.compare import check_tensor, same_bits
+from kernels.contract import Tolerance
+
+TOL = Tolerance(atol=1e-3, rtol=0.0, max_rel_l2=1e-2, min_close_fraction=0.999)
+
+
+def _ref(n=10_000):
+    return torch.linspace(1, 2, n)
+
+
+@pytest.mark.parametrize("name, perturb, passed, problem", [
+    ("identical", lambda x: x, True, None),
+    ("one element 2 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([2e-3])), True, None),
+    ("one element 4 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([4e-3])), False, "max error"),
+    ("all within, but half a unit on average", lambda x: x + 5e-4, False, "mean error"),
+    ("one in a hundred off", lambda x: torch.where(torch.arange(x.numel()) % 100 == 0, x + 2e-3, x), False, "within tolerance"),
+    ("a NaN", lambda x: x.index_fill(0, torch.tensor([3]), float("nan")), False, "NaN/inf"),
+])
+def test_graded(name, perturb, passed, problem):
+    ref = _ref()
+    check = check_tensor("out", perturb(ref.clone()), ref, TOL)
+    assert check.passed is passed, check.problems
+    if problem:
+        assert any(problem in p for p in check.problems), check.problems
+        assert check.mismatches and check.mismatches[0].startswith("out[")
+
+
+def test_nan_is_counted_and_located():
+    ref = _ref(16)
+    got = ref.clone()
+    got[5] = float("nan")
+    check = check_tensor("out", got, ref, TOL)
+    assert check.nonfinite == 1 and check.mismatches[0].startswith("out[5] = nan")
+
+
+def test_relative_norm_bound():
+    ref = _ref()
+    check = check_tensor("out", ref * 1.02, ref, Tolerance(atol=1.0, rtol=0.0, max_rel_l2=1e-2))
+    assert not check.passed and check.rel_l2 == pytest.approx(0.02, rel=1e-6)
+
+
+@pytest.mark.parametrize("got", [torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.float64)])
+def test_shape_and_dtype_first(got):
+    check = check_tensor("out", got, torch.zeros(2, 2), TOL)
+    assert not check.passed and "expected torch.float32 (2, 2)" in check.problems[0]
+
+
+def test_same_bits():
+    a = torch.tensor([0.0, float("nan"), 1.0])
+    assert same_bits(a, a.clone())
+    assert not same_bits(a, torch.tensor([-0.0, float("nan"), 1.0]))  # equal as numbers, not as bits
+    assert not same_bits(a, a.double())

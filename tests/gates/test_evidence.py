@@ -1,0 +1,84 @@
+"""Bundles: written atomically, verified for integrity (manifest) and freshness (covered sources)."""
+
+import json
+
+import pytest
+
+from gates.bundle import load_bundle, write_bundle
+from gates.evidence import find_bundles, verify_bundle, verify_tree, write_index
+from gates.report import render_reports
+from gates.sources import sha256_file
+
+
+def test_gated_bundle_is_intact_and_fresh(gated):
+    code, out = gated
+    assert code == 0
+    (directory,) = find_bundles(out)
+    assert sorted(p.name for p in directory.iterdir()) == ["bundle.json", "manifest.json", "report.html", "report.md"]
+    assert verify_bundle(directory) == []
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"bundle.json", "report.html", "report.md"}
+
+
+def test_bundle_records_what_and_where(gated):
+    _, out = gated
+    bundle = load_bundle(out / "kda_decode" / "cpu")
+    assert bundle.schema_version == 1 and bundle.op == "kda_decode" and bundle.arch == "cpu"
+    assert bundle.options.seed == 7 and bundle.options.seed_given
+    assert bundle.environment.torch and bundle.environment.gpu_count == 0
+    assert [(g.gate, g.status.value) for g in bundle.gates] == [
+        ("contracts", "PASSED"), ("compile", "NOT_RUN"), ("numerics", "PASSED"), ("benchmarks", "NOT_RUN")]
+    assert {"contract", "problem", "implementation", "reference", "standard"} <= {r for s in bundle.sources for r in s.roles}
+
+
+@pytest.mark.parametrize("tamper, expected", [
+    (lambda d: (d / "report.html").write_text("<p>all good</p>"), "report.html: modified after the bundle was written"),
+    (lambda d: (d / "report.md").unlink(), "report.md: listed in the manifest but missing"),
+    (lambda d: (d / "notes.txt").write_text("x"), "notes.txt: not in the manifest"),
+    (lambda d: (d / "manifest.json").unlink(), "manifest.json: missing"),
+])
+def test_integrity(bundle_dir, tamper, expected):
+    tamper(bundle_dir)
+    problems = verify_bundle(bundle_dir)
+    assert any(expected in p for p in problems), problems
+
+
+def test_freshness_names_the_stale_file(bundle_dir, tmp_path):
+    source = tmp_path / "kernel.py"
+    source.write_text("def kda_decode(): ...\n")
+    bundle = load_bundle(bundle_dir)
+    entry = bundle.sources[0].model_copy(update={"path": str(source), "roles": ["implementation"],
+                                                 "sha256": sha256_file(source)})
+    bundle = bundle.model_copy(update={"sources": [entry, *bundle.sources[1:]]})
+    write_bundle(bundle_dir, bundle, render_reports(bundle))
+    assert verify_bundle(bundle_dir) == []
+    source.write_text("def kda_decode(): return 0\n")
+    (problem,) = verify_bundle(bundle_dir)
+    assert f"stale: {source} (implementation) changed since the evidence was made" in problem
+    source.unlink()
+    assert "no longer exists" in verify_bundle(bundle_dir)[0]
+
+
+def test_a_failed_write_leaves_the_old_bundle(bundle_dir):
+    before = {p.name: p.read_bytes() for p in bundle_dir.iterdir()}
+    with pytest.raises(TypeError):
+        write_bundle(bundle_dir, load_bundle(bundle_dir), {"report.md": None})  # rendering produced no text
+    assert {p.name: p.read_bytes() for p in bundle_dir.iterdir()} == before
+    assert [p.name for p in bundle_dir.parent.iterdir()] == ["cpu"]  # no temporary directory left behind
+
+
+def test_rewrite_replaces_the_bundle(bundle_dir):
+    bundle = load_bundle(bundle_dir)
+    write_bundle(bundle_dir, bundle.model_copy(update={"command": "again"}), render_reports(bundle))
+    assert load_bundle(bundle_dir).command == "again" and verify_bundle(bundle_dir) == []
+    assert [p.name for p in bundle_dir.parent.iterdir()] == ["cpu"]
+
+
+def test_tree_and_index_skip_unfinished_writes(bundle_dir):
+    evidence = bundle_dir.parent.parent
+    (bundle_dir.parent / ".cpu.tmp-x").mkdir()
+    (bundle_dir.parent / ".cpu.tmp-x" / "bundle.json").write_text("{")
+    assert list(verify_tree(evidence)) == [bundle_dir]
+    (row,) = write_index(evidence)
+    assert row["op"] == "kda_decode" and row["verdict"] == "PASSED" and row["report"] == "kda_decode/cpu/report.html"
+    assert "| kda_decode | cpu | **PASSED** |" in (evidence / "index.md").read_text()

@@ -1,0 +1,33 @@
+"""The numerics gate on an honest candidate, and where it cannot run or has nothing to run against."""
+
+from gates.status import Status
+from gates.suite import numerics
+from tests.gates.fixtures.helpers import failed_checks, kda_contract, run_gate
+
+
+def test_the_reference_as_candidate_passes_every_check():
+    result = run_gate(numerics.GATE, kda_contract())
+    assert result.status is Status.PASSED, result.reason
+    assert failed_checks(result) == set()
+    assert {c["check"] for c in result.details["checks"]} == set(numerics.CHECKS)
+    assert {(r["batch"], r["dist"]) for r in result.details["rows"]} == {
+        (b, d) for b in (1, 5, 8) for d in ("normal", "heavy_tailed", "large", "mixed")}
+    assert all(r["max_abs"] == 0 for r in result.details["rows"])
+    assert [t["steps"] for t in result.details["trajectories"]] == [8, 8, 8]
+
+
+def test_a_gpu_only_candidate_is_not_run_on_cpu():
+    result = run_gate(numerics.GATE, kda_contract(backend="cutedsl"))
+    assert result.status is Status.NOT_RUN
+    assert result.reason == "backend cutedsl runs only on a CUDA GPU; this machine has none"
+
+
+def test_an_op_without_a_problem_is_an_error():
+    result = run_gate(numerics.GATE, kda_contract(op="rope_fused"))
+    assert result.status is Status.ERROR
+    assert "no problem for op 'rope_fused': write gates/problems/rope_fused.py" in result.reason
+
+
+def test_an_envelope_the_problem_cannot_check_is_an_error():
+    result = run_gate(numerics.GATE, kda_contract(spec_tokens={"min": 0, "max": 7}))
+    assert result.status is Status.ERROR and "spec_tokens 7" in result.reason

@@ -1,0 +1,78 @@
+"""Problems: envelope points from a contract, seeded inputs from several distributions, costs from shapes."""
+
+import pytest
+import torch
+
+from gates.problems import (DISTRIBUTIONS, Point, ProblemError, UnsupportedPoint, batch_sizes, bench_point,
+                            envelope_points, load_problem, sample)
+from tests.gates.fixtures.helpers import kda_contract
+
+KDA = load_problem("kda_decode")
+SMALL = Point(5, 0, (("heads", 2), ("head_dim", 16)), "bf16")
+
+
+@pytest.mark.parametrize("lo, hi, expected", [(1, 64, [1, 33, 64]), (1, 8, [1, 5, 8]), (1, 1, [1]), (1, 2, [1, 2]),
+                                              (4, 8, [4, 7, 8])])
+def test_batch_sizes_take_both_edges_and_an_odd_middle(lo, hi, expected):
+    assert batch_sizes(lo, hi) == expected
+
+
+def test_envelope_points_cover_every_shape():
+    contract = kda_contract(shapes={"heads": [12, 6], "head_dim": [128]}, batch={"min": 1, "max": 64})
+    points = envelope_points(contract, KDA)
+    assert len(points) == 6 and {p["heads"] for p in points} == {12, 6}
+    assert bench_point(contract, KDA, contract.benchmark.points[1]) == Point(8, 0, (("heads", 12), ("head_dim", 128)), "bf16")
+
+
+def test_missing_shape_key_names_the_problem_file():
+    with pytest.raises(ProblemError, match=r"lacks head_dim .*gates/problems/kda_decode.py"):
+        envelope_points(kda_contract(shapes={"heads": [2]}), KDA)
+
+
+def test_missing_problem_says_which_file_to_write():
+    with pytest.raises(ProblemError, match=r"no problem for op 'rope_fused': write gates/problems/rope_fused.py"):
+        load_problem("rope_fused")
+
+
+def test_inputs_are_seeded_and_distinct():
+    a, b = KDA.generate_input(SMALL, 1, "normal"), KDA.generate_input(SMALL, 1, "normal")
+    c = KDA.generate_input(SMALL, 2, "normal")
+    assert torch.equal(a.args[0], b.args[0]) and not torch.equal(a.args[0], c.args[0])
+    assert a.state == (1, 2)
+    assert a.args[2].shape[0] > SMALL.batch  # spare cache slots: a write to the wrong slot shows
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_reference_is_finite_on_every_distribution(dist):
+    case = KDA.generate_input(Point(8, 0, (("heads", 2), ("head_dim", 16)), "bf16"), 3, dist)
+    assert torch.isfinite(KDA.reference(*case.args).float()).all()
+
+
+def test_distributions_differ():
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    normal, heavy, large = (sample((100_000,), d, gen(), torch.float32) for d in ("normal", "heavy_tailed", "large"))
+    assert heavy.abs().max() > 10 * normal.abs().max()
+    assert large.std() == pytest.approx(64, rel=0.05)
+    mixed = sample((6, 1000), "mixed", gen(), torch.float32)
+    assert mixed[2].std() > 10 * mixed[0].std()  # rows alternate normal, heavy-tailed, large
+
+
+def test_decode_problem_refuses_speculative_points():
+    with pytest.raises(UnsupportedPoint, match="spec_tokens 3"):
+        KDA.generate_input(Point(1, 3, SMALL.shape, "bf16"), 0, "normal")
+
+
+def test_next_step_keeps_weights_and_state():
+    case = KDA.generate_input(SMALL, 1, "normal")
+    step = KDA.next_input(case, 2, "normal")
+    assert step.args[1] is case.args[1] and step.args[4] is case.args[4]
+    assert not torch.equal(step.args[0], case.args[0])
+
+
+def test_cost_grows_with_batch_and_is_dominated_by_the_state():
+    point = lambda b: Point(b, 0, (("heads", 12), ("head_dim", 128)), "bf16")  # noqa: E731
+    c1, c2, c64 = (KDA.cost(point(b)) for b in (1, 2, 64))
+    state_per_seq = 2 * 12 * 128 * 128 * 4  # fp32 state read and written
+    assert c2.bytes - c1.bytes > state_per_seq
+    assert state_per_seq * 64 / c64.bytes > 0.9
+    assert c64.floor_us(4.3e12, 790e12) == pytest.approx(c64.bytes / 4.3e12 * 1e6)
