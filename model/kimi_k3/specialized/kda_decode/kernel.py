@@ -1,0 +1,476 @@
+"""Fused KDA decode step, CuTe DSL, Hopper (sm_90a).
+
+One launch does the whole decode step of a KDA layer after the input projection, for every sequence
+and local head: the short-conv window update of q, k, v with SiLU; the f_b projection of the gate's
+low-rank input; the safe decay gate; beta = sigmoid; L2 normalization of q (scaled by K^-1/2) and k;
+the fp32 delta-rule state update in place in the sequence's cache slot; o = S q; and the gated RMSNorm
+(o_norm weight, sigmoid of the output gate). Semantics, layouts and rounding points are those of
+`model.kimi_k3.ops.kda.kda_decode` (the reference).
+
+Work decomposition: one CTA of 256 threads (8 warps) per (head, sequence); grid = (H, B).
+- The 64 KiB fp32 state tile [V=128, K=128] of (slot, head) is streamed into shared memory with
+  16-byte `cp.async.cg` copies issued first, so the state load overlaps everything else: conv,
+  f_b GEMV, gate and norms run while the state is in flight, and take no registers from it.
+- Warp w owns state rows 16w..16w+15; lane l owns columns 4l..4l+3 of every row, so each warp-wide
+  16-byte access covers one full 512-byte row (coalesced global, conflict-free shared).
+- Row dot products (S k, S q) reduce across the warp with a transpose-butterfly: 16 row partials
+  reduce in 15+1 shuffles and leave row (l >> 1) in lane l.
+- The updated state goes straight back from registers with 16-byte stores.
+- The f_b GEMV (R=128 -> K=128 for this head): warp w computes rows 16w..16w+15, half-warps read
+  two full 256-byte f_b rows per instruction, same butterfly reduction.
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cute import CompileCache, current_cute_arch, import_cutlass
+from model.kimi_k3.ops.kda import L2_EPS, KDAColumns, KDAWeights
+
+try:
+    cutlass, cute = import_cutlass()
+    import cuda.bindings.driver as cuda
+    from cutlass import BFloat16, Float32, Int32, Int64
+    from cutlass.cute.nvgpu import cpasync
+    from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+
+    _IMPORT_ERROR = None
+except Exception as _e:  # cutlass not installed or broken: the module stays importable
+    cutlass = cute = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+
+NUM_THREADS = 256
+NUM_WARPS = NUM_THREADS // 32
+ROWS_PER_WARP = 16  # 8 warps x 16 rows = 128 = V
+
+_TORCH_SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+@dataclass(frozen=True)
+class KDADecodeConfig:
+    """Everything that changes the generated code; the compile cache is keyed on it (plus the arch)."""
+
+    heads: int
+    head_dim: int = 128
+    rank: int = 128
+    conv_width: int = 4
+    proj_stride: int = 0  # elements between rows of proj; 0 = the packed width
+    slot_dtype: str = "int32"
+    act_dtype: str = "bfloat16"
+    # Occupancy hint (nvvm.minctasm); 0 = none. The kernel needs 64 registers without a cap, so 3 CTAs of
+    # ~66 KiB shared memory fit an SM either way; a cap of 3 makes ptxas spill (80 registers, 8 B).
+    min_ctas_per_sm: int = 0
+
+    def __post_init__(self):
+        if self.head_dim != 128:
+            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 (8 warps x 16 rows, 32 lanes x 4)")
+        if self.rank != 128:
+            raise ValueError(f"rank {self.rank}: the f_b GEMV mapping needs 128 (16 lanes x 8 bf16 per row)")
+        if self.conv_width != 4:
+            raise ValueError(f"conv_width {self.conv_width}: only 4 is supported (one 8-byte window per channel)")
+        if self.heads < 1:
+            raise ValueError("heads must be >= 1")
+        if self.slot_dtype not in ("int32", "int64"):
+            raise ValueError(f"slot_dtype {self.slot_dtype!r}")
+        if self.act_dtype != "bfloat16":
+            raise ValueError(f"act_dtype {self.act_dtype!r}: only bfloat16")
+        if self.proj_stride == 0:
+            object.__setattr__(self, "proj_stride", self.width)
+        if self.proj_stride < 4 * self.p + self.rank + self.heads or self.proj_stride % 8:
+            raise ValueError(f"proj_stride {self.proj_stride}: must cover the packed columns and be a multiple of 8")
+
+    @property
+    def p(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def width(self) -> int:
+        return KDAColumns(self.heads, self.head_dim, self.rank).width
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch."""
+        k = self.head_dim
+        return k * k * 4 + 2 * k * 4 + k * 4 + k * 4 + 16 * 4
+
+
+def _sigmoid(x):
+    return Float32(1.0) / (Float32(1.0) + cute.math.exp(-x))
+
+
+def _select(cond, a, b):
+    return Float32(cutlass.select_(cond, a, b))
+
+
+def _transpose_reduce(vals, lane, offsets):
+    """Butterfly 'transpose' reduction of len(vals) = 2**len(offsets) per-lane partials.
+
+    At each step the lane keeps the half of its values selected by its lane bit `off` and adds the
+    partner's copy of that half; afterwards the lane holds one value, summed over the lanes that
+    differ in the `offsets` bits, of index sum_s bit_s(lane) * len/2**(s+1).
+    """
+    for off in offsets:
+        half = len(vals) // 2
+        upper = (lane & off) != 0
+        nxt = []
+        for i in range(half):
+            lo, hi = vals[i], vals[i + half]
+            keep = _select(upper, hi, lo)
+            send = _select(upper, lo, hi)
+            nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
+        vals = nxt
+    return vals[0]
+
+
+def _conv_channel(gConv, mConvW, mProj, b, c, wc: int):
+    """Shift proj[b, c] into channel c's window (in place) and return bf16(SiLU(window . weight)) as fp32."""
+    win = cute.make_rmem_tensor((wc,), BFloat16)
+    cute.autovec_copy(gConv[c, None], win)
+    wts = cute.make_rmem_tensor((wc,), Float32)
+    cute.autovec_copy(mConvW[c, None], wts)
+    x = mProj[b, c]
+    new = cute.make_rmem_tensor((wc,), BFloat16)
+    for i in range(wc - 1):
+        new[i] = win[i + 1]
+    new[wc - 1] = x
+    y = new[0].to(Float32) * wts[0]
+    for i in range(1, wc):
+        y = y + new[i].to(Float32) * wts[i]
+    cute.autovec_copy(new, gConv[c, None])
+    act = y / (Float32(1.0) + cute.math.exp(-y))
+    return act.to(BFloat16).to(Float32)
+
+
+if _IMPORT_ERROR is None:
+
+    class KDADecodeKernel:
+        """CuTe DSL kernel object: `__call__` (jit) builds the tensors and launches `kernel`."""
+
+        def __init__(self, cfg: KDADecodeConfig):
+            self.cfg = cfg
+
+        @cute.jit
+        def __call__(
+            self,
+            pProj: cute.Pointer,
+            pConv: cute.Pointer,
+            pState: cute.Pointer,
+            pSlots: cute.Pointer,
+            pConvW: cute.Pointer,
+            pFb: cute.Pointer,
+            pAlog: cute.Pointer,
+            pDt: cute.Pointer,
+            pOnorm: cute.Pointer,
+            pOut: cute.Pointer,
+            batch: Int32,
+            lower_bound: Float32,
+            norm_eps: Float32,
+            stream: cuda.CUstream,
+        ):
+            c = self.cfg
+            H, K, R, Wc, Wp = c.heads, c.head_dim, c.rank, c.conv_width, c.proj_stride
+            P = H * K
+            mProj = cute.make_tensor(pProj, cute.make_layout((batch, Wp), stride=(Wp, 1)))
+            mSlots = cute.make_tensor(pSlots, cute.make_layout((batch,)))
+            mConvW = cute.make_tensor(pConvW, cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+            mFb = cute.make_tensor(pFb, cute.make_layout((P, R), stride=(R, 1)))
+            mAlog = cute.make_tensor(pAlog, cute.make_layout((H,)))
+            mDt = cute.make_tensor(pDt, cute.make_layout((P,)))
+            mOnorm = cute.make_tensor(pOnorm, cute.make_layout((K,)))
+            mOut = cute.make_tensor(pOut, cute.make_layout((batch, P), stride=(P, 1)))
+            self.kernel(mProj, pConv, pState, mSlots, mConvW, mFb, mAlog, mDt, mOnorm, mOut,
+                        lower_bound, norm_eps).launch(
+                grid=[H, batch, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+                min_blocks_per_mp=c.min_ctas_per_sm, preferred_smem_carveout=100)  # max smem carveout
+
+        @cute.kernel
+        def kernel(
+            self,
+            mProj: cute.Tensor,
+            pConv: cute.Pointer,
+            pState: cute.Pointer,
+            mSlots: cute.Tensor,
+            mConvW: cute.Tensor,
+            mFb: cute.Tensor,
+            mAlog: cute.Tensor,
+            mDt: cute.Tensor,
+            mOnorm: cute.Tensor,
+            mOut: cute.Tensor,
+            lower_bound: Float32,
+            norm_eps: Float32,
+        ):
+            c = self.cfg
+            H, K, R, Wc = c.heads, c.head_dim, c.rank, c.conv_width
+            P = H * K
+            tidx, _, _ = cute.arch.thread_idx()
+            h, b, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+
+            # This (slot, head)'s state tile and this slot's conv windows, 64-bit addressing.
+            slot = Int64(mSlots[b])
+            state_addr = pState.toint() + (slot * H + Int64(h)) * (K * K * 4)
+            gS = cute.make_tensor(
+                cute.make_ptr(Float32, state_addr, cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((K, K), stride=(K, 1)))
+            conv_addr = pConv.toint() + slot * (3 * P * Wc * 2)
+            gConv = cute.make_tensor(
+                cute.make_ptr(BFloat16, conv_addr, cute.AddressSpace.gmem, assumed_align=8),
+                cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+
+            smem = cutlass.memory.SmemAllocator()
+            sS = smem.allocate_tensor(Float32, cute.make_layout((K, K), stride=(K, 1)), byte_alignment=128)
+            sQK = smem.allocate_tensor(Float32, cute.make_layout((2 * K,)), byte_alignment=16)
+            sV = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
+            sDecay = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
+            sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
+
+            # 1. Stream the state tile into shared memory first (cp.async, 16 B, L2 only).
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(ROWS_PER_WARP):
+                row = warp * ROWS_PER_WARP + i
+                cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
+                          cute.local_tile(sS[row, None], (4,), (lane,)))
+            cute.arch.cp_async_commit_group()
+
+            # 2. Short conv: threads 0..K-1 own q channels (and v), K..2K-1 own k channels.
+            j = tidx % K
+            grp = tidx // K
+            act = _conv_channel(gConv, mConvW, mProj, b, grp * P + h * K + j, Wc)
+            if tidx < K:
+                sV[j] = _conv_channel(gConv, mConvW, mProj, b, 2 * P + h * K + j, Wc)
+
+            # 3. f_b GEMV: r[row] = f_a . f_b[h*K + row, :]; warp w rows 16w.., half-warp sub -> odd/even.
+            sub = lane // 16
+            ch = lane % 16
+            fa = cute.make_rmem_tensor((8,), BFloat16)
+            cute.autovec_copy(cute.local_tile(mProj[b, None], (8,), ((4 * P) // 8 + ch,)), fa)
+            faf = []
+            for e in cutlass.range_constexpr(8):
+                faf.append(fa[e].to(Float32))
+            parts = []
+            for i in cutlass.range_constexpr(8):
+                frow_i = warp * ROWS_PER_WARP + 2 * i + sub
+                fb = cute.make_rmem_tensor((8,), BFloat16)
+                cute.autovec_copy(cute.local_tile(mFb[h * K + frow_i, None], (8,), (ch,)), fb)
+                acc = fb[0].to(Float32) * faf[0]
+                for e in cutlass.range_constexpr(1, 8):
+                    acc = acc + fb[e].to(Float32) * faf[e]
+                parts.append(acc)
+            r = _transpose_reduce(parts, lane, (8, 4, 2))
+            r = r + cute.arch.shuffle_sync_bfly(r, offset=1)
+            frow = warp * ROWS_PER_WARP + 2 * ((lane >> 1) & 7) + sub
+            z = r.to(BFloat16).to(Float32) + mDt[h * K + frow]
+            g = lower_bound * _sigmoid(cute.math.exp(mAlog[h]) * z)
+            if (lane & 1) == 0:
+                sDecay[frow] = cute.math.exp(g)
+
+            # Scalars for later, loaded early: beta, and the output gate / norm weight of this lane's row.
+            beta = _sigmoid(mProj[b, 4 * P + R + h].to(Float32))
+            orow = warp * ROWS_PER_WARP + (lane >> 1)
+            gate = mProj[b, 3 * P + h * K + orow].to(Float32)
+            wnorm = mOnorm[orow]
+
+            # 4. L2 norms of q and k (fp32), q scaled by K^-1/2.
+            ss = cute.arch.warp_reduction_sum(act * act)
+            if lane == 0:
+                sRed[warp] = ss
+            cute.arch.sync_threads()
+            qss = sRed[0] + sRed[1] + sRed[2] + sRed[3]
+            kss = sRed[4] + sRed[5] + sRed[6] + sRed[7]
+            is_q = tidx < K
+            nrm = _select(is_q, qss, kss)
+            scale = _select(is_q, Float32(K ** -0.5), Float32(1.0))
+            sQK[tidx] = act / cute.math.sqrt(nrm + Float32(L2_EPS)) * scale
+            cute.arch.sync_threads()
+
+            # 5. Recurrence on this lane's 4 columns of the warp's 16 rows.
+            qv = cute.make_rmem_tensor((4,), Float32)
+            kv = cute.make_rmem_tensor((4,), Float32)
+            dv = cute.make_rmem_tensor((4,), Float32)
+            cute.autovec_copy(cute.local_tile(sQK, (4,), (lane,)), qv)
+            cute.autovec_copy(cute.local_tile(sQK, (4,), (K // 4 + lane,)), kv)
+            cute.autovec_copy(cute.local_tile(sDecay, (4,), (lane,)), dv)
+            cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
+
+            parts = []
+            for i in cutlass.range_constexpr(ROWS_PER_WARP):
+                row = warp * ROWS_PER_WARP + i
+                s = cute.make_rmem_tensor((4,), Float32)
+                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), s)
+                acc = (s[0] * dv[0]) * kv[0]
+                for e in cutlass.range_constexpr(1, 4):
+                    acc = acc + (s[e] * dv[e]) * kv[e]
+                parts.append(acc)
+            sk = _transpose_reduce(parts, lane, (16, 8, 4, 2))
+            sk = sk + cute.arch.shuffle_sync_bfly(sk, offset=1)
+            u = beta * (sV[orow] - sk)
+            # Re-read the tile from shared memory in the second pass rather than keeping 64 values live
+            # across the reduction (keeps the kernel under the register cap for 3 CTAs per SM).
+            cute.arch.sync_warp()
+
+            parts = []
+            for i in cutlass.range_constexpr(ROWS_PER_WARP):
+                row = warp * ROWS_PER_WARP + i
+                ui = cute.arch.shuffle_sync(u, 2 * i)
+                s = cute.make_rmem_tensor((4,), Float32)
+                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), s)
+                sn = cute.make_rmem_tensor((4,), Float32)
+                for e in cutlass.range_constexpr(4):
+                    sn[e] = s[e] * dv[e] + ui * kv[e]
+                cute.autovec_copy(sn, cute.local_tile(gS[row, None], (4,), (lane,)))
+                acc = sn[0] * qv[0]
+                for e in cutlass.range_constexpr(1, 4):
+                    acc = acc + sn[e] * qv[e]
+                parts.append(acc)
+            o = _transpose_reduce(parts, lane, (16, 8, 4, 2))
+            o = o + cute.arch.shuffle_sync_bfly(o, offset=1)
+
+            # 6. Gated RMSNorm over the head's V outputs (bf16-rounded o, fp32 math).
+            ob = o.to(BFloat16).to(Float32)
+            even = (lane & 1) == 0
+            sq = cute.arch.warp_reduction_sum(_select(even, ob * ob, Float32(0.0)))
+            if lane == 0:
+                sRed[NUM_WARPS + warp] = sq
+            cute.arch.sync_threads()
+            tot = sRed[NUM_WARPS]
+            for wi in cutlass.range_constexpr(1, NUM_WARPS):
+                tot = tot + sRed[NUM_WARPS + wi]
+            rstd = cute.math.rsqrt(tot / Float32(K) + norm_eps)
+            y = ob * rstd * wnorm * _sigmoid(gate)
+            if even:
+                mOut[b, h * K + orow] = y.to(BFloat16)
+
+
+_CACHE = CompileCache("kda_decode")
+
+
+def _dtype(name: str):
+    return {"int32": Int32, "int64": Int64}[name]
+
+
+def fake_args(cfg: KDADecodeConfig):
+    """Null pointers and scalars with the kernel's argument types, for compiling without a GPU."""
+    gmem = cute.AddressSpace.gmem
+    slot_t = _dtype(cfg.slot_dtype)
+    return (
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # proj
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # conv_state
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # ssm_state
+        _runtime_make_ptr(slot_t, 0, gmem, assumed_align=slot_t.width // 8),  # slots
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # conv_weight
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # f_b
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # A_log
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # dt_bias
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # o_norm
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=4),  # out
+        Int32(1), Float32(-5.0), Float32(1e-5), cuda.CUstream(0),
+    )
+
+
+def compile_kernel(cfg: KDADecodeConfig, options: str = ""):
+    """cute.compile the kernel for cfg (for the arch the DSL targets in this process)."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return cute.compile(KDADecodeKernel(cfg), *fake_args(cfg), options=options)
+
+
+def compile_report(cfg: KDADecodeConfig, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, smem)."""
+    from kernels.cute import compile_for_arch
+
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return compile_for_arch(KDADecodeKernel(cfg), *fake_args(cfg), arch=arch,
+                            dynamic_smem_bytes=cfg.smem_bytes, **kw)
+
+
+def available() -> tuple[bool, str]:
+    if _IMPORT_ERROR is not None:
+        return False, f"CuTe DSL unavailable: {_IMPORT_ERROR}"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    major, _ = torch.cuda.get_device_capability()
+    if major != 9:
+        return False, f"validated on sm_90 only (this device is sm_{major}x)"
+    return True, "ok"
+
+
+def _ptr(t: torch.Tensor, dtype, align: int):
+    if t.data_ptr() % align:
+        raise ValueError(f"tensor data pointer not {align}-byte aligned")
+    return _runtime_make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+
+def _check(name, t: torch.Tensor, dtype, shape=None):
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: dtype {t.dtype}, expected {dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
+                    w: KDAWeights) -> torch.Tensor:
+    """Same signature and semantics as model.kimi_k3.ops.kda.kda_decode; one kernel launch.
+
+    proj [B, W] bf16 (rows may be strided, columns contiguous); conv_state [slots, 3P, 4] bf16 and
+    ssm_state [slots, H, V, K] fp32 are updated in place at rows `slots` [B] (int32 or int64, distinct).
+    Returns out [B, P] bf16.
+    """
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    if not proj.is_cuda:
+        raise RuntimeError("kda_decode_cute needs CUDA tensors")
+    cols = KDAColumns.of(ssm_state, w)
+    H, K, R = cols.heads, cols.head_dim, cols.rank
+    P, B = cols.p, proj.shape[0]
+    wc = w.conv_weight.shape[-1]
+    if proj.dtype != torch.bfloat16 or proj.dim() != 2 or proj.stride(1) != 1:
+        raise ValueError("proj: [B, W] bf16 with contiguous columns")
+    if ssm_state.shape[2] != K:
+        raise ValueError("ssm_state: V must equal K")
+    _check("conv_state", conv_state, torch.bfloat16, (conv_state.shape[0], 3 * P, wc))
+    _check("ssm_state", ssm_state, torch.float32)
+    _check("conv_weight", w.conv_weight, torch.float32, (3 * P, wc))
+    _check("f_b", w.f_b, torch.bfloat16, (P, R))
+    _check("A_log", w.A_log, torch.float32, (H,))
+    _check("dt_bias", w.dt_bias, torch.float32, (P,))
+    _check("o_norm", w.o_norm, torch.float32, (K,))
+    if slots.dtype not in _TORCH_SLOT_DTYPES or slots.shape != (B,) or not slots.is_contiguous():
+        raise ValueError("slots: contiguous [B] int32 or int64")
+    out = torch.empty(B, P, dtype=proj.dtype, device=proj.device)
+    if B == 0:
+        return out
+    cfg = KDADecodeConfig(heads=H, head_dim=K, rank=R, conv_width=wc, proj_stride=proj.stride(0),
+                          slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype])
+    fn = _CACHE.get((cfg, current_cute_arch()), lambda: compile_kernel(cfg))
+    slot_t = _dtype(cfg.slot_dtype)
+    stream = cuda.CUstream(torch.cuda.current_stream(proj.device).cuda_stream)
+    fn(_ptr(proj, BFloat16, 16), _ptr(conv_state, BFloat16, 16), _ptr(ssm_state, Float32, 16),
+       _ptr(slots, slot_t, slot_t.width // 8), _ptr(w.conv_weight, Float32, 16), _ptr(w.f_b, BFloat16, 16),
+       _ptr(w.A_log, Float32, 4), _ptr(w.dt_bias, Float32, 4), _ptr(w.o_norm, Float32, 4),
+       _ptr(out, BFloat16, 4), Int32(B), Float32(float(w.lower_bound)), Float32(float(w.norm_eps)), stream)
+    return out
+
+
+def bytes_moved(heads: int, batch: int, head_dim: int = 128, rank: int = 128, conv_width: int = 4) -> int:
+    """Fewest bytes one decode step must move (each input read once, each output written once)."""
+    p = heads * head_dim
+    width = KDAColumns(heads, head_dim, rank).width
+    per_seq = (width * 2  # proj row
+               + 2 * 3 * p * conv_width * 2  # conv windows read + written
+               + 2 * heads * head_dim * head_dim * 4  # fp32 state read + written
+               + p * 2  # out
+               + 8)  # slot index
+    weights = 3 * p * conv_width * 4 + p * rank * 2 + heads * 4 + p * 4 + head_dim * 4
+    return batch * per_seq + weights
+
+
+def flops(heads: int, batch: int, head_dim: int = 128, rank: int = 128) -> int:
+    """Arithmetic per step (fp32, CUDA cores): decay, S k, update, S q over the state; f_b GEMV."""
+    return batch * heads * (8 * head_dim * head_dim + 2 * head_dim * rank)
