@@ -40,8 +40,12 @@ def make_weights(heads: int, head_dim: int = 128, rank: int = 128, conv_width: i
         f_b = _dyadic((p, rank), 3, 1 / 32, gen, device, torch.bfloat16)
     else:
         f_b = (torch.randn(p, rank, generator=gen) / math.sqrt(rank)).to(device=device, dtype=torch.bfloat16)
+    if exact_gemm:  # dyadic conv taps too: the 4-term window sum is then exact in any order
+        conv_weight = _dyadic((3 * p, conv_width), 4, 1 / 8, gen, device, torch.float32)
+    else:
+        conv_weight = (torch.randn(3 * p, conv_width, generator=gen) * 0.5).to(device)
     return KDAWeights(
-        conv_weight=(torch.randn(3 * p, conv_width, generator=gen) * 0.5).to(device),
+        conv_weight=conv_weight,
         f_b=f_b,
         A_log=torch.log(torch.empty(heads).uniform_(1, 16, generator=gen)).to(device),
         dt_bias=(torch.randn(p, generator=gen) * 0.5).to(device),
@@ -54,7 +58,8 @@ def make_weights(heads: int, head_dim: int = 128, rank: int = 128, conv_width: i
 def make_proj(cols: KDAColumns, batch: int, device="cpu", seed: int = 0, dist: str = "normal",
               exact_gemm: bool = False, stride: int | None = None) -> torch.Tensor:
     """proj [B, W] bf16: q|k|v|g|f_a|beta random, zero pad. dist 'normal' or 'heavy' (a few large values);
-    exact_gemm makes the f_a columns dyadic so the f_b product is exact in any summation order."""
+    exact_gemm makes the f_a columns dyadic so the f_b product is exact in any summation order (with
+    make_weights(exact_gemm=True)), and the conv inputs short (4 significant bits) so the conv sums are too."""
     gen = torch.Generator().manual_seed(seed)
     width = stride or cols.width
     x = torch.randn(batch, width, generator=gen)
@@ -65,6 +70,7 @@ def make_proj(cols: KDAColumns, batch: int, device="cpu", seed: int = 0, dist: s
         raise ValueError(f"dist {dist!r}")
     if exact_gemm:
         x[:, cols.f_a] = torch.randint(-4, 5, (batch, cols.rank), generator=gen).float() / 8
+        x[:, cols.qkv] = (x[:, cols.qkv] * 8).round() / 8
     x[:, cols.beta.stop:] = 0
     return x.to(device=device, dtype=torch.bfloat16)
 
@@ -92,7 +98,10 @@ def make_case(heads: int, batch: int, *, num_slots: int | None = None, slot_patt
     num_slots = num_slots or 2 * batch + 3
     gen = torch.Generator().manual_seed(seed + 1)
     w = make_weights(heads, head_dim, rank, conv_width, device, seed, exact_gemm)
-    conv_state = torch.randn(num_slots, 3 * cols.p, conv_width, generator=gen).to(device=device, dtype=torch.bfloat16)
+    conv_state = torch.randn(num_slots, 3 * cols.p, conv_width, generator=gen)
+    if exact_gemm:
+        conv_state = (conv_state * 8).round() / 8
+    conv_state = conv_state.to(device=device, dtype=torch.bfloat16)
     ssm_state = (torch.randn(num_slots, heads, head_dim, head_dim, generator=gen) * 0.1).to(device)
     slots = make_slots(batch, num_slots, slot_pattern, device, seed, slot_dtype)
     proj = make_proj(cols, batch, device, seed + 2, dist, exact_gemm, proj_stride)
