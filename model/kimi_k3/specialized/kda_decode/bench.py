@@ -40,17 +40,22 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
     from kernels.timing import count_kernels, time_op
     from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops, kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode.kernel import available, bytes_moved, flops, kda_decode_cute
 
     info = detect()
     if measure_bw:
         info = with_measured_bandwidth(info)
     std_ok, std_why = standard_available()
-    impls = {"specialized": kda_decode_cute}
+    spec_ok, spec_why = available()
+    impls = {}
     if std_ok:
-        impls = {"standard": kda_decode_standard, **impls}
+        impls["standard"] = kda_decode_standard
     else:
         print(f"standard unavailable: {std_why}", file=sys.stderr)
+    if spec_ok:
+        impls["specialized"] = kda_decode_cute
+    else:
+        print(f"specialized unavailable: {spec_why}", file=sys.stderr)
     rows = []
     for heads in heads_list:
         for batch in batches:
@@ -109,8 +114,11 @@ def _print_row(row):
     sp = f"{row['speedup']:6.2f}x" if "speedup" in row else f"{'-':>7}"
     host = f"{row.get('standard_host_us') or float('nan'):7.1f}/{row.get('specialized_host_us') or float('nan'):7.1f}"
     err = f"{row.get('specialized_out_rel_l2', float('nan')):.1e}/{row.get('specialized_state_rel_l2', float('nan')):.1e}"
+    frac = row.get("specialized_frac_floor", row.get("standard_frac_floor", float("nan")))
+    if "specialized_us" not in row:
+        err = f"{row.get('standard_out_rel_l2', float('nan')):.1e}/{row.get('standard_state_rel_l2', float('nan')):.1e}"
     print(f"{row['heads']:>3} {row['batch']:>3} | {s:>16} {sk!s:>3} | {c:>16} {ck!s:>2} | {sp:>7} | "
-          f"{row['floor_us']:8.2f} {row['specialized_frac_floor']:9.0%} | {host:>16} | {err:>17}", flush=True)
+          f"{row['floor_us']:8.2f} {frac:9.0%} | {host:>16} | {err:>17}", flush=True)
 
 
 def main(argv=None):
