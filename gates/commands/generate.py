@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import torch
 from rich.console import Console
 
 from gates.cli import UsageError
+from model.kimi_k3.dispatch import DECODE_BACKENDS
 from model.kimi_k3.engine import Engine, SamplingParams
 from model.kimi_k3.loader import load_model
 
@@ -24,7 +26,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--json", action="store_true", help="end with one JSON line: tokens, logprobs, ...")
+    p.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
+                   help="auto: the standard path (default); latency_specialized: contracted kernels inside their envelopes")
+    p.add_argument("--json", action="store_true", help="end with one JSON line: tokens, logprobs, dispatch counts")
     p.set_defaults(func=run)
 
 
@@ -48,13 +52,15 @@ def run(args) -> int:
     status = Console(stderr=True)
     with status.status(f"loading {args.ckpt}"):
         model = load_model(args.ckpt, act_dtype=DTYPES[args.dtype], device=args.device)
-    engine = Engine(model, max_len=len(prompt) + args.max_new_tokens)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("model.kimi_k3").setLevel(logging.INFO)  # dispatch fallback reasons, each once
+    engine = Engine(model, max_len=len(prompt) + args.max_new_tokens, decode_backend=args.decode_backend)
     try:
         gen = engine.generate([prompt], params)[0]
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.json:
-        print(json.dumps({"tokens": gen.tokens, "logprobs": gen.logprobs}))
+        print(json.dumps({"tokens": gen.tokens, "logprobs": gen.logprobs, "dispatch": engine.model.ops.report()}))
     else:
         print(" ".join(map(str, gen.tokens)))
     return 0

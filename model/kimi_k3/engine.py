@@ -8,6 +8,7 @@ import torch
 
 from .batch import StepBatch
 from .cache import ModelCache
+from .dispatch import Dispatcher
 from .model import KimiK3Model
 from .sampling import sample
 
@@ -29,10 +30,15 @@ class Generation:
 
 
 class Engine:
-    """Owns a model, its cache slots and a sampler; generates for a batch of prompts."""
+    """Owns a model, its cache slots and a sampler; generates for a batch of prompts.
 
-    def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8):
+    decode_backend: "auto" (the standard path) or "latency_specialized" (contracted kernels inside their
+    envelopes); it installs a fresh dispatcher on the model, whose `report()` counts this engine's calls.
+    """
+
+    def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8, decode_backend: str = "auto"):
         self.model = model
+        model.ops = Dispatcher.for_model(model, decode_backend)
         device = next(model.parameters()).device
         self.device = device
         self.cache = ModelCache(model.cfg, model.tp, num_slots, max_len, model.act_dtype, device)

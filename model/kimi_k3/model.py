@@ -64,7 +64,7 @@ class KimiK3Model(nn.Module):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.output_res = AttnResWeights("model.", "output_attn_res", d, eps, tp, act_dtype)
         self.norm = RMSNorm("model.norm.weight", d, eps, tp, act_dtype)
-        self.ops = Dispatcher()
+        self.ops = Dispatcher.for_model(self)  # standard path; Engine(decode_backend=...) replaces it
 
     def bindings(self) -> BindingSet:
         """Every parameter's checkpoint binding, with parameter paths relative to this model."""
