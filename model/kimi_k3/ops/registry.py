@@ -113,7 +113,7 @@ OPS: dict[str, Op] = {
            probe=lambda sources, norm_w, proj_w, eps: ((len(sources), sources[0].shape[-1]), (norm_w.dtype,))),
         Op("kda_decode", kda_decode, shapes=("heads", "head_dim"), dtypes=("weights", "ssm_state"),
            probe=lambda proj, conv, ssm, slots, w: ((ssm.shape[1], ssm.shape[3]), (w.f_b.dtype, ssm.dtype)),
-           gpu_standard="model.kimi_k3.ops.kda_standard:kda_decode"),
+           gpu_standard="model.kimi_k3.ops.kda_standard:kda_decode_standard"),
         Op("mla_decode", mla_decode, shapes=("heads", "kv_lora_rank", "rope_dim"), dtypes=("weights", "kv_cache"),
            probe=lambda q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale: (
                (q_nope.shape[1], w_uk.shape[-1], q_pe.shape[-1]), (w_uk.dtype, kv.dtype))),
