@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 
+from kernels import arch
 from kernels.contract import Contract
 from .batch import StepBatch, StepKind
 from .ops.registry import CONTRACTS_DIR, OPS, Signature, Specialized, dtype_name, entry_point, load_specialized
@@ -56,10 +57,8 @@ class Fallback:
 
 def detect(device: torch.device) -> tuple[str, str]:
     """(arch, device name) of a device: ('sm_90', 'NVIDIA H200') on a GPU, ('cpu', 'cpu') elsewhere."""
-    if device.type != "cuda":
-        return "cpu", "cpu"
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}", torch.cuda.get_device_name(device)
+    info = arch.detect(device) if device.type == "cuda" else arch.known("cpu")
+    return info.arch, info.device_name
 
 
 @dataclass(frozen=True)
