@@ -40,7 +40,8 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
     from kernels.timing import count_kernels, time_op
     from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import available, bytes_moved, flops, kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode.kernel import (available, bytes_moved, default_v_split, flops,
+                                                             kda_decode_cute)
 
     info = detect()
     if measure_bw:
@@ -59,7 +60,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
     rows = []
     for heads in heads_list:
         for batch in batches:
-            row = dict(heads=heads, batch=batch)
+            row = dict(heads=heads, batch=batch, v_split=default_v_split(heads, batch))
             f = floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=60e12)
             row["floor_us"] = f.floor_us
             row["bytes"] = f.bytes_moved
@@ -78,7 +79,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
                 if check:  # outputs produced while timing: re-check on fresh inputs
                     rel2, _, _ = _check(impl, heads, batch, seed=heads * 1000 + batch + 1)
                     row[f"{name}_recheck_rel_l2"] = rel2
-            if "standard_us" in row:
+            if "standard_us" in row and "specialized_us" in row:
                 row["speedup"] = row["standard_us"] / row["specialized_us"]
             rows.append(row)
             _print_row(row)

@@ -43,7 +43,6 @@ except Exception as _e:  # cutlass not installed or broken: the module stays imp
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
-ROWS_PER_WARP = 16  # 8 warps x 16 rows = 128 = V
 
 _TORCH_SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
 
@@ -59,6 +58,11 @@ class KDADecodeConfig:
     proj_stride: int = 0  # elements between rows of proj; 0 = the packed width
     slot_dtype: str = "int32"
     act_dtype: str = "bfloat16"
+    # CTAs per (head, sequence), launched as one thread-block cluster; each owns 128 / v_split state rows
+    # and they add their shares of the gated-RMSNorm sum of squares through distributed shared memory.
+    v_split: int = 1
+    # cudaFuncAttributePreferredSharedMemoryCarveout in percent; -1 leaves the driver's default.
+    smem_carveout: int = 100
     # Occupancy hint (nvvm.minctasm); 0 = none. The kernel needs 64 registers without a cap, so 3 CTAs of
     # ~66 KiB shared memory fit an SM either way; a cap of 3 makes ptxas spill (80 registers, 8 B).
     min_ctas_per_sm: int = 0
@@ -72,6 +76,8 @@ class KDADecodeConfig:
             raise ValueError(f"conv_width {self.conv_width}: only 4 is supported (one 8-byte window per channel)")
         if self.heads < 1:
             raise ValueError("heads must be >= 1")
+        if self.v_split not in (1, 2, 4):
+            raise ValueError(f"v_split {self.v_split}: 1, 2 or 4")
         if self.slot_dtype not in ("int32", "int64"):
             raise ValueError(f"slot_dtype {self.slot_dtype!r}")
         if self.act_dtype != "bfloat16":
@@ -90,10 +96,15 @@ class KDADecodeConfig:
         return KDAColumns(self.heads, self.head_dim, self.rank).width
 
     @property
+    def rows(self) -> int:
+        """State rows (V) per CTA."""
+        return self.head_dim // self.v_split
+
+    @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch."""
+        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch, cluster partials."""
         k = self.head_dim
-        return k * k * 4 + 2 * k * 4 + k * 4 + k * 4 + 16 * 4
+        return self.rows * k * 4 + 2 * k * 4 + self.rows * 4 + k * 4 + 16 * 4 + 16
 
 
 def _sigmoid(x):
@@ -104,12 +115,13 @@ def _select(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
 
 
-def _transpose_reduce(vals, lane, offsets):
+def _transpose_reduce(vals, lane, offsets, final=()):
     """Butterfly 'transpose' reduction of len(vals) = 2**len(offsets) per-lane partials.
 
-    At each step the lane keeps the half of its values selected by its lane bit `off` and adds the
-    partner's copy of that half; afterwards the lane holds one value, summed over the lanes that
-    differ in the `offsets` bits, of index sum_s bit_s(lane) * len/2**(s+1).
+    At each step of `offsets` the lane keeps the half of its values selected by its lane bit `off` and
+    adds the partner's copy of that half; afterwards the lane holds one value, of index
+    sum_s bit_s(lane) * len/2**(s+1), summed over the lanes that differ in the `offsets` bits. The
+    `final` offsets then sum it over the remaining lane bits (plain butterfly).
     """
     for off in offsets:
         half = len(vals) // 2
@@ -121,11 +133,34 @@ def _transpose_reduce(vals, lane, offsets):
             send = _select(upper, lo, hi)
             nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
         vals = nxt
-    return vals[0]
+    x = vals[0]
+    for off in final:
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+    return x
+
+
+def _reduce_plan(rows_per_warp: int):
+    """(offsets, final, shift) for reducing `rows_per_warp` row partials over a warp's 32 lanes:
+    lane l ends with row l >> shift."""
+    m = rows_per_warp.bit_length() - 1
+    assert 1 << m == rows_per_warp and 1 <= m <= 4
+    shift = 5 - m
+    offsets = tuple(16 >> t for t in range(m))
+    final = tuple(1 << t for t in reversed(range(shift)))
+    return offsets, final, shift
+
+
+def _dsmem_store_f32(smem_ptr, peer_rank, val):
+    """st.shared::cluster of an f32 to the same shared-memory offset in CTA `peer_rank` of the cluster."""
+    from cutlass._mlir.dialects import llvm, nvvm
+
+    dptr = nvvm.mapa(llvm.PointerType.get(7), smem_ptr.to_llvm_ptr(), Int32(peer_rank).ir_value())
+    llvm.store(Float32(val).ir_value(), dptr)
 
 
 def _conv_channel(gConv, mConvW, mProj, b, c, wc: int):
-    """Shift proj[b, c] into channel c's window (in place) and return bf16(SiLU(window . weight)) as fp32."""
+    """Channel c's new window (register tensor: old window shifted, proj[b, c] appended) and
+    bf16(SiLU(window . weight)) as fp32. The caller stores the window back."""
     win = cute.make_rmem_tensor((wc,), BFloat16)
     cute.autovec_copy(gConv[c, None], win)
     wts = cute.make_rmem_tensor((wc,), Float32)
@@ -138,9 +173,8 @@ def _conv_channel(gConv, mConvW, mProj, b, c, wc: int):
     y = new[0].to(Float32) * wts[0]
     for i in range(1, wc):
         y = y + new[i].to(Float32) * wts[i]
-    cute.autovec_copy(new, gConv[c, None])
     act = y / (Float32(1.0) + cute.math.exp(-y))
-    return act.to(BFloat16).to(Float32)
+    return new, act.to(BFloat16).to(Float32)
 
 
 if _IMPORT_ERROR is None:
@@ -182,8 +216,10 @@ if _IMPORT_ERROR is None:
             mOut = cute.make_tensor(pOut, cute.make_layout((batch, P), stride=(P, 1)))
             self.kernel(mProj, pConv, pState, mSlots, mConvW, mFb, mAlog, mDt, mOnorm, mOut,
                         lower_bound, norm_eps).launch(
-                grid=[H, batch, 1], block=[NUM_THREADS, 1, 1], stream=stream,
-                min_blocks_per_mp=c.min_ctas_per_sm, preferred_smem_carveout=100)  # max smem carveout
+                grid=[H * c.v_split, batch, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+                cluster=[c.v_split, 1, 1] if cutlass.const_expr(c.v_split > 1) else None,
+                min_blocks_per_mp=c.min_ctas_per_sm,
+                preferred_smem_carveout=c.smem_carveout if cutlass.const_expr(c.smem_carveout >= 0) else None)
 
         @cute.kernel
         def kernel(
@@ -202,48 +238,33 @@ if _IMPORT_ERROR is None:
             norm_eps: Float32,
         ):
             c = self.cfg
-            H, K, R, Wc = c.heads, c.head_dim, c.rank, c.conv_width
+            H, K, R, Wc, S = c.heads, c.head_dim, c.rank, c.conv_width, c.v_split
             P = H * K
+            ROWS = c.rows  # state rows of this CTA
+            RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4
+            offsets, final, shift = _reduce_plan(RPW)
             tidx, _, _ = cute.arch.thread_idx()
-            h, b, _ = cute.arch.block_idx()
+            bx, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
-
-            # This (slot, head)'s state tile and this slot's conv windows, 64-bit addressing.
-            slot = Int64(mSlots[b])
-            state_addr = pState.toint() + (slot * H + Int64(h)) * (K * K * 4)
-            gS = cute.make_tensor(
-                cute.make_ptr(Float32, state_addr, cute.AddressSpace.gmem, assumed_align=16),
-                cute.make_layout((K, K), stride=(K, 1)))
-            conv_addr = pConv.toint() + slot * (3 * P * Wc * 2)
-            gConv = cute.make_tensor(
-                cute.make_ptr(BFloat16, conv_addr, cute.AddressSpace.gmem, assumed_align=8),
-                cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+            h = bx // S
+            rank = bx % S
+            if cutlass.const_expr(S > 1):
+                rank = cute.arch.block_idx_in_cluster()
+            row0 = rank * ROWS
 
             smem = cutlass.memory.SmemAllocator()
-            sS = smem.allocate_tensor(Float32, cute.make_layout((K, K), stride=(K, 1)), byte_alignment=128)
+            sS = smem.allocate_tensor(Float32, cute.make_layout((ROWS, K), stride=(K, 1)), byte_alignment=128)
             sQK = smem.allocate_tensor(Float32, cute.make_layout((2 * K,)), byte_alignment=16)
-            sV = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
+            sV = smem.allocate_tensor(Float32, cute.make_layout((ROWS,)), byte_alignment=16)
             sDecay = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
             sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
+            sClu = smem.allocate_tensor(Float32, cute.make_layout((4,)), byte_alignment=16)
 
-            # 1. Stream the state tile into shared memory first (cp.async, 16 B, L2 only).
-            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
-                                      num_bits_per_copy=128)
-            for i in cutlass.range_constexpr(ROWS_PER_WARP):
-                row = warp * ROWS_PER_WARP + i
-                cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
-                          cute.local_tile(sS[row, None], (4,), (lane,)))
-            cute.arch.cp_async_commit_group()
+            slot = Int64(mSlots[b])
 
-            # 2. Short conv: threads 0..K-1 own q channels (and v), K..2K-1 own k channels.
-            j = tidx % K
-            grp = tidx // K
-            act = _conv_channel(gConv, mConvW, mProj, b, grp * P + h * K + j, Wc)
-            if tidx < K:
-                sV[j] = _conv_channel(gConv, mConvW, mProj, b, 2 * P + h * K + j, Wc)
-
-            # 3. f_b GEMV: r[row] = f_a . f_b[h*K + row, :]; warp w rows 16w.., half-warp sub -> odd/even.
+            # 1. f_b GEMV (independent of the slot): r[row] = f_a . f_b[h*K + row, :] for all K rows;
+            #    warp w rows 16w..16w+15, half-warp `sub` takes odd/even rows, lane `ch` 8 of the R inputs.
             sub = lane // 16
             ch = lane % 16
             fa = cute.make_rmem_tensor((8,), BFloat16)
@@ -253,26 +274,58 @@ if _IMPORT_ERROR is None:
                 faf.append(fa[e].to(Float32))
             parts = []
             for i in cutlass.range_constexpr(8):
-                frow_i = warp * ROWS_PER_WARP + 2 * i + sub
+                frow_i = warp * 16 + 2 * i + sub
                 fb = cute.make_rmem_tensor((8,), BFloat16)
                 cute.autovec_copy(cute.local_tile(mFb[h * K + frow_i, None], (8,), (ch,)), fb)
                 acc = fb[0].to(Float32) * faf[0]
                 for e in cutlass.range_constexpr(1, 8):
                     acc = acc + fb[e].to(Float32) * faf[e]
                 parts.append(acc)
-            r = _transpose_reduce(parts, lane, (8, 4, 2))
-            r = r + cute.arch.shuffle_sync_bfly(r, offset=1)
-            frow = warp * ROWS_PER_WARP + 2 * ((lane >> 1) & 7) + sub
+            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+            frow = warp * 16 + 2 * ((lane >> 1) & 7) + sub
             z = r.to(BFloat16).to(Float32) + mDt[h * K + frow]
             g = lower_bound * _sigmoid(cute.math.exp(mAlog[h]) * z)
             if (lane & 1) == 0:
                 sDecay[frow] = cute.math.exp(g)
 
-            # Scalars for later, loaded early: beta, and the output gate / norm weight of this lane's row.
+            # Scalars for later: beta, and the output gate / norm weight of this lane's output row.
             beta = _sigmoid(mProj[b, 4 * P + R + h].to(Float32))
-            orow = warp * ROWS_PER_WARP + (lane >> 1)
+            lrow = warp * RPW + (lane >> shift)  # this lane's row within the CTA's tile
+            orow = row0 + lrow  # ... within the head
             gate = mProj[b, 3 * P + h * K + orow].to(Float32)
             wnorm = mOnorm[orow]
+
+            # 2. Stream this CTA's state rows of (slot, head) into shared memory (cp.async, 16 B, L2 only).
+            state_addr = pState.toint() + (slot * H + Int64(h)) * (K * K * 4) + Int64(row0) * (K * 4)
+            gS = cute.make_tensor(
+                cute.make_ptr(Float32, state_addr, cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((ROWS, K), stride=(K, 1)))
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(RPW):
+                row = warp * RPW + i
+                cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
+                          cute.local_tile(sS[row, None], (4,), (lane,)))
+            cute.arch.cp_async_commit_group()
+
+            # 3. Short conv. Every CTA of the cluster needs all of q and k (for the L2 norms): threads
+            #    0..K-1 own q channels, K..2K-1 k channels; their windows are written back by one CTA after
+            #    the cluster barrier (peers read them first). v only for this CTA's rows, written at once.
+            conv_addr = pConv.toint() + slot * (3 * P * Wc * 2)
+            gConv = cute.make_tensor(
+                cute.make_ptr(BFloat16, conv_addr, cute.AddressSpace.gmem, assumed_align=8),
+                cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+            j = tidx % K
+            grp = tidx // K
+            ca = grp * P + h * K + j
+            win_a, act = _conv_channel(gConv, mConvW, mProj, b, ca, Wc)
+            if cutlass.const_expr(S == 1):
+                cute.autovec_copy(win_a, gConv[ca, None])
+            if tidx < ROWS:
+                cv = 2 * P + h * K + row0 + tidx
+                win_v, act_v = _conv_channel(gConv, mConvW, mProj, b, cv, Wc)
+                cute.autovec_copy(win_v, gConv[cv, None])
+                sV[tidx] = act_v
 
             # 4. L2 norms of q and k (fp32), q scaled by K^-1/2.
             ss = cute.arch.warp_reduction_sum(act * act)
@@ -287,7 +340,7 @@ if _IMPORT_ERROR is None:
             sQK[tidx] = act / cute.math.sqrt(nrm + Float32(L2_EPS)) * scale
             cute.arch.sync_threads()
 
-            # 5. Recurrence on this lane's 4 columns of the warp's 16 rows.
+            # 5. Recurrence on this lane's 4 columns of the warp's rows.
             qv = cute.make_rmem_tensor((4,), Float32)
             kv = cute.make_rmem_tensor((4,), Float32)
             dv = cute.make_rmem_tensor((4,), Float32)
@@ -297,51 +350,60 @@ if _IMPORT_ERROR is None:
             cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
 
             parts = []
-            for i in cutlass.range_constexpr(ROWS_PER_WARP):
-                row = warp * ROWS_PER_WARP + i
-                s = cute.make_rmem_tensor((4,), Float32)
-                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), s)
-                acc = (s[0] * dv[0]) * kv[0]
+            for i in cutlass.range_constexpr(RPW):
+                row = warp * RPW + i
+                st = cute.make_rmem_tensor((4,), Float32)
+                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
+                acc = (st[0] * dv[0]) * kv[0]
                 for e in cutlass.range_constexpr(1, 4):
-                    acc = acc + (s[e] * dv[e]) * kv[e]
+                    acc = acc + (st[e] * dv[e]) * kv[e]
                 parts.append(acc)
-            sk = _transpose_reduce(parts, lane, (16, 8, 4, 2))
-            sk = sk + cute.arch.shuffle_sync_bfly(sk, offset=1)
-            u = beta * (sV[orow] - sk)
-            # Re-read the tile from shared memory in the second pass rather than keeping 64 values live
-            # across the reduction (keeps the kernel under the register cap for 3 CTAs per SM).
+            sk = _transpose_reduce(parts, lane, offsets, final)
+            u = beta * (sV[lrow] - sk)
+            # Re-read the tile from shared memory in the second pass rather than keeping its values live
+            # across the reduction (64 registers instead of 127).
             cute.arch.sync_warp()
 
             parts = []
-            for i in cutlass.range_constexpr(ROWS_PER_WARP):
-                row = warp * ROWS_PER_WARP + i
-                ui = cute.arch.shuffle_sync(u, 2 * i)
-                s = cute.make_rmem_tensor((4,), Float32)
-                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), s)
+            for i in cutlass.range_constexpr(RPW):
+                row = warp * RPW + i
+                ui = cute.arch.shuffle_sync(u, i << shift)
+                st = cute.make_rmem_tensor((4,), Float32)
+                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
                 sn = cute.make_rmem_tensor((4,), Float32)
                 for e in cutlass.range_constexpr(4):
-                    sn[e] = s[e] * dv[e] + ui * kv[e]
+                    sn[e] = st[e] * dv[e] + ui * kv[e]
                 cute.autovec_copy(sn, cute.local_tile(gS[row, None], (4,), (lane,)))
                 acc = sn[0] * qv[0]
                 for e in cutlass.range_constexpr(1, 4):
                     acc = acc + sn[e] * qv[e]
                 parts.append(acc)
-            o = _transpose_reduce(parts, lane, (16, 8, 4, 2))
-            o = o + cute.arch.shuffle_sync_bfly(o, offset=1)
+            o = _transpose_reduce(parts, lane, offsets, final)
 
             # 6. Gated RMSNorm over the head's V outputs (bf16-rounded o, fp32 math).
             ob = o.to(BFloat16).to(Float32)
-            even = (lane & 1) == 0
-            sq = cute.arch.warp_reduction_sum(_select(even, ob * ob, Float32(0.0)))
+            owner = (lane & ((1 << shift) - 1)) == 0
+            sq = cute.arch.warp_reduction_sum(_select(owner, ob * ob, Float32(0.0)))
             if lane == 0:
                 sRed[NUM_WARPS + warp] = sq
             cute.arch.sync_threads()
             tot = sRed[NUM_WARPS]
             for wi in cutlass.range_constexpr(1, NUM_WARPS):
                 tot = tot + sRed[NUM_WARPS + wi]
+            if cutlass.const_expr(S > 1):
+                # Every CTA sends its partial to every CTA of the cluster (slot = its rank), then all wait.
+                if tidx < S:
+                    _dsmem_store_f32(sClu.iterator + rank, tidx, tot)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                tot = sClu[0]
+                for ri in cutlass.range_constexpr(1, S):
+                    tot = tot + sClu[ri]
+                if (j // ROWS) == rank:  # all peers have read the old q/k windows: write them back
+                    cute.autovec_copy(win_a, gConv[ca, None])
             rstd = cute.math.rsqrt(tot / Float32(K) + norm_eps)
             y = ob * rstd * wnorm * _sigmoid(gate)
-            if even:
+            if owner:
                 mOut[b, h * K + orow] = y.to(BFloat16)
 
 
@@ -414,13 +476,25 @@ def _check(name, t: torch.Tensor, dtype, shape=None):
         raise ValueError(f"{name}: must be contiguous")
 
 
+def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
+    """CTAs per (head, sequence): split the state rows over a cluster while (head, sequence) pairs are
+    too few to give every SM work; whole tiles once they are plenty."""
+    pairs = heads * batch
+    if pairs * 4 <= 2 * sm_count:
+        return 4
+    if pairs * 2 <= 3 * sm_count:
+        return 2
+    return 1
+
+
 def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
-                    w: KDAWeights) -> torch.Tensor:
+                    w: KDAWeights, *, tuning: dict | None = None) -> torch.Tensor:
     """Same signature and semantics as model.kimi_k3.ops.kda.kda_decode; one kernel launch.
 
     proj [B, W] bf16 (rows may be strided, columns contiguous); conv_state [slots, 3P, 4] bf16 and
     ssm_state [slots, H, V, K] fp32 are updated in place at rows `slots` [B] (int32 or int64, distinct).
-    Returns out [B, P] bf16.
+    Returns out [B, P] bf16. `tuning` overrides KDADecodeConfig fields (v_split, smem_carveout, ...);
+    by default v_split comes from `default_v_split`.
     """
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
@@ -446,8 +520,10 @@ def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: tor
     out = torch.empty(B, P, dtype=proj.dtype, device=proj.device)
     if B == 0:
         return out
+    knobs = dict(v_split=default_v_split(H, B))
+    knobs.update(tuning or {})
     cfg = KDADecodeConfig(heads=H, head_dim=K, rank=R, conv_width=wc, proj_stride=proj.stride(0),
-                          slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype])
+                          slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype], **knobs)
     fn = _CACHE.get((cfg, current_cute_arch()), lambda: compile_kernel(cfg))
     slot_t = _dtype(cfg.slot_dtype)
     stream = cuda.CUstream(torch.cuda.current_stream(proj.device).cuda_stream)
