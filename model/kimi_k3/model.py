@@ -98,8 +98,7 @@ class KimiK3Model(nn.Module):
             h2 = layer.mlp_res(blocks[:n_prev + writes] + [partial], self.ops)
             ffn_out = layer.ffn(layer.post_attention_layernorm(h2), self.ops)
         partial = partial + ffn_out
-        for slot, n in zip(batch.slots, batch.query_lens):
-            cache.lengths[slot] += n
+        cache.advance(batch)
         return self.output_res(blocks + [partial], self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -59,14 +59,14 @@ def assert_state_close(got, want, *, max_rel, atol=1e-4, rtol=1e-3, min_frac=0.9
 
 
 @needs_cutlass
-@pytest.mark.parametrize("heads,slot_dtype,v_split", [(12, "int64", 1), (96, "int32", 1), (6, "int64", 2),
-                                                      (12, "int64", 4)])
-def test_compiles_for_sm90a_without_gpu(heads, slot_dtype, v_split):
+@pytest.mark.parametrize("heads,slot_dtype,v_split,chunk", [(12, "int64", 1, 0), (96, "int32", 1, 4),
+                                                            (6, "int64", 2, 0), (12, "int64", 4, 2)])
+def test_compiles_for_sm90a_without_gpu(heads, slot_dtype, v_split, chunk):
     """The kernel compiles for sm_90a on a CPU-only machine: no spills, no local memory, 16-byte I/O."""
     from kernels.cute import ptx_instruction_counts
     from model.kimi_k3.specialized.kda_decode.kernel import KDADecodeConfig, compile_report
 
-    cfg = KDADecodeConfig(heads=heads, slot_dtype=slot_dtype, v_split=v_split)
+    cfg = KDADecodeConfig(heads=heads, slot_dtype=slot_dtype, v_split=v_split, chunk_rows=chunk)
     rep = compile_report(cfg, arch="sm_90a")
     assert len(rep.kernels) == 1, rep.ptxas_log
     k = rep.kernels[0]
@@ -78,6 +78,7 @@ def test_compiles_for_sm90a_without_gpu(heads, slot_dtype, v_split):
     assert counts["ld.local"] == 0 and counts["st.local"] == 0
     rows_per_thread = 16 // v_split
     assert counts["cp.async"] == rows_per_thread  # one 16 B copy per owned row: the CTA's whole state tile
+    assert rep.ptx.count("cp.async.commit_group") == (rows_per_thread // chunk if chunk else 1)
     assert counts["st.global.v4"] >= rows_per_thread  # state written back with 16-byte stores
     if v_split > 1:
         assert "barrier.cluster.wait" in rep.ptx and "st.shared::cluster" in rep.ptx
@@ -89,7 +90,8 @@ def test_config_rejects_outside_envelope():
     from model.kimi_k3.specialized.kda_decode.kernel import KDADecodeConfig
 
     for bad in (dict(heads=12, head_dim=64), dict(heads=12, rank=64), dict(heads=12, conv_width=3),
-                dict(heads=12, slot_dtype="int16"), dict(heads=12, proj_stride=100), dict(heads=12, v_split=3)):
+                dict(heads=12, slot_dtype="int16"), dict(heads=12, proj_stride=100), dict(heads=12, v_split=3),
+                dict(heads=12, chunk_rows=3), dict(heads=12, v_split=4, chunk_rows=8)):
         with pytest.raises(ValueError):
             KDADecodeConfig(**bad)
     a, b = KDADecodeConfig(heads=12), KDADecodeConfig(heads=12, proj_stride=KDAColumns(12, 128, 128).width)
@@ -175,13 +177,14 @@ def test_one_step_general(heads, batch, dist, slot_dtype):
 @needs_cuda
 @needs_cutlass
 @pytest.mark.parametrize("v_split", [1, 2, 4])
+@pytest.mark.parametrize("chunk", [0, 2, 4])
 @pytest.mark.parametrize("heads,batch", [(6, 1), (12, 5), (96, 3), (12, 64)])
-def test_every_v_split(v_split, heads, batch):
-    """Each cluster split (whatever the batch heuristic would pick) against the reference."""
+def test_every_v_split(v_split, chunk, heads, batch):
+    """Each cluster split and pipeline chunking (whatever the heuristic would pick) against the reference."""
     case = make_case(heads, batch, device="cuda", seed=v_split * 31 + batch, exact_gemm=True)
     ref_case = case.clone_caches()
     ref = kda_decode(*ref_case.args())
-    out = _cute()(*case.args(), tuning=dict(v_split=v_split))
+    out = _cute()(*case.args(), tuning=dict(v_split=v_split, chunk_rows=chunk))
     torch.cuda.synchronize()
     assert_out_close(out, ref, max_rel=5e-3)
     assert torch.equal(case.conv_state, ref_case.conv_state)

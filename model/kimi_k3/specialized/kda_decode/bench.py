@@ -34,7 +34,7 @@ def _check(impl, heads, batch, seed):
     return rel, srel, bool(torch.equal(case.conv_state, ref_case.conv_state))
 
 
-def run(heads_list, batches, iters, flush, measure_bw, check=True):
+def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
     from kernels.arch import detect, with_measured_bandwidth
     from kernels.roofline import floor
     from kernels.timing import count_kernels, time_op
@@ -54,7 +54,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
     else:
         print(f"standard unavailable: {std_why}", file=sys.stderr)
     if spec_ok:
-        impls["specialized"] = kda_decode_cute
+        impls["specialized"] = (lambda *a: kda_decode_cute(*a, tuning=tuning)) if tuning else kda_decode_cute
     else:
         print(f"specialized unavailable: {spec_why}", file=sys.stderr)
     rows = []
@@ -85,7 +85,8 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True):
             _print_row(row)
     env = dict(device=info.device_name, arch=info.arch, sm_count=info.sm_count, l2_bytes=info.l2_bytes,
                mem_bw_Bps=info.mem_bw_Bps, bw_measured=info.measured, torch=torch.__version__,
-               cuda=torch.version.cuda, python=platform.python_version(), flush=flush, iters=iters)
+               cuda=torch.version.cuda, python=platform.python_version(), flush=flush, iters=iters,
+               tuning=tuning or "default")
     try:
         import cutlass
 
@@ -131,11 +132,13 @@ def main(argv=None):
     ap.add_argument("--measure-bw", action="store_true", help="measure copy bandwidth instead of 4.3 TB/s")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--tuning", help="specialized config overrides, e.g. chunk_rows=4,v_split=1")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench needs a CUDA GPU")
     print(_HEADER)
-    res = run(a.heads, a.batches, a.iters, a.flush, a.measure_bw, check=not a.no_check)
+    tuning = {k: int(v) for k, v in (kv.split("=") for kv in a.tuning.split(","))} if a.tuning else None
+    res = run(a.heads, a.batches, a.iters, a.flush, a.measure_bw, check=not a.no_check, tuning=tuning)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

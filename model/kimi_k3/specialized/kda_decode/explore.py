@@ -24,7 +24,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--carveouts", type=int, nargs="+", default=[100, -1])
+    ap.add_argument("--carveouts", type=int, nargs="+", default=[100])
+    ap.add_argument("--chunks", type=int, nargs="+", default=[0, 4])
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
@@ -39,9 +40,11 @@ def main(argv=None):
         for batch in a.batches:
             floor_us = bytes_moved(heads, batch) / 4.3e12 * 1e6
             line = [f"H={heads:3d} B={batch:3d} floor {floor_us:6.2f} |"]
-            for split in a.splits:
-                for car in a.carveouts:
-                    tuning = dict(v_split=split, smem_carveout=car)
+            for split, car, chunk in [(sp, ca, ck) for sp in a.splits for ca in a.carveouts for ck in a.chunks]:
+                if chunk and chunk >= 16 // split:
+                    continue
+                if True:
+                    tuning = dict(v_split=split, smem_carveout=car, chunk_rows=chunk)
                     case = make_case(heads, batch, device="cuda", seed=batch, exact_gemm=True)
                     ref_case = case.clone_caches()
                     ref = kda_decode(*ref_case.args())
@@ -50,10 +53,10 @@ def main(argv=None):
                     serr = ((case.ssm_state - ref_case.ssm_state).norm() / ref_case.ssm_state.norm()).item()
                     args = case.args()
                     r = time_op(lambda: kda_decode_cute(*args, tuning=tuning), iters=a.iters)
-                    rows.append(dict(kind="variant", heads=heads, batch=batch, v_split=split, carveout=car,
+                    rows.append(dict(kind="variant", heads=heads, batch=batch, v_split=split, carveout=car, chunk_rows=chunk,
                                      us=r.median_us, iqr_us=r.iqr_us, out_rel=err, state_rel=serr,
                                      floor_us=floor_us))
-                    line.append(f"s{split}c{car}: {r.median_us:6.2f}{'' if err < 1e-2 and serr < 1e-4 else ' BAD'}")
+                    line.append(f"s{split}k{chunk}c{car}: {r.median_us:6.2f}{'' if err < 1e-2 and serr < 1e-4 else ' BAD'}")
             print(" ".join(line), flush=True)
     if a.json:
         with open(a.json, "w") as f:

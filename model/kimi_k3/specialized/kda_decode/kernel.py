@@ -61,6 +61,9 @@ class KDADecodeConfig:
     # CTAs per (head, sequence), launched as one thread-block cluster; each owns 128 / v_split state rows
     # and they add their shares of the gated-RMSNorm sum of squares through distributed shared memory.
     v_split: int = 1
+    # State rows per warp per pipeline chunk: each chunk is its own cp.async group, computed and stored as
+    # soon as it lands while later chunks are still in flight. 0 = one chunk (all rows of the warp).
+    chunk_rows: int = 0
     # cudaFuncAttributePreferredSharedMemoryCarveout in percent; -1 leaves the driver's default.
     smem_carveout: int = 100
     # Occupancy hint (nvvm.minctasm); 0 = none. The kernel needs 64 registers without a cap, so 3 CTAs of
@@ -78,6 +81,11 @@ class KDADecodeConfig:
             raise ValueError("heads must be >= 1")
         if self.v_split not in (1, 2, 4):
             raise ValueError(f"v_split {self.v_split}: 1, 2 or 4")
+        rpw = self.head_dim // self.v_split // 8
+        if self.chunk_rows == rpw:
+            object.__setattr__(self, "chunk_rows", 0)
+        if self.chunk_rows not in (0, 1, 2, 4, 8) or (self.chunk_rows and rpw % self.chunk_rows):
+            raise ValueError(f"chunk_rows {self.chunk_rows}: 0 or a power of two dividing {rpw}")
         if self.slot_dtype not in ("int32", "int64"):
             raise ValueError(f"slot_dtype {self.slot_dtype!r}")
         if self.act_dtype != "bfloat16":
@@ -143,7 +151,7 @@ def _reduce_plan(rows_per_warp: int):
     """(offsets, final, shift) for reducing `rows_per_warp` row partials over a warp's 32 lanes:
     lane l ends with row l >> shift."""
     m = rows_per_warp.bit_length() - 1
-    assert 1 << m == rows_per_warp and 1 <= m <= 4
+    assert 1 << m == rows_per_warp and 0 <= m <= 4
     shift = 5 - m
     offsets = tuple(16 >> t for t in range(m))
     final = tuple(1 << t for t in reversed(range(shift)))
@@ -158,14 +166,18 @@ def _dsmem_store_f32(smem_ptr, peer_rank, val):
     llvm.store(Float32(val).ir_value(), dptr)
 
 
-def _conv_channel(gConv, mConvW, mProj, b, c, wc: int):
-    """Channel c's new window (register tensor: old window shifted, proj[b, c] appended) and
-    bf16(SiLU(window . weight)) as fp32. The caller stores the window back."""
+def _conv_load(gConv, mConvW, mProj, b, c, wc: int):
+    """Issue channel c's loads: its window (8 B), its taps (16 B) and the new input proj[b, c]."""
     win = cute.make_rmem_tensor((wc,), BFloat16)
     cute.autovec_copy(gConv[c, None], win)
     wts = cute.make_rmem_tensor((wc,), Float32)
     cute.autovec_copy(mConvW[c, None], wts)
-    x = mProj[b, c]
+    return win, wts, mProj[b, c]
+
+
+def _conv_compute(win, wts, x, wc: int):
+    """The channel's new window (old one shifted, x appended; the caller stores it) and
+    bf16(SiLU(window . taps)) as fp32."""
     new = cute.make_rmem_tensor((wc,), BFloat16)
     for i in range(wc - 1):
         new[i] = win[i + 1]
@@ -242,7 +254,9 @@ if _IMPORT_ERROR is None:
             P = H * K
             ROWS = c.rows  # state rows of this CTA
             RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4
-            offsets, final, shift = _reduce_plan(RPW)
+            CH = c.chunk_rows if c.chunk_rows else RPW  # rows per warp per pipeline chunk
+            NCH = RPW // CH
+            offsets, final, shift = _reduce_plan(CH)
             tidx, _, _ = cute.arch.thread_idx()
             bx, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
@@ -263,50 +277,43 @@ if _IMPORT_ERROR is None:
 
             slot = Int64(mSlots[b])
 
-            # 1. f_b GEMV (independent of the slot): r[row] = f_a . f_b[h*K + row, :] for all K rows;
-            #    warp w rows 16w..16w+15, half-warp `sub` takes odd/even rows, lane `ch` 8 of the R inputs.
+            # 1. Issue the slot-independent loads: f_a, this head's f_b rows (warp w rows 16w..16w+15,
+            #    half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
             sub = lane // 16
             ch = lane % 16
             fa = cute.make_rmem_tensor((8,), BFloat16)
             cute.autovec_copy(cute.local_tile(mProj[b, None], (8,), ((4 * P) // 8 + ch,)), fa)
-            faf = []
-            for e in cutlass.range_constexpr(8):
-                faf.append(fa[e].to(Float32))
-            parts = []
+            fbs = []
             for i in cutlass.range_constexpr(8):
-                frow_i = warp * 16 + 2 * i + sub
                 fb = cute.make_rmem_tensor((8,), BFloat16)
-                cute.autovec_copy(cute.local_tile(mFb[h * K + frow_i, None], (8,), (ch,)), fb)
-                acc = fb[0].to(Float32) * faf[0]
-                for e in cutlass.range_constexpr(1, 8):
-                    acc = acc + fb[e].to(Float32) * faf[e]
-                parts.append(acc)
-            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+                cute.autovec_copy(cute.local_tile(mFb[h * K + warp * 16 + 2 * i + sub, None], (8,), (ch,)), fb)
+                fbs.append(fb)
             frow = warp * 16 + 2 * ((lane >> 1) & 7) + sub
-            z = r.to(BFloat16).to(Float32) + mDt[h * K + frow]
-            g = lower_bound * _sigmoid(cute.math.exp(mAlog[h]) * z)
-            if (lane & 1) == 0:
-                sDecay[frow] = cute.math.exp(g)
+            dtb = mDt[h * K + frow]
+            alog = mAlog[h]
+            beta_logit = mProj[b, 4 * P + R + h]
+            # output gate / norm weight of this lane's output row in every chunk
+            gates = []
+            wnorms = []
+            for cc in cutlass.range_constexpr(NCH):
+                orow_c = row0 + warp * RPW + cc * CH + (lane >> shift)
+                gates.append(mProj[b, 3 * P + h * K + orow_c])
+                wnorms.append(mOnorm[orow_c])
 
-            # Scalars for later: beta, and the output gate / norm weight of this lane's output row.
-            beta = _sigmoid(mProj[b, 4 * P + R + h].to(Float32))
-            lrow = warp * RPW + (lane >> shift)  # this lane's row within the CTA's tile
-            orow = row0 + lrow  # ... within the head
-            gate = mProj[b, 3 * P + h * K + orow].to(Float32)
-            wnorm = mOnorm[orow]
-
-            # 2. Stream this CTA's state rows of (slot, head) into shared memory (cp.async, 16 B, L2 only).
+            # 2. Stream this CTA's state rows of (slot, head) into shared memory (cp.async, 16 B, L2 only),
+            #    one commit group per chunk of rows.
             state_addr = pState.toint() + (slot * H + Int64(h)) * (K * K * 4) + Int64(row0) * (K * 4)
             gS = cute.make_tensor(
                 cute.make_ptr(Float32, state_addr, cute.AddressSpace.gmem, assumed_align=16),
                 cute.make_layout((ROWS, K), stride=(K, 1)))
             g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
                                       num_bits_per_copy=128)
-            for i in cutlass.range_constexpr(RPW):
-                row = warp * RPW + i
-                cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
-                          cute.local_tile(sS[row, None], (4,), (lane,)))
-            cute.arch.cp_async_commit_group()
+            for cc in cutlass.range_constexpr(NCH):
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
+                              cute.local_tile(sS[row, None], (4,), (lane,)))
+                cute.arch.cp_async_commit_group()
 
             # 3. Short conv. Every CTA of the cluster needs all of q and k (for the L2 norms): threads
             #    0..K-1 own q channels, K..2K-1 k channels; their windows are written back by one CTA after
@@ -318,12 +325,29 @@ if _IMPORT_ERROR is None:
             j = tidx % K
             grp = tidx // K
             ca = grp * P + h * K + j
-            win_a, act = _conv_channel(gConv, mConvW, mProj, b, ca, Wc)
+            cv = 2 * P + h * K + row0 + tidx % ROWS  # v channel (used by threads < ROWS; loaded by all)
+            la = _conv_load(gConv, mConvW, mProj, b, ca, Wc)
+            lv = _conv_load(gConv, mConvW, mProj, b, cv, Wc)
+
+            # f_b GEMV and the decay gate while the state and the windows are in flight.
+            parts = []
+            for i in cutlass.range_constexpr(8):
+                acc = fbs[i][0].to(Float32) * fa[0].to(Float32)
+                for e in cutlass.range_constexpr(1, 8):
+                    acc = acc + fbs[i][e].to(Float32) * fa[e].to(Float32)
+                parts.append(acc)
+            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+            z = r.to(BFloat16).to(Float32) + dtb
+            g = lower_bound * _sigmoid(cute.math.exp(alog) * z)
+            if (lane & 1) == 0:
+                sDecay[frow] = cute.math.exp(g)
+            beta = _sigmoid(beta_logit.to(Float32))
+
+            win_a, act = _conv_compute(la[0], la[1], la[2], Wc)
             if cutlass.const_expr(S == 1):
                 cute.autovec_copy(win_a, gConv[ca, None])
             if tidx < ROWS:
-                cv = 2 * P + h * K + row0 + tidx
-                win_v, act_v = _conv_channel(gConv, mConvW, mProj, b, cv, Wc)
+                win_v, act_v = _conv_compute(lv[0], lv[1], lv[2], Wc)
                 cute.autovec_copy(win_v, gConv[cv, None])
                 sV[tidx] = act_v
 
@@ -347,43 +371,48 @@ if _IMPORT_ERROR is None:
             cute.autovec_copy(cute.local_tile(sQK, (4,), (lane,)), qv)
             cute.autovec_copy(cute.local_tile(sQK, (4,), (K // 4 + lane,)), kv)
             cute.autovec_copy(cute.local_tile(sDecay, (4,), (lane,)), dv)
-            cute.arch.cp_async_wait_group(0)  # this thread's own copies: no barrier needed
-
-            parts = []
-            for i in cutlass.range_constexpr(RPW):
-                row = warp * RPW + i
-                st = cute.make_rmem_tensor((4,), Float32)
-                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
-                acc = (st[0] * dv[0]) * kv[0]
-                for e in cutlass.range_constexpr(1, 4):
-                    acc = acc + (st[e] * dv[e]) * kv[e]
-                parts.append(acc)
-            sk = _transpose_reduce(parts, lane, offsets, final)
-            u = beta * (sV[lrow] - sk)
-            # Re-read the tile from shared memory in the second pass rather than keeping its values live
-            # across the reduction (64 registers instead of 127).
-            cute.arch.sync_warp()
-
-            parts = []
-            for i in cutlass.range_constexpr(RPW):
-                row = warp * RPW + i
-                ui = cute.arch.shuffle_sync(u, i << shift)
-                st = cute.make_rmem_tensor((4,), Float32)
-                cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
-                sn = cute.make_rmem_tensor((4,), Float32)
-                for e in cutlass.range_constexpr(4):
-                    sn[e] = st[e] * dv[e] + ui * kv[e]
-                cute.autovec_copy(sn, cute.local_tile(gS[row, None], (4,), (lane,)))
-                acc = sn[0] * qv[0]
-                for e in cutlass.range_constexpr(1, 4):
-                    acc = acc + sn[e] * qv[e]
-                parts.append(acc)
-            o = _transpose_reduce(parts, lane, offsets, final)
+            # 5. Recurrence, chunk by chunk as the rows land (each thread waits for its own copies only).
+            sq_acc = Float32(0.0)
+            obs = []
+            owner = (lane & ((1 << shift) - 1)) == 0
+            for cc in cutlass.range_constexpr(NCH):
+                cute.arch.cp_async_wait_group(NCH - 1 - cc)
+                parts = []
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    st = cute.make_rmem_tensor((4,), Float32)
+                    cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
+                    acc = (st[0] * dv[0]) * kv[0]
+                    for e in cutlass.range_constexpr(1, 4):
+                        acc = acc + (st[e] * dv[e]) * kv[e]
+                    parts.append(acc)
+                sk = _transpose_reduce(parts, lane, offsets, final)
+                lrow = warp * RPW + cc * CH + (lane >> shift)
+                u = beta * (sV[lrow] - sk)
+                # Re-read the rows from shared memory in the second pass rather than keeping them live
+                # across the reduction (fewer registers).
+                cute.arch.sync_warp()
+                parts = []
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    ui = cute.arch.shuffle_sync(u, i << shift)
+                    st = cute.make_rmem_tensor((4,), Float32)
+                    cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
+                    sn = cute.make_rmem_tensor((4,), Float32)
+                    for e in cutlass.range_constexpr(4):
+                        sn[e] = st[e] * dv[e] + ui * kv[e]
+                    cute.autovec_copy(sn, cute.local_tile(gS[row, None], (4,), (lane,)))
+                    acc = sn[0] * qv[0]
+                    for e in cutlass.range_constexpr(1, 4):
+                        acc = acc + sn[e] * qv[e]
+                    parts.append(acc)
+                o = _transpose_reduce(parts, lane, offsets, final)
+                ob = o.to(BFloat16).to(Float32)
+                obs.append(ob)
+                sq_acc = sq_acc + _select(owner, ob * ob, Float32(0.0))
 
             # 6. Gated RMSNorm over the head's V outputs (bf16-rounded o, fp32 math).
-            ob = o.to(BFloat16).to(Float32)
-            owner = (lane & ((1 << shift) - 1)) == 0
-            sq = cute.arch.warp_reduction_sum(_select(owner, ob * ob, Float32(0.0)))
+            sq = cute.arch.warp_reduction_sum(sq_acc)
             if lane == 0:
                 sRed[NUM_WARPS + warp] = sq
             cute.arch.sync_threads()
@@ -402,9 +431,10 @@ if _IMPORT_ERROR is None:
                 if (j // ROWS) == rank:  # all peers have read the old q/k windows: write them back
                     cute.autovec_copy(win_a, gConv[ca, None])
             rstd = cute.math.rsqrt(tot / Float32(K) + norm_eps)
-            y = ob * rstd * wnorm * _sigmoid(gate)
-            if owner:
-                mOut[b, h * K + orow] = y.to(BFloat16)
+            for cc in cutlass.range_constexpr(NCH):
+                y = obs[cc] * rstd * wnorms[cc] * _sigmoid(gates[cc].to(Float32))
+                if owner:
+                    mOut[b, h * K + row0 + warp * RPW + cc * CH + (lane >> shift)] = y.to(BFloat16)
 
 
 _CACHE = CompileCache("kda_decode")
@@ -487,6 +517,14 @@ def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
     return 1
 
 
+def default_tuning(heads: int, batch: int) -> dict:
+    """The config knobs the entry point uses for a problem size (measured on the H200, see NOTES.md)."""
+    return dict(v_split=default_v_split(heads, batch), chunk_rows=DEFAULT_CHUNK_ROWS)
+
+
+DEFAULT_CHUNK_ROWS = 0
+
+
 def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
                     w: KDAWeights, *, tuning: dict | None = None) -> torch.Tensor:
     """Same signature and semantics as model.kimi_k3.ops.kda.kda_decode; one kernel launch.
@@ -520,7 +558,7 @@ def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: tor
     out = torch.empty(B, P, dtype=proj.dtype, device=proj.device)
     if B == 0:
         return out
-    knobs = dict(v_split=default_v_split(H, B))
+    knobs = default_tuning(H, B)
     knobs.update(tuning or {})
     cfg = KDADecodeConfig(heads=H, head_dim=K, rank=R, conv_width=wc, proj_stride=proj.stride(0),
                           slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype], **knobs)
