@@ -12,7 +12,7 @@ import sys
 from rich.console import Console
 
 # Each module defines `register(subparsers)`, which adds its parser with `func` set to a handler -> int.
-COMMANDS = ("config", "ckpt", "generate", "gate", "evidence")
+COMMANDS = ("config", "ckpt", "generate", "contract", "gate", "evidence")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 err = Console(stderr=True, highlight=False)
@@ -31,13 +31,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kernels.contract import ContractError
     from model.kimi_k3.config import ConfigError
     from model.kimi_k3.weights import CheckpointError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ConfigError, CheckpointError, FileNotFoundError) as e:
+    except (UsageError, ConfigError, CheckpointError, ContractError, FileNotFoundError) as e:
         err.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
         return EXIT_USAGE
 

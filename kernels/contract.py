@@ -1,7 +1,8 @@
 """The contract schema: what a specialized kernel claims to support, and what runs instead outside it.
 
 One YAML file per specialized op under `contracts/`. Errors read `file: field: problem`, one per line.
-The envelope checks here are structural; `k3forge contract check` adds importability and evidence.
+The envelope checks here are structural; `k3forge contract check` adds what needs the rest of the
+repository: the op exists in the registry, the entry points import, each validated arch has evidence.
 """
 
 from __future__ import annotations
@@ -39,12 +40,17 @@ class Range(_Strict):
 
 
 class Hardware(_Strict):
-    arch: str = Field(pattern=r"^sm_\d+[a-z]?$", description="compute capability, e.g. sm_90")
+    arch: str = Field(pattern=r"^(sm_\d+[a-z]?|cpu)$", description="compute capability, e.g. sm_90; cpu for CPU")
     devices: list[str] = Field(min_length=1, description="device names as torch reports them")
 
 
+def evidence_dir(op: str, arch: str) -> str:
+    """Where the gate runner writes an op's evidence bundle for an arch, relative to the repository root."""
+    return f"evidence/{op}/{arch}"
+
+
 class ValidatedHardware(Hardware):
-    evidence: str = Field(description="evidence bundle directory, relative to the repository root")
+    evidence: str | None = Field(default=None, description=f"bundle directory; must be {evidence_dir('<op>', '<arch>')}")
 
 
 class HardwareSupport(_Strict):
@@ -53,9 +59,12 @@ class HardwareSupport(_Strict):
 
     @model_validator(mode="after")
     def _disjoint(self) -> "HardwareSupport":
+        archs = [h.arch for h in (*self.validated, *self.declared)]
         both = {h.arch for h in self.validated} & {h.arch for h in self.declared}
         if both:
             raise ValueError(f"arch {sorted(both)} listed as both validated and declared")
+        if len(set(archs)) != len(archs):
+            raise ValueError(f"an arch is listed twice in {archs}; list its devices in one entry")
         return self
 
 
@@ -117,6 +126,16 @@ class Contract(_Strict):
     def _tp_positive(cls, v: list[int]) -> list[int]:
         if any(t < 1 for t in v):
             raise ValueError("TP sizes must be >= 1")
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate TP sizes in {v}")
+        return v
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes_sane(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        for key, values in v.items():
+            if not values or any(x < 1 for x in values):
+                raise ValueError(f"{key}: needs at least one value, each >= 1 (got {values})")
         return v
 
     @model_validator(mode="after")
@@ -125,6 +144,10 @@ class Contract(_Strict):
             raise ValueError("batch: min must be >= 1")
         if not (self.hardware.validated or self.hardware.declared):
             raise ValueError("hardware: no validated or declared target")
+        for i, hw in enumerate(self.hardware.validated):
+            if hw.evidence is not None and hw.evidence.rstrip("/") != evidence_dir(self.op, hw.arch):
+                raise ValueError(f"hardware.validated.{i}.evidence: {hw.evidence!r} is not where the gate "
+                                 f"runner writes it ({evidence_dir(self.op, hw.arch)})")
         for i, point in enumerate(self.benchmark.points):
             if point.batch not in self.batch or point.spec_tokens not in self.spec_tokens:
                 raise ValueError(f"benchmark.points.{i}: batch/spec_tokens outside the envelope")
@@ -136,6 +159,10 @@ class Contract(_Strict):
     @property
     def archs_validated(self) -> list[str]:
         return [h.arch for h in self.hardware.validated]
+
+    def evidence_dirs(self) -> dict[str, str]:
+        """{validated arch: its evidence bundle directory relative to the repository root}."""
+        return {h.arch: evidence_dir(self.op, h.arch) for h in self.hardware.validated}
 
 
 def _format(source: str, e: ValidationError) -> str:
@@ -153,6 +180,11 @@ def parse_contract(data: object, source: str) -> Contract:
         return Contract.model_validate(data)
     except ValidationError as e:
         raise ContractError(_format(source, e)) from None
+
+
+def contract_files(directory: str | Path) -> list[Path]:
+    """The contract files of a contracts directory (`<op>.yaml`), in name order."""
+    return sorted(Path(directory).glob("*.yaml"))
 
 
 def load_contract(path: str | Path) -> Contract:

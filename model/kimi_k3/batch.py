@@ -59,3 +59,13 @@ class StepBatch:
 
     def slot_tensor(self, device: torch.device | str) -> torch.Tensor:
         return torch.tensor(self.slots, dtype=torch.int64, device=device)
+
+    def token_slots(self, device: torch.device | str) -> torch.Tensor:
+        """Each token's cache slot [T]."""
+        return torch.tensor([s for s, n in zip(self.slots, self.query_lens) for _ in range(n)],
+                            dtype=torch.int64, device=device)
+
+    def token_positions(self, device: torch.device | str) -> torch.Tensor:
+        """Each token's position in its sequence [T] (the cached context counts)."""
+        return torch.tensor([c + i for c, n in zip(self.context_lens, self.query_lens) for i in range(n)],
+                            dtype=torch.int64, device=device)

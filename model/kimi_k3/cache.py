@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch import StepBatch
 from .config import KimiK3Config
 from .parallel import TP
 
@@ -16,13 +17,22 @@ class ModelCache:
     """Slot-indexed caches for every layer of one TP rank.
 
     - MLA layer: `kv[l]` [slots, max_len, kv_lora_rank + qk_rope_head_dim] (normalized c_kv | k_pe),
-      replicated on every rank.
+      replicated on every rank; `lengths[slot]` entries are valid.
     - KDA layer: `conv[l]` [slots, 3P_local, conv width] in the activation dtype and
-      `ssm[l]` [slots, H_local, V, K] fp32.
+      `ssm[l]` [slots, H_local, V, K] fp32: the committed state after the slot's last kept token.
+
+    Speculative verification (a VERIFY step: the last sampled token and K drafts per sequence) leaves
+    `conv` and `ssm` untouched and writes the KDA state after each of its 1 + K positions t into
+    - `spec_conv[l]` [slots, 1 + K, 3P_local, conv width] and `spec_ssm[l]` [slots, 1 + K, H_local, V, K] fp32,
+    while the MLA cache takes all 1 + K entries. `commit(slots, kept)` then rolls each slot back to its
+    last accepted position: KDA copies position kept - 1 into `conv`/`ssm`, MLA drops the entries past
+    it (`lengths`). A verified slot runs no further step before its commit. The buffers hold 1 + K states
+    per slot, as vLLM's default path does (one state slot per draft position); ReplaySSM (spec §8)
+    trades them for per-position inputs and a replay at commit.
     """
 
     def __init__(self, cfg: KimiK3Config, tp: TP, num_slots: int, max_len: int, act_dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", spec_tokens: int = 0):
         self.cfg, self.num_slots, self.max_len = cfg, num_slots, max_len
         heads, dim = tp.local(cfg.kda_heads), cfg.kda_head_dim
         wc = cfg.linear_attn_config.short_conv_kernel_size
@@ -35,8 +45,23 @@ class ModelCache:
             else:
                 self.conv[layer] = torch.zeros(num_slots, 3 * heads * dim, wc, dtype=act_dtype, device=device)
                 self.ssm[layer] = torch.zeros(num_slots, heads, dim, dim, dtype=torch.float32, device=device)
+        self.spec_tokens = 0
+        self.spec_conv: dict[int, torch.Tensor] = {}
+        self.spec_ssm: dict[int, torch.Tensor] = {}
+        self.reserve_spec(spec_tokens)
         self.lengths = [0] * num_slots
+        self._verified: dict[int, int] = {}  # slot -> tokens of its uncommitted verification step
         self._free = list(range(num_slots - 1, -1, -1))
+
+    def reserve_spec(self, spec_tokens: int) -> None:
+        """Make room for verification steps of up to `spec_tokens` drafts per sequence."""
+        if spec_tokens <= self.spec_tokens:
+            return
+        for layer, conv in self.conv.items():
+            ssm = self.ssm[layer]
+            self.spec_conv[layer] = conv.new_zeros(self.num_slots, 1 + spec_tokens, *conv.shape[1:])
+            self.spec_ssm[layer] = ssm.new_zeros(self.num_slots, 1 + spec_tokens, *ssm.shape[1:])
+        self.spec_tokens = spec_tokens
 
     def allocate(self) -> int:
         """A fresh slot with empty context (states zeroed)."""
@@ -46,6 +71,7 @@ class ModelCache:
         for t in (*self.conv.values(), *self.ssm.values()):
             t[slot].zero_()
         self.lengths[slot] = 0
+        self._verified.pop(slot, None)
         return slot
 
     def release(self, slot: int) -> None:
@@ -54,5 +80,32 @@ class ModelCache:
         self._free.append(slot)
 
     def check_room(self, slot: int, new_tokens: int) -> None:
+        if slot in self._verified:
+            raise RuntimeError(f"slot {slot}: its verified tokens are not committed (ModelCache.commit)")
         if self.lengths[slot] + new_tokens > self.max_len:
             raise CacheFull(f"slot {slot}: {self.lengths[slot]} + {new_tokens} tokens exceed max_len {self.max_len}")
+
+    def advance(self, batch: StepBatch) -> None:
+        """Account for a finished step's tokens; a verification step's tokens stay provisional until commit."""
+        for slot, n in zip(batch.slots, batch.query_lens):
+            self.lengths[slot] += n
+            if batch.spec_tokens:
+                self._verified[slot] = n
+
+    def commit(self, slots: list[int], kept: list[int]) -> None:
+        """After verification, keep each slot's first kept[i] verified tokens (the last sampled token and
+        the accepted drafts): KDA continues from the state after position kept[i] - 1, MLA is truncated."""
+        for slot, n in zip(slots, kept):
+            if slot not in self._verified:
+                raise ValueError(f"commit: slot {slot} has no verification step to commit")
+            if not 1 <= n <= self._verified[slot]:
+                raise ValueError(f"commit: slot {slot} keeps {n} of {self._verified[slot]} verified tokens")
+            self.lengths[slot] -= self._verified.pop(slot) - n
+        if not self.conv:
+            return
+        device = next(iter(self.conv.values())).device
+        index = torch.tensor(slots, dtype=torch.int64, device=device)
+        position = torch.tensor(kept, dtype=torch.int64, device=device) - 1
+        for layer in self.conv:
+            self.conv[layer][index] = self.spec_conv[layer][index, position]
+            self.ssm[layer][index] = self.spec_ssm[layer][index, position]

@@ -210,9 +210,9 @@ class KimiK3Config(BaseModel):
         except ValidationError as e:
             lines = []
             for err in e.errors():
-                loc = ".".join(str(p) for p in err["loc"]) or "<root>"
                 msg = err["msg"].removeprefix("Value error, ")
-                lines.append(f"{source}: {loc}: {msg}")
+                loc = ".".join(str(p) for p in err["loc"])  # empty for whole-config checks, whose message names fields
+                lines.append(f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}")
             raise ConfigError("\n".join(lines)) from None
 
     @classmethod

@@ -13,7 +13,7 @@ from .batch import StepBatch, StepKind
 from .cache import ModelCache
 from .config import KimiK3Config
 from .module import Weighted
-from .ops.kda import KDAColumns, KDAWeights, kda_prefill
+from .ops.kda import KDAColumns, KDAWeights, kda_prefill, kda_verify
 from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
 
@@ -67,6 +67,13 @@ class KimiDeltaAttention(Weighted):
         conv, ssm, w = cache.conv[self.layer], cache.ssm[self.layer], self.weights()
         if batch.kind == StepKind.DECODE:
             out = ops.call("kda_decode", proj, conv, ssm, batch.slot_tensor(x.device), w)
+        elif batch.kind == StepKind.VERIFY:
+            if cache.spec_tokens < batch.spec_tokens:
+                raise ValueError(f"KDA layer {self.layer}: verifying {batch.spec_tokens} drafts needs "
+                                 f"ModelCache.reserve_spec({batch.spec_tokens}) (it holds {cache.spec_tokens})")
+            out = kda_verify(proj.view(batch.batch_size, 1 + batch.spec_tokens, -1), conv, ssm,
+                             batch.slot_tensor(x.device), w, cache.spec_conv[self.layer],
+                             cache.spec_ssm[self.layer]).flatten(0, 1)
         else:
             outs = []
             for slot, start, n in zip(batch.slots, batch.starts, batch.query_lens):

@@ -77,9 +77,11 @@ class KimiMLA(Weighted):
             kv[slot, ctx:ctx + n] = entry[start:start + n]
 
         w_uk, w_uv = self.absorbed()
-        if batch.kind == StepKind.DECODE:
-            lengths = torch.tensor(batch.context_lens, device=x.device) + 1
-            attn = ops.call("mla_decode", q_nope, q_pe, kv, batch.slot_tensor(x.device), lengths, w_uk, w_uv,
+        if batch.kind in (StepKind.DECODE, StepKind.VERIFY):
+            # One absorbed-attention row per token; a verified block is causal: token t of a sequence sees
+            # its context and the block up to itself.
+            lengths = batch.token_positions(x.device) + 1
+            attn = ops.call("mla_decode", q_nope, q_pe, kv, batch.token_slots(x.device), lengths, w_uk, w_uv,
                             self.scale)
         else:
             attn = torch.cat([

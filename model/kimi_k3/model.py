@@ -64,7 +64,7 @@ class KimiK3Model(nn.Module):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.output_res = AttnResWeights("model.", "output_attn_res", d, eps, tp, act_dtype)
         self.norm = RMSNorm("model.norm.weight", d, eps, tp, act_dtype)
-        self.ops = Dispatcher()
+        self.ops = Dispatcher.for_model(self)  # standard path; Engine(decode_backend=...) replaces it
 
     def bindings(self) -> BindingSet:
         """Every parameter's checkpoint binding, with parameter paths relative to this model."""
@@ -98,8 +98,7 @@ class KimiK3Model(nn.Module):
             h2 = layer.mlp_res(blocks[:n_prev + writes] + [partial], self.ops)
             ffn_out = layer.ffn(layer.post_attention_layernorm(h2), self.ops)
         partial = partial + ffn_out
-        for slot, n in zip(batch.slots, batch.query_lens):
-            cache.lengths[slot] += n
+        cache.advance(batch)
         return self.output_res(blocks + [partial], self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

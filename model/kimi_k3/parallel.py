@@ -40,6 +40,13 @@ class TP:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank `src`'s tensor on every rank (in place): a decision such as the sampled tokens is taken once,
+        so the ranks never drift apart (and never disagree on when a sequence stops)."""
+        if self.size > 1:
+            dist.broadcast(x, group=self.group, group_src=src)
+        return x
+
     @classmethod
     def from_torch_distributed(cls) -> "TP":
         """The TP context of the initialized default process group (size 1 when there is none)."""

@@ -195,3 +195,22 @@ def kda_prefill(proj: torch.Tensor, conv_window: torch.Tensor, state: torch.Tens
     q, k, v, g, beta = prepare(proj, x, cols, w)
     o, s = chunked(q, k, v, g, beta, state, chunk)
     return finish(o, proj, cols, w), window, s
+
+
+def kda_verify(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
+               w: KDAWeights, spec_conv: torch.Tensor, spec_ssm: torch.Tensor) -> torch.Tensor:
+    """Speculative verification: 1 + K tokens per sequence (the last sampled token, then K drafts).
+
+    proj [B, 1 + K, W]; slots [B]. Reads the committed caches at `slots` and leaves them unchanged;
+    writes the conv window and state after each position t into spec_conv[slots, t] [3P, Wc] and
+    spec_ssm[slots, t] [H, V, K], so that decoding can continue from any accepted position. Returns
+    [B, 1 + K, P]. Position by position this is `kda_decode`, which defines the numerics.
+    """
+    rows = torch.arange(proj.shape[0], device=proj.device)
+    conv, ssm = conv_state[slots], ssm_state[slots]  # working copies, indexed by row
+    outs = []
+    for t in range(proj.shape[1]):
+        outs.append(kda_decode(proj[:, t], conv, ssm, rows, w))
+        spec_conv[slots, t] = conv
+        spec_ssm[slots, t] = ssm
+    return torch.stack(outs, dim=1)

@@ -1,0 +1,590 @@
+"""Fused KDA decode step, CuTe DSL, Hopper (sm_90a).
+
+One launch does the whole decode step of a KDA layer after the input projection, for every sequence
+and local head: the short-conv window update of q, k, v with SiLU; the f_b projection of the gate's
+low-rank input; the safe decay gate; beta = sigmoid; L2 normalization of q (scaled by K^-1/2) and k;
+the fp32 delta-rule state update in place in the sequence's cache slot; o = S q; and the gated RMSNorm
+(o_norm weight, sigmoid of the output gate). Semantics, layouts and rounding points are those of
+`model.kimi_k3.ops.kda.kda_decode` (the reference).
+
+Work decomposition: one CTA of 256 threads (8 warps) per (head, sequence); grid = (H, B).
+- The 64 KiB fp32 state tile [V=128, K=128] of (slot, head) is streamed into shared memory with
+  16-byte `cp.async.cg` copies issued first, so the state load overlaps everything else: conv,
+  f_b GEMV, gate and norms run while the state is in flight, and take no registers from it.
+- Warp w owns state rows 16w..16w+15; lane l owns columns 4l..4l+3 of every row, so each warp-wide
+  16-byte access covers one full 512-byte row (coalesced global, conflict-free shared).
+- Row dot products (S k, S q) reduce across the warp with a transpose-butterfly: 16 row partials
+  reduce in 15+1 shuffles and leave row (l >> 1) in lane l.
+- The updated state goes straight back from registers with 16-byte stores.
+- The f_b GEMV (R=128 -> K=128 for this head): warp w computes rows 16w..16w+15, half-warps read
+  two full 256-byte f_b rows per instruction, same butterfly reduction.
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cute import CompileCache, current_cute_arch, import_cutlass
+from model.kimi_k3.ops.kda import L2_EPS, KDAColumns, KDAWeights
+
+try:
+    cutlass, cute = import_cutlass()
+    import cuda.bindings.driver as cuda
+    from cutlass import BFloat16, Float32, Int32, Int64
+    from cutlass.cute.nvgpu import cpasync
+    from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+
+    _IMPORT_ERROR = None
+except Exception as _e:  # cutlass not installed or broken: the module stays importable
+    cutlass = cute = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+
+NUM_THREADS = 256
+NUM_WARPS = NUM_THREADS // 32
+
+_TORCH_SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+@dataclass(frozen=True)
+class KDADecodeConfig:
+    """Everything that changes the generated code; the compile cache is keyed on it (plus the arch)."""
+
+    heads: int
+    head_dim: int = 128
+    rank: int = 128
+    conv_width: int = 4
+    proj_stride: int = 0  # elements between rows of proj; 0 = the packed width
+    slot_dtype: str = "int32"
+    act_dtype: str = "bfloat16"
+    # CTAs per (head, sequence), launched as one thread-block cluster; each owns 128 / v_split state rows
+    # and they add their shares of the gated-RMSNorm sum of squares through distributed shared memory.
+    v_split: int = 1
+    # State rows per warp per pipeline chunk: each chunk is its own cp.async group, computed and stored as
+    # soon as it lands while later chunks are still in flight. 0 = one chunk (all rows of the warp).
+    chunk_rows: int = 0
+    # cudaFuncAttributePreferredSharedMemoryCarveout in percent; -1 leaves the driver's default.
+    smem_carveout: int = 100
+    # Occupancy hint (nvvm.minctasm); 0 = none. The kernel needs 64 registers without a cap, so 3 CTAs of
+    # ~66 KiB shared memory fit an SM either way; a cap of 3 makes ptxas spill (80 registers, 8 B).
+    min_ctas_per_sm: int = 0
+
+    def __post_init__(self):
+        if self.head_dim != 128:
+            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 (8 warps x 16 rows, 32 lanes x 4)")
+        if self.rank != 128:
+            raise ValueError(f"rank {self.rank}: the f_b GEMV mapping needs 128 (16 lanes x 8 bf16 per row)")
+        if self.conv_width != 4:
+            raise ValueError(f"conv_width {self.conv_width}: only 4 is supported (one 8-byte window per channel)")
+        if self.heads < 1:
+            raise ValueError("heads must be >= 1")
+        if self.v_split not in (1, 2, 4):
+            raise ValueError(f"v_split {self.v_split}: 1, 2 or 4")
+        rpw = self.head_dim // self.v_split // 8
+        if self.chunk_rows == rpw:
+            object.__setattr__(self, "chunk_rows", 0)
+        if self.chunk_rows not in (0, 1, 2, 4, 8) or (self.chunk_rows and rpw % self.chunk_rows):
+            raise ValueError(f"chunk_rows {self.chunk_rows}: 0 or a power of two dividing {rpw}")
+        if self.slot_dtype not in ("int32", "int64"):
+            raise ValueError(f"slot_dtype {self.slot_dtype!r}")
+        if self.act_dtype != "bfloat16":
+            raise ValueError(f"act_dtype {self.act_dtype!r}: only bfloat16")
+        if self.proj_stride == 0:
+            object.__setattr__(self, "proj_stride", self.width)
+        if self.proj_stride < 4 * self.p + self.rank + self.heads or self.proj_stride % 8:
+            raise ValueError(f"proj_stride {self.proj_stride}: must cover the packed columns and be a multiple of 8")
+
+    @property
+    def p(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def width(self) -> int:
+        return KDAColumns(self.heads, self.head_dim, self.rank).width
+
+    @property
+    def rows(self) -> int:
+        """State rows (V) per CTA."""
+        return self.head_dim // self.v_split
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch, cluster partials."""
+        k = self.head_dim
+        return self.rows * k * 4 + 2 * k * 4 + self.rows * 4 + k * 4 + 16 * 4 + 16
+
+
+def _sigmoid(x):
+    return Float32(1.0) / (Float32(1.0) + cute.math.exp(-x))
+
+
+def _select(cond, a, b):
+    return Float32(cutlass.select_(cond, a, b))
+
+
+def _transpose_reduce(vals, lane, offsets, final=()):
+    """Butterfly 'transpose' reduction of len(vals) = 2**len(offsets) per-lane partials.
+
+    At each step of `offsets` the lane keeps the half of its values selected by its lane bit `off` and
+    adds the partner's copy of that half; afterwards the lane holds one value, of index
+    sum_s bit_s(lane) * len/2**(s+1), summed over the lanes that differ in the `offsets` bits. The
+    `final` offsets then sum it over the remaining lane bits (plain butterfly).
+    """
+    for off in offsets:
+        half = len(vals) // 2
+        upper = (lane & off) != 0
+        nxt = []
+        for i in range(half):
+            lo, hi = vals[i], vals[i + half]
+            keep = _select(upper, hi, lo)
+            send = _select(upper, lo, hi)
+            nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
+        vals = nxt
+    x = vals[0]
+    for off in final:
+        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+    return x
+
+
+def _reduce_plan(rows_per_warp: int):
+    """(offsets, final, shift) for reducing `rows_per_warp` row partials over a warp's 32 lanes:
+    lane l ends with row l >> shift."""
+    m = rows_per_warp.bit_length() - 1
+    assert 1 << m == rows_per_warp and 0 <= m <= 4
+    shift = 5 - m
+    offsets = tuple(16 >> t for t in range(m))
+    final = tuple(1 << t for t in reversed(range(shift)))
+    return offsets, final, shift
+
+
+def _dsmem_store_f32(smem_ptr, peer_rank, val):
+    """st.shared::cluster of an f32 to the same shared-memory offset in CTA `peer_rank` of the cluster."""
+    from cutlass._mlir.dialects import llvm, nvvm
+
+    dptr = nvvm.mapa(llvm.PointerType.get(7), smem_ptr.to_llvm_ptr(), Int32(peer_rank).ir_value())
+    llvm.store(Float32(val).ir_value(), dptr)
+
+
+def _conv_load(gConv, mConvW, mProj, b, c, wc: int):
+    """Issue channel c's loads: its window (8 B), its taps (16 B) and the new input proj[b, c]."""
+    win = cute.make_rmem_tensor((wc,), BFloat16)
+    cute.autovec_copy(gConv[c, None], win)
+    wts = cute.make_rmem_tensor((wc,), Float32)
+    cute.autovec_copy(mConvW[c, None], wts)
+    return win, wts, mProj[b, c]
+
+
+def _conv_compute(win, wts, x, wc: int):
+    """The channel's new window (old one shifted, x appended; the caller stores it) and
+    bf16(SiLU(window . taps)) as fp32."""
+    new = cute.make_rmem_tensor((wc,), BFloat16)
+    for i in range(wc - 1):
+        new[i] = win[i + 1]
+    new[wc - 1] = x
+    y = new[0].to(Float32) * wts[0]
+    for i in range(1, wc):
+        y = y + new[i].to(Float32) * wts[i]
+    act = y / (Float32(1.0) + cute.math.exp(-y))
+    return new, act.to(BFloat16).to(Float32)
+
+
+if _IMPORT_ERROR is None:
+
+    class KDADecodeKernel:
+        """CuTe DSL kernel object: `__call__` (jit) builds the tensors and launches `kernel`."""
+
+        def __init__(self, cfg: KDADecodeConfig):
+            self.cfg = cfg
+
+        @cute.jit
+        def __call__(
+            self,
+            pProj: cute.Pointer,
+            pConv: cute.Pointer,
+            pState: cute.Pointer,
+            pSlots: cute.Pointer,
+            pConvW: cute.Pointer,
+            pFb: cute.Pointer,
+            pAlog: cute.Pointer,
+            pDt: cute.Pointer,
+            pOnorm: cute.Pointer,
+            pOut: cute.Pointer,
+            batch: Int32,
+            lower_bound: Float32,
+            norm_eps: Float32,
+            stream: cuda.CUstream,
+        ):
+            c = self.cfg
+            H, K, R, Wc, Wp = c.heads, c.head_dim, c.rank, c.conv_width, c.proj_stride
+            P = H * K
+            mProj = cute.make_tensor(pProj, cute.make_layout((batch, Wp), stride=(Wp, 1)))
+            mSlots = cute.make_tensor(pSlots, cute.make_layout((batch,)))
+            mConvW = cute.make_tensor(pConvW, cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+            mFb = cute.make_tensor(pFb, cute.make_layout((P, R), stride=(R, 1)))
+            mAlog = cute.make_tensor(pAlog, cute.make_layout((H,)))
+            mDt = cute.make_tensor(pDt, cute.make_layout((P,)))
+            mOnorm = cute.make_tensor(pOnorm, cute.make_layout((K,)))
+            mOut = cute.make_tensor(pOut, cute.make_layout((batch, P), stride=(P, 1)))
+            self.kernel(mProj, pConv, pState, mSlots, mConvW, mFb, mAlog, mDt, mOnorm, mOut,
+                        lower_bound, norm_eps).launch(
+                grid=[H * c.v_split, batch, 1], block=[NUM_THREADS, 1, 1], stream=stream,
+                cluster=[c.v_split, 1, 1] if cutlass.const_expr(c.v_split > 1) else None,
+                min_blocks_per_mp=c.min_ctas_per_sm,
+                preferred_smem_carveout=c.smem_carveout if cutlass.const_expr(c.smem_carveout >= 0) else None)
+
+        @cute.kernel
+        def kernel(
+            self,
+            mProj: cute.Tensor,
+            pConv: cute.Pointer,
+            pState: cute.Pointer,
+            mSlots: cute.Tensor,
+            mConvW: cute.Tensor,
+            mFb: cute.Tensor,
+            mAlog: cute.Tensor,
+            mDt: cute.Tensor,
+            mOnorm: cute.Tensor,
+            mOut: cute.Tensor,
+            lower_bound: Float32,
+            norm_eps: Float32,
+        ):
+            c = self.cfg
+            H, K, R, Wc, S = c.heads, c.head_dim, c.rank, c.conv_width, c.v_split
+            P = H * K
+            ROWS = c.rows  # state rows of this CTA
+            RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4
+            CH = c.chunk_rows if c.chunk_rows else RPW  # rows per warp per pipeline chunk
+            NCH = RPW // CH
+            offsets, final, shift = _reduce_plan(CH)
+            tidx, _, _ = cute.arch.thread_idx()
+            bx, b, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+            h = bx // S
+            rank = bx % S
+            if cutlass.const_expr(S > 1):
+                rank = cute.arch.block_idx_in_cluster()
+            row0 = rank * ROWS
+
+            smem = cutlass.memory.SmemAllocator()
+            sS = smem.allocate_tensor(Float32, cute.make_layout((ROWS, K), stride=(K, 1)), byte_alignment=128)
+            sQK = smem.allocate_tensor(Float32, cute.make_layout((2 * K,)), byte_alignment=16)
+            sV = smem.allocate_tensor(Float32, cute.make_layout((ROWS,)), byte_alignment=16)
+            sDecay = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
+            sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
+            sClu = smem.allocate_tensor(Float32, cute.make_layout((4,)), byte_alignment=16)
+
+            slot = Int64(mSlots[b])
+
+            # 1. Issue the slot-independent loads: f_a, this head's f_b rows (warp w rows 16w..16w+15,
+            #    half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
+            sub = lane // 16
+            ch = lane % 16
+            fa = cute.make_rmem_tensor((8,), BFloat16)
+            cute.autovec_copy(cute.local_tile(mProj[b, None], (8,), ((4 * P) // 8 + ch,)), fa)
+            fbs = []
+            for i in cutlass.range_constexpr(8):
+                fb = cute.make_rmem_tensor((8,), BFloat16)
+                cute.autovec_copy(cute.local_tile(mFb[h * K + warp * 16 + 2 * i + sub, None], (8,), (ch,)), fb)
+                fbs.append(fb)
+            frow = warp * 16 + 2 * ((lane >> 1) & 7) + sub
+            dtb = mDt[h * K + frow]
+            alog = mAlog[h]
+            beta_logit = mProj[b, 4 * P + R + h]
+            # output gate / norm weight of this lane's output row in every chunk
+            gates = []
+            wnorms = []
+            for cc in cutlass.range_constexpr(NCH):
+                orow_c = row0 + warp * RPW + cc * CH + (lane >> shift)
+                gates.append(mProj[b, 3 * P + h * K + orow_c])
+                wnorms.append(mOnorm[orow_c])
+
+            # 2. Stream this CTA's state rows of (slot, head) into shared memory (cp.async, 16 B, L2 only),
+            #    one commit group per chunk of rows.
+            state_addr = pState.toint() + (slot * H + Int64(h)) * (K * K * 4) + Int64(row0) * (K * 4)
+            gS = cute.make_tensor(
+                cute.make_ptr(Float32, state_addr, cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((ROWS, K), stride=(K, 1)))
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
+            for cc in cutlass.range_constexpr(NCH):
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    cute.copy(g2s, cute.local_tile(gS[row, None], (4,), (lane,)),
+                              cute.local_tile(sS[row, None], (4,), (lane,)))
+                cute.arch.cp_async_commit_group()
+
+            # 3. Short conv. Every CTA of the cluster needs all of q and k (for the L2 norms): threads
+            #    0..K-1 own q channels, K..2K-1 k channels; their windows are written back by one CTA after
+            #    the cluster barrier (peers read them first). v only for this CTA's rows, written at once.
+            conv_addr = pConv.toint() + slot * (3 * P * Wc * 2)
+            gConv = cute.make_tensor(
+                cute.make_ptr(BFloat16, conv_addr, cute.AddressSpace.gmem, assumed_align=8),
+                cute.make_layout((3 * P, Wc), stride=(Wc, 1)))
+            j = tidx % K
+            grp = tidx // K
+            ca = grp * P + h * K + j
+            cv = 2 * P + h * K + row0 + tidx % ROWS  # v channel (used by threads < ROWS; loaded by all)
+            la = _conv_load(gConv, mConvW, mProj, b, ca, Wc)
+            lv = _conv_load(gConv, mConvW, mProj, b, cv, Wc)
+
+            # f_b GEMV and the decay gate while the state and the windows are in flight.
+            parts = []
+            for i in cutlass.range_constexpr(8):
+                acc = fbs[i][0].to(Float32) * fa[0].to(Float32)
+                for e in cutlass.range_constexpr(1, 8):
+                    acc = acc + fbs[i][e].to(Float32) * fa[e].to(Float32)
+                parts.append(acc)
+            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+            z = r.to(BFloat16).to(Float32) + dtb
+            g = lower_bound * _sigmoid(cute.math.exp(alog) * z)
+            if (lane & 1) == 0:
+                sDecay[frow] = cute.math.exp(g)
+            beta = _sigmoid(beta_logit.to(Float32))
+
+            win_a, act = _conv_compute(la[0], la[1], la[2], Wc)
+            if cutlass.const_expr(S == 1):
+                cute.autovec_copy(win_a, gConv[ca, None])
+            if tidx < ROWS:
+                win_v, act_v = _conv_compute(lv[0], lv[1], lv[2], Wc)
+                cute.autovec_copy(win_v, gConv[cv, None])
+                sV[tidx] = act_v
+
+            # 4. L2 norms of q and k (fp32), q scaled by K^-1/2.
+            ss = cute.arch.warp_reduction_sum(act * act)
+            if lane == 0:
+                sRed[warp] = ss
+            cute.arch.sync_threads()
+            qss = sRed[0] + sRed[1] + sRed[2] + sRed[3]
+            kss = sRed[4] + sRed[5] + sRed[6] + sRed[7]
+            is_q = tidx < K
+            nrm = _select(is_q, qss, kss)
+            scale = _select(is_q, Float32(K ** -0.5), Float32(1.0))
+            sQK[tidx] = act / cute.math.sqrt(nrm + Float32(L2_EPS)) * scale
+            cute.arch.sync_threads()
+
+            # 5. Recurrence on this lane's 4 columns of the warp's rows.
+            qv = cute.make_rmem_tensor((4,), Float32)
+            kv = cute.make_rmem_tensor((4,), Float32)
+            dv = cute.make_rmem_tensor((4,), Float32)
+            cute.autovec_copy(cute.local_tile(sQK, (4,), (lane,)), qv)
+            cute.autovec_copy(cute.local_tile(sQK, (4,), (K // 4 + lane,)), kv)
+            cute.autovec_copy(cute.local_tile(sDecay, (4,), (lane,)), dv)
+            # 5. Recurrence, chunk by chunk as the rows land (each thread waits for its own copies only).
+            sq_acc = Float32(0.0)
+            obs = []
+            owner = (lane & ((1 << shift) - 1)) == 0
+            for cc in cutlass.range_constexpr(NCH):
+                cute.arch.cp_async_wait_group(NCH - 1 - cc)
+                parts = []
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    st = cute.make_rmem_tensor((4,), Float32)
+                    cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
+                    acc = (st[0] * dv[0]) * kv[0]
+                    for e in cutlass.range_constexpr(1, 4):
+                        acc = acc + (st[e] * dv[e]) * kv[e]
+                    parts.append(acc)
+                sk = _transpose_reduce(parts, lane, offsets, final)
+                lrow = warp * RPW + cc * CH + (lane >> shift)
+                u = beta * (sV[lrow] - sk)
+                # Re-read the rows from shared memory in the second pass rather than keeping them live
+                # across the reduction (fewer registers).
+                cute.arch.sync_warp()
+                parts = []
+                for i in cutlass.range_constexpr(CH):
+                    row = warp * RPW + cc * CH + i
+                    ui = cute.arch.shuffle_sync(u, i << shift)
+                    st = cute.make_rmem_tensor((4,), Float32)
+                    cute.autovec_copy(cute.local_tile(sS[row, None], (4,), (lane,)), st)
+                    sn = cute.make_rmem_tensor((4,), Float32)
+                    for e in cutlass.range_constexpr(4):
+                        sn[e] = st[e] * dv[e] + ui * kv[e]
+                    cute.autovec_copy(sn, cute.local_tile(gS[row, None], (4,), (lane,)))
+                    acc = sn[0] * qv[0]
+                    for e in cutlass.range_constexpr(1, 4):
+                        acc = acc + sn[e] * qv[e]
+                    parts.append(acc)
+                o = _transpose_reduce(parts, lane, offsets, final)
+                ob = o.to(BFloat16).to(Float32)
+                obs.append(ob)
+                sq_acc = sq_acc + _select(owner, ob * ob, Float32(0.0))
+
+            # 6. Gated RMSNorm over the head's V outputs (bf16-rounded o, fp32 math).
+            sq = cute.arch.warp_reduction_sum(sq_acc)
+            if lane == 0:
+                sRed[NUM_WARPS + warp] = sq
+            cute.arch.sync_threads()
+            tot = sRed[NUM_WARPS]
+            for wi in cutlass.range_constexpr(1, NUM_WARPS):
+                tot = tot + sRed[NUM_WARPS + wi]
+            if cutlass.const_expr(S > 1):
+                # Every CTA sends its partial to every CTA of the cluster (slot = its rank), then all wait.
+                if tidx < S:
+                    _dsmem_store_f32(sClu.iterator + rank, tidx, tot)
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                tot = sClu[0]
+                for ri in cutlass.range_constexpr(1, S):
+                    tot = tot + sClu[ri]
+                if (j // ROWS) == rank:  # all peers have read the old q/k windows: write them back
+                    cute.autovec_copy(win_a, gConv[ca, None])
+            rstd = cute.math.rsqrt(tot / Float32(K) + norm_eps)
+            for cc in cutlass.range_constexpr(NCH):
+                y = obs[cc] * rstd * wnorms[cc] * _sigmoid(gates[cc].to(Float32))
+                if owner:
+                    mOut[b, h * K + row0 + warp * RPW + cc * CH + (lane >> shift)] = y.to(BFloat16)
+
+
+_CACHE = CompileCache("kda_decode")
+
+
+def _dtype(name: str):
+    return {"int32": Int32, "int64": Int64}[name]
+
+
+def fake_args(cfg: KDADecodeConfig):
+    """Null pointers and scalars with the kernel's argument types, for compiling without a GPU."""
+    gmem = cute.AddressSpace.gmem
+    slot_t = _dtype(cfg.slot_dtype)
+    return (
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # proj
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # conv_state
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # ssm_state
+        _runtime_make_ptr(slot_t, 0, gmem, assumed_align=slot_t.width // 8),  # slots
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # conv_weight
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # f_b
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # A_log
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # dt_bias
+        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # o_norm
+        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=4),  # out
+        Int32(1), Float32(-5.0), Float32(1e-5), cuda.CUstream(0),
+    )
+
+
+def compile_kernel(cfg: KDADecodeConfig, options: str = ""):
+    """cute.compile the kernel for cfg (for the arch the DSL targets in this process)."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return cute.compile(KDADecodeKernel(cfg), *fake_args(cfg), options=options)
+
+
+def compile_report(cfg: KDADecodeConfig, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, smem)."""
+    from kernels.cute import compile_for_arch
+
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return compile_for_arch(KDADecodeKernel(cfg), *fake_args(cfg), arch=arch,
+                            dynamic_smem_bytes=cfg.smem_bytes, **kw)
+
+
+def available() -> tuple[bool, str]:
+    if _IMPORT_ERROR is not None:
+        return False, f"CuTe DSL unavailable: {_IMPORT_ERROR}"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    major, _ = torch.cuda.get_device_capability()
+    if major != 9:
+        return False, f"validated on sm_90 only (this device is sm_{major}x)"
+    return True, "ok"
+
+
+def _ptr(t: torch.Tensor, dtype, align: int):
+    if t.data_ptr() % align:
+        raise ValueError(f"tensor data pointer not {align}-byte aligned")
+    return _runtime_make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+
+def _check(name, t: torch.Tensor, dtype, shape=None):
+    if t.dtype != dtype:
+        raise TypeError(f"{name}: dtype {t.dtype}, expected {dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+
+
+def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
+    """CTAs per (head, sequence): split the state rows over a cluster while (head, sequence) pairs are
+    too few to give every SM work; whole tiles once they are plenty."""
+    pairs = heads * batch
+    if pairs * 4 <= 2 * sm_count:
+        return 4
+    if pairs * 2 <= 3 * sm_count:
+        return 2
+    return 1
+
+
+def default_tuning(heads: int, batch: int) -> dict:
+    """The config knobs the entry point uses for a problem size (measured on the H200, see NOTES.md)."""
+    return dict(v_split=default_v_split(heads, batch), chunk_rows=DEFAULT_CHUNK_ROWS)
+
+
+DEFAULT_CHUNK_ROWS = 0
+
+
+def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
+                    w: KDAWeights, *, tuning: dict | None = None) -> torch.Tensor:
+    """Same signature and semantics as model.kimi_k3.ops.kda.kda_decode; one kernel launch.
+
+    proj [B, W] bf16 (rows may be strided, columns contiguous); conv_state [slots, 3P, 4] bf16 and
+    ssm_state [slots, H, V, K] fp32 are updated in place at rows `slots` [B] (int32 or int64, distinct).
+    Returns out [B, P] bf16. `tuning` overrides KDADecodeConfig fields (v_split, smem_carveout, ...);
+    by default v_split comes from `default_v_split`.
+    """
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    if not proj.is_cuda:
+        raise RuntimeError("kda_decode_cute needs CUDA tensors")
+    cols = KDAColumns.of(ssm_state, w)
+    H, K, R = cols.heads, cols.head_dim, cols.rank
+    P, B = cols.p, proj.shape[0]
+    wc = w.conv_weight.shape[-1]
+    if proj.dtype != torch.bfloat16 or proj.dim() != 2 or proj.stride(1) != 1:
+        raise ValueError("proj: [B, W] bf16 with contiguous columns")
+    if ssm_state.shape[2] != K:
+        raise ValueError("ssm_state: V must equal K")
+    _check("conv_state", conv_state, torch.bfloat16, (conv_state.shape[0], 3 * P, wc))
+    _check("ssm_state", ssm_state, torch.float32)
+    _check("conv_weight", w.conv_weight, torch.float32, (3 * P, wc))
+    _check("f_b", w.f_b, torch.bfloat16, (P, R))
+    _check("A_log", w.A_log, torch.float32, (H,))
+    _check("dt_bias", w.dt_bias, torch.float32, (P,))
+    _check("o_norm", w.o_norm, torch.float32, (K,))
+    if slots.dtype not in _TORCH_SLOT_DTYPES or slots.shape != (B,) or not slots.is_contiguous():
+        raise ValueError("slots: contiguous [B] int32 or int64")
+    out = torch.empty(B, P, dtype=proj.dtype, device=proj.device)
+    if B == 0:
+        return out
+    knobs = default_tuning(H, B)
+    knobs.update(tuning or {})
+    cfg = KDADecodeConfig(heads=H, head_dim=K, rank=R, conv_width=wc, proj_stride=proj.stride(0),
+                          slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype], **knobs)
+    fn = _CACHE.get((cfg, current_cute_arch()), lambda: compile_kernel(cfg))
+    slot_t = _dtype(cfg.slot_dtype)
+    stream = cuda.CUstream(torch.cuda.current_stream(proj.device).cuda_stream)
+    fn(_ptr(proj, BFloat16, 16), _ptr(conv_state, BFloat16, 16), _ptr(ssm_state, Float32, 16),
+       _ptr(slots, slot_t, slot_t.width // 8), _ptr(w.conv_weight, Float32, 16), _ptr(w.f_b, BFloat16, 16),
+       _ptr(w.A_log, Float32, 4), _ptr(w.dt_bias, Float32, 4), _ptr(w.o_norm, Float32, 4),
+       _ptr(out, BFloat16, 4), Int32(B), Float32(float(w.lower_bound)), Float32(float(w.norm_eps)), stream)
+    return out
+
+
+def bytes_moved(heads: int, batch: int, head_dim: int = 128, rank: int = 128, conv_width: int = 4) -> int:
+    """Fewest bytes one decode step must move (each input read once, each output written once)."""
+    p = heads * head_dim
+    width = KDAColumns(heads, head_dim, rank).width
+    per_seq = (width * 2  # proj row
+               + 2 * 3 * p * conv_width * 2  # conv windows read + written
+               + 2 * heads * head_dim * head_dim * 4  # fp32 state read + written
+               + p * 2  # out
+               + 8)  # slot index
+    weights = 3 * p * conv_width * 4 + p * rank * 2 + heads * 4 + p * 4 + head_dim * 4
+    return batch * per_seq + weights
+
+
+def flops(heads: int, batch: int, head_dim: int = 128, rank: int = 128) -> int:
+    """Arithmetic per step (fp32, CUDA cores): decay, S k, update, S q over the state; f_b GEMV."""
+    return batch * heads * (8 * head_dim * head_dim + 2 * head_dim * rank)

@@ -1,0 +1,78 @@
+"""MLA absorbed decode vs materialized attention, the MoE block vs a per-token loop, AttnRes by hand."""
+
+import math
+
+import torch
+
+from model.kimi_k3 import mxfp4
+from model.kimi_k3.attn_res import attn_res
+from model.kimi_k3.batch import StepBatch
+from model.kimi_k3.cache import ModelCache
+from model.kimi_k3.moe import moe_experts, route, situ
+
+
+def first_layer(model, mla: bool):
+    return next(l for l in model.layers if model.cfg.is_mla_layer(l.layer) == mla)
+
+
+def test_absorbed_mla_decode_equals_materialized(tiny_model):
+    """The last token's attention through the weight-absorbed decode path equals the materialized path."""
+    layer = first_layer(tiny_model, mla=True).self_attn
+    cfg = tiny_model.cfg
+    x = torch.randn(9, cfg.hidden_size, generator=torch.Generator().manual_seed(0))
+    full = ModelCache(cfg, tiny_model.tp, 2, 16, torch.float32)
+    inc = ModelCache(cfg, tiny_model.tp, 2, 16, torch.float32)
+    slot = 1
+    y_full = layer(x, StepBatch((slot,), (9,), (0,)), full, tiny_model.ops)
+    layer(x[:8], StepBatch((slot,), (8,), (0,)), inc, tiny_model.ops)
+    y_dec = layer(x[8:], StepBatch((slot,), (1,), (8,)), inc, tiny_model.ops)
+    torch.testing.assert_close(y_dec[0], y_full[8], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(inc.kv[layer.layer][slot, :9], full.kv[layer.layer][slot, :9])
+
+
+def test_moe_equals_per_token_loop(tiny_model):
+    moe = tiny_model.layers[1].ffn
+    cfg = tiny_model.cfg
+    x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    ids, weights = route(x, moe.gate, moe.e_bias, moe.top_k, True, 1.0)
+    z = x @ moe.down_proj.t()
+    got = moe_experts(z, ids, weights, (moe.w13_weight_packed, moe.w13_weight_scale),
+                      (moe.w2_weight_packed, moe.w2_weight_scale), moe.beta, moe.beta_lin)
+    for t in range(x.shape[0]):
+        expect = torch.zeros(cfg.routed_expert_hidden_size)
+        for k in range(moe.top_k):
+            e = int(ids[t, k])
+            w13 = mxfp4.dequantize(moe.w13_weight_packed[e], moe.w13_weight_scale[e])
+            w2 = mxfp4.dequantize(moe.w2_weight_packed[e], moe.w2_weight_scale[e])
+            a, b = (w13 @ z[t]).chunk(2)
+            expect += weights[t, k] * (w2 @ situ(a, b, 4.0, 25.0))
+        torch.testing.assert_close(got[t], expect, atol=1e-5, rtol=1e-5)
+
+
+def test_router_chooses_by_biased_score_but_weighs_by_raw_score():
+    gate_w = torch.eye(4)
+    x = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 10.0])  # makes expert 3 chosen despite the lowest score
+    ids, weights = route(x, gate_w, bias, 2, True, 1.0)
+    assert sorted(ids[0].tolist()) == [0, 3]
+    raw = torch.sigmoid(torch.tensor([3.0, 0.0]))
+    torch.testing.assert_close(weights[0].sort().values, (raw / raw.sum()).sort().values)
+
+
+def test_situ_definition():
+    a, b = torch.tensor([0.7, -3.0]), torch.tensor([2.0, 40.0])
+    expect = [4 * math.tanh(ai / 4) / (1 + math.exp(-ai)) * 25 * math.tanh(bi / 25) for ai, bi in zip(a.tolist(), b.tolist())]
+    torch.testing.assert_close(situ(a, b, 4.0, 25.0), torch.tensor(expect))
+
+
+def test_attn_res_by_hand():
+    """l_i = sum_d s_i[d] / rms(s_i) * w_n[d] * w_p[d]; out = sum_i softmax(l)_i s_i."""
+    s = [torch.tensor([[1.0, -2.0, 0.5]]), torch.tensor([[0.0, 3.0, 1.0]]), torch.tensor([[2.0, 2.0, -1.0]])]
+    w_n, w_p = torch.tensor([1.0, 0.5, 2.0]), torch.tensor([[0.3, -1.0, 0.2]])
+    logits = []
+    for src in s:
+        rms = math.sqrt(sum(v * v for v in src[0].tolist()) / 3 + 1e-5)
+        logits.append(sum(src[0, d].item() / rms * w_n[d].item() * w_p[0, d].item() for d in range(3)))
+    z = sum(math.exp(l) for l in logits)
+    expect = sum(math.exp(l) / z * src for l, src in zip(logits, s))
+    torch.testing.assert_close(attn_res(s, w_n, w_p, 1e-5), expect)
