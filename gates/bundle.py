@@ -81,13 +81,13 @@ class Bundle(BaseModel):
 
 def covered_sources(contract: Contract, contract_path: Path, problem_file: Path | None,
                     root: Path = REPO_ROOT) -> list[SourceFile]:
-    """The contract, the problem, and every repository file the implementation, reference and standard import.
-
-    Each file's roles: what the contract names it as, or `dependency` for a file one of those imports."""
+    """The contract, the problem file, and every repository file the implementation, reference and standard
+    import. Each file's roles: what the contract names it as, or `dependency` for a file one of those imports.
+    The gate harness itself (the rest of gates/) is versioned by the commit, not by the evidence."""
     named = {contract_path.resolve(): {"contract"}}
-    closures = [import_closure([f"gates.problems.{contract.op}"], root)] if problem_file is not None else []
     if problem_file is not None:
-        named.setdefault(problem_file.resolve(), set()).add("problem")
+        named[problem_file.resolve()] = {"problem"}
+    closures = []
     for role in ("implementation", "reference", "standard"):
         module = getattr(contract, role).partition(":")[0]
         closures.append(import_closure([module], root))

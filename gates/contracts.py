@@ -1,21 +1,21 @@
-"""Contract checks the gate runs first: the schema, and that every entry point imports.
+"""Contract checks the gate runs first, as `file: field: problem` lines: the schema, the op registry, that every
+entry point imports, and that each arch the contract calls validated has intact, fresh evidence.
 
 Entry points are imported in a spawned process (gates.sandbox): importing a candidate runs its top-level code,
-which must never run inside the gate. Problems read `file: field: problem`, one per string.
+which must never run inside the gate. The arch the gate is producing evidence for right now is not checked.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from gates.evidence import verify_bundle
 from gates.sandbox import Sandbox, SandboxError
-from kernels.contract import Contract, ContractError, load_contract
+from gates.sources import REPO_ROOT
+from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
+from model.kimi_k3.ops.registry import registry_problems
 
 ENTRY_FIELDS = ("implementation", "reference", "standard")
-
-
-def contract_files(contracts_dir: Path) -> list[Path]:
-    return sorted(Path(contracts_dir).glob("*.yaml"))
 
 
 def load_contracts(contracts_dir: Path) -> tuple[dict[Path, Contract], list[str]]:
@@ -43,10 +43,25 @@ def entry_problems(contracts: dict[Path, Contract]) -> list[str]:
             for (path, field), entry in where.items() if entry in errors]
 
 
-def check_contracts(contracts_dir: str | Path) -> list[str]:
-    """Every problem with the contracts in `contracts_dir`: schema, then importability; [] when all are sound."""
+def evidence_problems(path: Path, contract: Contract, evidence_root: Path, producing_arch: str | None) -> list[str]:
+    problems = []
+    for i, hw in enumerate(contract.hardware.validated):
+        if hw.arch == producing_arch:
+            continue
+        directory = evidence_root / evidence_dir(contract.op, hw.arch).removeprefix("evidence/")
+        problems += [f"{path}: hardware.validated.{i}: {hw.arch} is validated, but its evidence is not sound: {p}"
+                     for p in verify_bundle(directory)]
+    return problems
+
+
+def check_contracts(contracts_dir: str | Path, evidence_root: str | Path = REPO_ROOT / "evidence",
+                    producing_arch: str | None = None) -> list[str]:
+    """Every problem with the contracts in `contracts_dir`; [] when all are sound."""
     contracts_dir = Path(contracts_dir)
     if not contracts_dir.is_dir():
         return [f"{contracts_dir}: <dir>: no such contracts directory"]
     contracts, problems = load_contracts(contracts_dir)
+    for path, contract in contracts.items():
+        problems += registry_problems(contract, str(path), imports=False)
+        problems += evidence_problems(path, contract, Path(evidence_root), producing_arch)
     return problems + entry_problems(contracts)

@@ -1,8 +1,5 @@
-"""The machine the gates run on: its arch (names the bundle), its device, and the software versions.
-
-Peak figures are the declared ceilings the roofline uses (H200: copy bandwidth 4.3 TB/s and ~790 TFLOP/s
-bf16, measured on the project's H200); an arch without figures gets no roofline, not a guessed one.
-"""
+"""The machine the gates run on (kernels.arch describes it): the software versions a bundle records, and the
+thread setting the gates use for their CPU tensor work."""
 
 from __future__ import annotations
 
@@ -11,54 +8,16 @@ import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import metadata
 
 from pydantic import BaseModel, ConfigDict
 
-PEAKS = {  # arch: (memory bandwidth B/s, dense bf16 FLOP/s)
-    "sm_90": (4.3e12, 790e12),
-}
+from kernels.arch import ArchInfo
 
 
-@dataclass(frozen=True)
-class Machine:
-    arch: str  # "sm_90", or "cpu" where there is no GPU
-    device: str  # torch device type the candidate runs on: "cuda" or "cpu"
-    name: str
-
-    @property
-    def is_gpu(self) -> bool:
-        return self.device == "cuda"
-
-
-def detect() -> Machine:
-    import torch
-
-    if not torch.cuda.is_available():
-        return Machine(arch="cpu", device="cpu", name=_cpu_name())
-    major, minor = torch.cuda.get_device_capability()
-    return Machine(arch=f"sm_{major}{minor}", device="cuda", name=torch.cuda.get_device_name())
-
-
-def _cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def target_arch(arch: str) -> str:
-    """The arch-specific target a CuTe DSL kernel compiles for: sm_90 -> sm_90a (wgmma, TMA), sm_100 -> sm_100a."""
-    return arch if arch[-1].isalpha() else f"{arch}a"
-
-
-def base_arch(arch: str) -> str:
-    """sm_90a -> sm_90: the arch a machine reports."""
-    return arch.rstrip("abcdefghijklmnopqrstuvwxyz")
+def device_type(machine: ArchInfo) -> str:
+    """The torch device type a candidate runs on here."""
+    return "cuda" if machine.is_gpu else "cpu"
 
 
 class Environment(BaseModel):
@@ -67,13 +26,13 @@ class Environment(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arch: str
-    device: str
     device_name: str
     gpu_count: int
     driver: str | None
     cuda: str | None
     python: str
     platform: str
+    cpu: str
     torch: str
     triton: str | None
     cutlass_dsl: str | None
@@ -99,14 +58,25 @@ def _driver() -> str | None:
     return out.splitlines()[0].strip() if out.strip() else None
 
 
-def environment(machine: Machine) -> Environment:
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(machine: ArchInfo) -> Environment:
     import torch
 
     return Environment(
-        arch=machine.arch, device=machine.device, device_name=machine.name,
+        arch=machine.arch, device_name=_cpu_name() if not machine.is_gpu else machine.device_name,
         gpu_count=torch.cuda.device_count() if machine.is_gpu else 0,
         driver=_driver() if machine.is_gpu else None, cuda=torch.version.cuda,
-        python=sys.version.split()[0], platform=platform.platform(), torch=torch.__version__,
+        python=sys.version.split()[0], platform=platform.platform(), cpu=_cpu_name(), torch=torch.__version__,
         triton=_version("triton"), cutlass_dsl=_version("nvidia-cutlass-dsl"), fla=_version("fla-core"),
     )
 

@@ -17,9 +17,10 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gates.machine import Machine, base_arch
+from gates.machine import device_type
 from gates.problems import Problem, load_problem
 from gates.status import GateResult
+from kernels.arch import ArchInfo, cute_arch_for
 from kernels.contract import Contract
 
 GATE_MODULES = ("gates.suite.contracts", "gates.suite.compile", "gates.suite.numerics", "gates.suite.benchmarks")
@@ -46,11 +47,16 @@ class GateContext:
 
     contract: Contract
     contract_path: Path
-    machine: Machine
+    machine: ArchInfo
     options: GateOptions
     contract_problems: list[str] = field(default_factory=list)
     results: dict[str, GateResult] = field(default_factory=dict)
     progress: Callable[[str], None] = lambda message: None
+
+    @property
+    def device(self) -> str:
+        """The torch device type the candidate runs on: cuda or cpu."""
+        return device_type(self.machine)
 
     def problem(self) -> Problem:
         """The op's problem; raises ProblemError (the gate reports ERROR) when there is none."""
@@ -62,7 +68,7 @@ class GateContext:
         if not m.is_gpu:
             return None if c.backend == "torch" else f"backend {c.backend} runs only on a CUDA GPU; this machine has none"
         targets = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
-        if m.arch not in {base_arch(t) for t in targets}:
+        if m.cute_arch not in {cute_arch_for(t) for t in targets}:
             return f"this machine is {m.arch}; the contract targets {', '.join(targets)}"
         return None
 

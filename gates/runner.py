@@ -15,12 +15,13 @@ from pathlib import Path
 from gates.bundle import Bundle, GitState, covered_sources, git_state, now, write_bundle
 from gates.contracts import check_contracts, load_contracts
 from gates.evidence import write_index
-from gates.machine import Environment, Machine, detect, environment, one_thread
+from gates.machine import Environment, environment, one_thread
 from gates.problems import ProblemError, load_problem
 from gates.registry import Gate, GateContext, GateOptions, registered
 from gates.report import render_reports
 from gates.sources import relative
 from gates.status import GateResult, Status
+from kernels.arch import ArchInfo, detect
 from kernels.contract import Contract
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -51,7 +52,7 @@ def new_options(seed: int | None = None, **overrides) -> GateOptions:
     return GateOptions(seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None, **overrides)
 
 
-def run_gates(contract: Contract, contract_path: Path, machine: Machine, options: GateOptions,
+def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, options: GateOptions,
               contract_problems: list[str] = (), reporter: Reporter = Reporter(),
               gates: list[Gate] | None = None) -> list[GateResult]:
     """Every gate in order; a gate whose prerequisite failed is NOT_RUN, a gate that crashes is an ERROR."""
@@ -77,7 +78,7 @@ def run_gates(contract: Contract, contract_path: Path, machine: Machine, options
     return list(ctx.results.values())
 
 
-def make_bundle(contract: Contract, contract_path: Path, machine: Machine, env: Environment, git: GitState,
+def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState,
                 options: GateOptions, results: list[GateResult], command: str) -> Bundle:
     try:
         problem_file = load_problem(contract.op).source
@@ -92,7 +93,8 @@ def make_bundle(contract: Contract, contract_path: Path, machine: Machine, env: 
 def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,
              reporter: Reporter = Reporter(), command: str = "k3forge gate") -> Outcome:
     """Check the contracts, gate each op this run covers, write its bundle and the index."""
-    problems = check_contracts(contracts_dir)
+    machine = detect()
+    problems = check_contracts(contracts_dir, out_dir, producing_arch=machine.arch)
     contracts, _ = load_contracts(contracts_dir)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
     if ops:
@@ -104,7 +106,6 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     selected = [by_op[op] for op in (ops or sorted(by_op))]
     if problems:
         reporter.note(f"{len(problems)} contract problem(s)")
-    machine = detect()
     env, git = environment(machine), git_state()
     options = options or new_options()
     outcome = Outcome(contract_problems=problems)

@@ -1,8 +1,9 @@
 """Which source files a piece of evidence depends on, and their sha256.
 
 A contract covers its implementation, reference and standard entry points, the contract YAML and the op's
-problem file. Each module is followed through its imports (read statically, nothing is executed) to every
-module file inside the repository, package `__init__`s included: edit any of them and the evidence is stale.
+problem file (gates.bundle.covered_sources). Each entry point's module is followed through its imports (read
+statically, nothing is executed) to every module file inside the repository, package `__init__`s included:
+edit any of them and the evidence is stale.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from gates.compare import digest as _tensor_digest
 from gates.trees import clone, copy_into, leaves
 
 _perf_counter = time.perf_counter
@@ -68,22 +69,32 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
         return 0, 0
 
 
-def _plain(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
-    """A detached CPU copy of a candidate's tensor, or None with the reason in `problems`."""
+def _accepted(name: str, t: Any, device: str, problems: list[str]) -> bool:
     if type(t) is not torch.Tensor:  # noqa: E721 - subclasses can defer work past the call or lie about values
         problems.append(f"{name} is a {type(t).__module__}.{type(t).__qualname__}, not a plain torch.Tensor")
-        return None
+        return False
     if t.device.type != device:
         problems.append(f"{name} is on {t.device}, expected {device}")
-        return None
-    return _ORIGINAL["torch.Tensor.clone"](t.detach()).to("cpu")
+        return False
+    return True
 
 
-def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], device: str,
-         keep: list, with_inputs: bool) -> dict:
+def _plain(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
+    """A detached CPU copy of a candidate's tensor, or None with the reason in `problems`."""
+    return _ORIGINAL["torch.Tensor.clone"](t.detach()).to("cpu") if _accepted(name, t, device, problems) else None
+
+
+def _digest(name: str, t: Any, device: str, problems: list[str]) -> str | None:
+    return _tensor_digest(t) if _accepted(name, t, device, problems) else None
+
+
+def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], device: str, keep: list,
+         full: bool = True, with_inputs: bool = True) -> dict:
     """One call of the candidate on `args` (its buffers, updated in place): its raw outputs and side effects.
 
-    `keep` holds the returned objects alive, so a later run cannot be handed this run's result memory.
+    Outputs and states come back as tensors (`full`) or as digests (a repeated run, compared bit for bit);
+    the other inputs as digests. `keep` holds the returned objects alive, so a later run cannot be handed
+    this run's result memory.
     """
     inputs = [(n, *_storage(t)) for i, a in enumerate(args) for n, t in leaves(a, names[i])]
     try:
@@ -93,16 +104,17 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
         return {"raised": f"{type(e).__name__}: {e}"}
     keep.append(out)
     problems: list[str] = []
-    outputs = [(n, c) for n, t in leaves(out, "out") if (c := _plain(n, t, device, problems)) is not None]
+    record = _plain if full else _digest
     result = {
-        "outputs": outputs,
+        "outputs": [(n, v) for n, t in leaves(out, "out") if (v := record(n, t, device, problems)) is not None],
+        "states": [(n, v) for i in state for n, t in leaves(args[i], names[i])
+                   if (v := record(n, t, device, problems)) is not None],
         "problems": problems,
         "input_storage": inputs,
         "output_storage": [(n, *_storage(t)) for n, t in leaves(out, "out")],
-        "states": [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])],
     }
     if with_inputs:
-        result["inputs"] = [(n, _plain(n, t, device, problems)) for i, a in enumerate(args) if i not in state
+        result["inputs"] = [(n, _tensor_digest(t)) for i, a in enumerate(args) if i not in state
                             for n, t in leaves(a, names[i])]
     return result
 
@@ -123,7 +135,8 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
               output_specs: list) -> dict:
     """Every case of one envelope point on the same persistent buffers (same pointers, fresh contents, as a
     serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
-    freed; the other runs follow poisoned memory. All runs must agree bit for bit."""
+    freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
+    match run 0's bit for bit."""
     fn, ref = load_entry(candidate), load_entry(reference)
     buffers = None
     results = []
@@ -138,7 +151,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
                 ref(*clone(pristine))  # its result is freed right here: the trap a candidate must not fall into
             else:
                 poison(output_specs, device)
-            per_run.append(call(fn, buffers, case.state, names, device, keep, with_inputs=True))
+            per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
         results.append(per_run)
         del keep
     return {"cases": results}
@@ -165,35 +178,6 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
-def _capture(fn: Callable, args: tuple, warm: tuple) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Warm up on a side stream (autotuners, compile caches), then capture one call in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            copy_into(args, warm)
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    _synchronize()
-    graph = torch.cuda.CUDAGraph()
-    copy_into(args, warm)
-    with torch.cuda.graph(graph):
-        out = fn(*args)
-    _synchronize()
-    return graph, out
-
-
-def _kernel_count(fn: Callable, args: tuple) -> int:
-    """GPU kernels one eager call launches, on every stream (memcpy and memset not counted)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(*args)
-        _synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.lower().startswith(("memcpy", "memset")))
-
-
 def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list, iters: int,
                   host_iters: int) -> dict:
     """Candidate and standard timed side by side, interleaved, over CUDA-graph replays.
@@ -204,35 +188,37 @@ def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, 
     which also counts work left on other streams. Afterwards every input set is replayed once more and the
     outputs returned for the gate to check against the reference.
     """
-    device = "cuda"
+    from kernels.timing import L2Flusher, capture_graph, count_kernels
+
     fns = {name: load_entry(entry) for name, entry in impls.items()}
-    on_device = [clone(s, device) for s in sets]
-    l2 = int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or 64 << 20)
-    flush = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
+    on_device = [clone(s, "cuda") for s in sets]
+    flush = L2Flusher()
     buffers = {name: clone(on_device[0]) for name in fns}
     graphs, outs = {}, {}
     for name, fn in fns.items():
-        graphs[name], outs[name] = _capture(fn, buffers[name], on_device[0])
+        held: dict[str, Any] = {}
+        graphs[name] = capture_graph(lambda fn=fn, args=buffers[name], held=held: held.update(out=fn(*args)))
+        outs[name] = held["out"]  # the captured call's output: every replay rewrites it
     order = list(fns)
-    device_us: dict[str, list[float]] = {name: [] for name in fns}
     events = []
     for i in range(iters):
         for name in (order if i % 2 == 0 else order[::-1]):
             copy_into(buffers[name], on_device[i % len(on_device)])
-            flush.fill_(i)
+            flush()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             _record(start)
             _replay(graphs[name])
             _record(end)
             events.append((name, start, end))
     _synchronize()
+    device_us: dict[str, list[float]] = {name: [] for name in fns}
     for name, start, end in events:
         device_us[name].append(_elapsed_time(start, end) * 1e3)
     host_us: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(host_iters):
         for name in order:
             copy_into(buffers[name], on_device[i % len(on_device)])
-            flush.fill_(i)
+            flush()
             _synchronize()
             t0 = _perf_counter()
             _replay(graphs[name])
@@ -246,13 +232,12 @@ def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, 
             _synchronize()
             problems: list[str] = []
             recheck[name].append({
-                "outputs": [(n, c) for n, t in leaves(outs[name], "out") if (c := _plain(n, t, device, problems)) is not None],
-                "states": [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(buffers[name][i], names[i])],
+                "outputs": [(n, c) for n, t in leaves(outs[name], "out")
+                            if (c := _plain(n, t, "cuda", problems)) is not None],
+                "states": [(n, _plain(n, t, "cuda", problems)) for i in state
+                           for n, t in leaves(buffers[name][i], names[i])],
                 "problems": problems})
-    kernels = {}
-    for name, fn in fns.items():
-        copy_into(buffers[name], on_device[0])
-        kernels[name] = _kernel_count(fn, buffers[name])
+    kernels = {name: count_kernels(lambda fn=fn, args=buffers[name]: fn(*args)) for name, fn in fns.items()}
     return {"device_us": device_us, "host_us": host_us, "recheck": recheck, "kernels": kernels}
 
 
@@ -273,36 +258,37 @@ def probe(*, entries: list[str]) -> dict:
     return {"errors": errors}
 
 
-REPORT_FIELDS = ("registers", "spill_bytes", "shared_bytes")
+def _kernels(report) -> list[dict]:
+    """A kernels.cute.CompileReport's per-kernel resources as plain numbers."""
+    return [{"kernel": k.name, "registers": int(k.registers), "spill_bytes": int(k.spill_bytes),
+             "stack_frame_bytes": int(k.stack_frame_bytes), "shared_bytes": int(k.smem_bytes)}
+            for k in report.kernels]
 
 
 def run_compile(*, module: str, contract: dict, archs: list[str]) -> dict:
-    """Compile every key the module lists for every arch: resources or the compile error, per key and arch."""
+    """Compile every key the module lists for every target: per-kernel resources or the error, per key and arch."""
+    from kernels.arch import cute_arch_for
     from kernels.contract import Contract
 
     mod = importlib.import_module(module)
     missing = [f for f in ("compile_keys", "compile") if not callable(getattr(mod, f, None))]
     if missing:
         return {"protocol": f"{module} defines no {' or '.join(missing)}()"}
-    keys = list(mod.compile_keys(Contract.model_validate(contract)))
-    reports = []
-    for key in keys:
+    results = []
+    for key in mod.compile_keys(Contract.model_validate(contract)):
         for arch in archs:
-            entry: dict[str, Any] = {"key": repr(key), "arch": arch}
+            entry: dict[str, Any] = {"key": repr(key), "arch": arch, "target": cute_arch_for(arch)}
             t0 = _perf_counter()
             try:
-                report = mod.compile(key, arch)
-                values = report if isinstance(report, dict) else {f: getattr(report, f, None) for f in REPORT_FIELDS}
-                bad = [f for f in REPORT_FIELDS if not isinstance(values.get(f), int)]
-                if bad:
-                    entry["error"] = f"compile() returned no integer {', '.join(bad)} in {type(report).__name__}"
-                else:
-                    entry.update({f: int(values[f]) for f in REPORT_FIELDS})
+                report = mod.compile(key, entry["target"])
+                entry["kernels"] = _kernels(report)
+                if not entry["kernels"]:
+                    entry["error"] = "no kernel resources reported: " + ("; ".join(report.notes) or "empty report")
             except Exception as e:
                 entry["error"] = "".join(traceback.format_exception_only(e)).strip()
             entry["seconds"] = _perf_counter() - t0
-            reports.append(entry)
-    return {"reports": reports}
+            results.append(entry)
+    return {"compiles": results}
 
 
 HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "benchmark": run_benchmark, "probe": probe,

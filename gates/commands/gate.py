@@ -12,13 +12,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from gates.cli import UsageError
-from gates.contracts import contract_files
+from kernels.contract import contract_files
 from gates.registry import Gate, registered
 from gates.runner import Reporter, gate_all, new_options
 from gates.sources import REPO_ROOT, relative
 from gates.status import GateResult, Status
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
+MARK = {Status.PASSED: "✓", Status.NOT_RUN: "–"}
 
 
 def register(sub) -> None:
@@ -74,10 +75,10 @@ def run(args) -> int:
         console.print(f"no bundles written (contracts: {args.contracts})", highlight=False)
         return outcome.exit_code
     table = Table(title=f"evidence ({len(outcome.bundles)} bundle(s))")
-    for col in ("op", "arch", "verdict", "gates", "bundle"):
-        table.add_column(col)
+    for col in ("op", "arch", "verdict", "gates", "report"):
+        table.add_column(col, overflow="fold")
     for directory, bundle in outcome.bundles:
-        gates = " ".join(f"[{STYLE.get(g.status, 'red')}]{g.gate}[/]" for g in bundle.gates)
+        gates = " ".join(f"[{STYLE.get(g.status, 'red')}]{MARK.get(g.status, '✗')} {g.gate}[/]" for g in bundle.gates)
         table.add_row(bundle.op, bundle.arch, f"[{STYLE.get(bundle.verdict, 'red')}]{bundle.verdict.value}[/]", gates,
                       relative(directory / "report.html"))
     Console().print(table)

@@ -92,12 +92,10 @@ class Case:
 
 @dataclass(frozen=True)
 class Cost:
+    """What one call must move and compute at the least (kernels.roofline turns it into a floor)."""
+
     bytes: float
     flops: float
-
-    def floor_us(self, mem_bw: float, flop_rate: float) -> float:
-        """The least time the op can take: the larger of its memory and compute times."""
-        return max(self.bytes / mem_bw, self.flops / flop_rate) * 1e6
 
 
 @dataclass(frozen=True)
@@ -140,25 +138,32 @@ def batch_sizes(lo: int, hi: int) -> list[int]:
     return sorted({lo, hi} | ({mid} if lo < mid < hi else set()))
 
 
-def _shape_values(contract: Contract, keys: tuple[str, ...], source: str) -> list[tuple[tuple[str, int], ...]]:
-    missing = [k for k in keys if k not in contract.shapes]
+def _require_shapes(contract: Contract, problem: Problem) -> None:
+    missing = [k for k in problem.shape_keys if k not in contract.shapes]
     if missing:
         raise ProblemError(f"contract shapes lacks {', '.join(missing)} (the {contract.op} problem "
-                           f"{source} builds its inputs from {', '.join(keys)})")
-    return [tuple(zip(keys, combo)) for combo in itertools.product(*(contract.shapes[k] for k in keys))]
+                           f"{relative(problem.source)} builds its inputs from {', '.join(problem.shape_keys)})")
+
+
+def _shape_values(contract: Contract, problem: Problem) -> list[tuple[tuple[str, int], ...]]:
+    """Every combination of each shape's smallest and largest value (both, where a contract lists two)."""
+    _require_shapes(contract, problem)
+    edges = [sorted({min(contract.shapes[k]), max(contract.shapes[k])}) for k in problem.shape_keys]
+    return [tuple(zip(problem.shape_keys, combo)) for combo in itertools.product(*edges)]
 
 
 def envelope_points(contract: Contract, problem: Problem) -> list[Point]:
-    """The points the numerics gate checks: batch edges and an odd batch, both spec-token edges, every shape."""
+    """The points the numerics gate checks: batch edges and an odd batch between them, both spec-token edges,
+    each shape's edges: where tiles run short, masks kick in and off-by-ones live."""
     specs = sorted({contract.spec_tokens.min, contract.spec_tokens.max})
-    shapes = _shape_values(contract, problem.shape_keys, relative(problem.source))
+    shapes = _shape_values(contract, problem)
     return [Point(b, s, shape, contract.dtypes.activations)
             for shape in shapes for s in specs for b in batch_sizes(contract.batch.min, contract.batch.max)]
 
 
 def bench_point(contract: Contract, problem: Problem, point: BenchPoint) -> Point:
     """A contract benchmark point; shape keys it leaves out take the contract's first value."""
-    _shape_values(contract, problem.shape_keys, relative(problem.source))
+    _require_shapes(contract, problem)
     shape = tuple((k, point.shape.get(k, contract.shapes[k][0])) for k in problem.shape_keys)
     return Point(point.batch, point.spec_tokens, shape, contract.dtypes.activations)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import statistics
 
-from gates.machine import PEAKS
 from gates.problems import Point, ProblemError, bench_point, seed_for
 from gates.registry import Gate, GateContext, arg_names
 from gates.sandbox import Sandbox, SandboxError
 from gates.status import GateResult, Status
 from gates.suite.numerics import Findings, compare_named, reference_run
+from kernels.roofline import floor
 
 NAME, TITLE = "benchmarks", "Benchmarks"
 SUSPICIOUS_SPEEDUP = 10.0
@@ -63,7 +63,7 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult.not_run(NAME, TITLE, "needs a CUDA GPU; this machine has none")
     if reason := ctx.cannot_run_here():
         return GateResult.not_run(NAME, TITLE, reason)
-    peaks = PEAKS.get(m.arch)
+    peaks = m.mem_bw_Bps > 0 and m.bf16_flops > 0  # declared figures for this arch (kernels.arch)
     findings = Findings()
     rows, flags, slower, impossible = [], [], [], []
     try:
@@ -75,7 +75,7 @@ def run(ctx: GateContext) -> GateResult:
                 ctx.progress(f"benchmarks: {point.label}")
                 sets = [problem.generate_input(point, seed_for(opts.seed, NAME, point.label, k), "normal")
                         for k in range(opts.input_sets)]
-                expected = [reference_run(problem, s, names, m.device) for s in sets]
+                expected = [reference_run(problem, s, names, ctx.device) for s in sets]
                 raw = box.request("benchmark", impls={"candidate": c.implementation, "standard": c.standard},
                                   names=names, state=sets[0].state, sets=[s.args for s in sets],
                                   iters=opts.bench_iters, host_iters=opts.host_iters)
@@ -83,18 +83,21 @@ def run(ctx: GateContext) -> GateResult:
                     check = Findings() if impl == "standard" else findings
                     for k, (got, exp) in enumerate(zip(raw["recheck"][impl], expected)):
                         where = f"{point.label}, {impl} output after timing, input set {k + 1}"
+                        for message in got["problems"]:
+                            check.add("plain", f"{where}: {message}")
                         compare_named(problem, got["outputs"], exp.outputs, c.tolerance, "tolerance", where, check)
                         compare_named(problem, got["states"], exp.states, c.tolerance, "state", where, check)
                     if impl == "standard" and check:
                         flags.append(f"{point.label}: the standard disagrees with the reference, so the speedup "
                                      f"means little ({next(iter(check.examples.values()))[0]})")
-                floor = problem.cost(point).floor_us(*peaks) if peaks else None
-                row, point_flags, point_slower = judge_point(point, raw, floor, c.benchmark.required_speedup,
+                cost = problem.cost(point)
+                floor_us = floor(cost.bytes, cost.flops, m).floor_us if peaks else None
+                row, point_flags, point_slower = judge_point(point, raw, floor_us, c.benchmark.required_speedup,
                                                              c.benchmark.min_roofline_fraction)
                 rows.append(row), flags.extend(point_flags), slower.extend(point_slower)
-                if floor and row["candidate"]["median_us"] < floor:
+                if floor_us and row["candidate"]["median_us"] < floor_us:
                     impossible.append(f"{point.label}: {row['candidate']['median_us']:.2f} µs is under the "
-                                      f"roofline floor of {floor:.2f} µs")
+                                      f"roofline floor of {floor_us:.2f} µs")
     except ProblemError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="no problem to benchmark")
     except SandboxError as e:
@@ -102,7 +105,7 @@ def run(ctx: GateContext) -> GateResult:
                           summary="the candidate's process failed while timing")
     details = {"rows": rows, "required_speedup": c.benchmark.required_speedup,
                "min_roofline_fraction": c.benchmark.min_roofline_fraction,
-               "peaks": {"mem_bw_Bps": peaks[0], "flops": peaks[1]} if peaks else None,
+               "peaks": {"mem_bw_Bps": m.mem_bw_Bps, "flops": m.bf16_flops, "source": m.source} if peaks else None,
                "method": f"CUDA-graph replays, candidate and standard interleaved, {opts.input_sets} input sets "
                          f"rotated, L2 flushed (2× L2 written) before each of {opts.bench_iters} timed replays; "
                          f"host wall time over {opts.host_iters} replays with a device-wide synchronize",

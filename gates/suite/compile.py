@@ -2,33 +2,35 @@
 across the envelope's distinct compile keys, within the contract's resource bounds.
 
 The protocol a specialized module follows (backends cutedsl and triton):
-    compile_keys(contract) -> list[key]   the distinct compilations the envelope needs (dtypes, head counts, ...)
-    compile(key, arch) -> report          compile for `arch` ('sm_90', 'sm_100', ...); the report has integer
-                                          `registers`, `spill_bytes`, `shared_bytes` (attributes or dict keys)
-Each arch compiles in its own spawned process with CUTE_DSL_ARCH set (sm_90 -> sm_90a) before cutlass is
-imported, so no GPU is needed. `gates.cubin.kernel_resources` reads these numbers from a cubin.
+    compile_keys(contract) -> list[key]   the distinct compilations the envelope needs (dtypes, head counts,
+                                          tile configs: whatever changes the generated code)
+    compile(key, target) -> CompileReport compile for a target ('sm_90a', 'sm_100a'; kernels.arch.cute_arch_for)
+                                          and report each kernel's resources: kernels.cute.compile_for_arch
+Each arch compiles in its own spawned process with CUTE_DSL_ARCH set to the target before cutlass is imported,
+so no GPU is needed.
 """
 
 from __future__ import annotations
 
-from gates.machine import target_arch
 from gates.registry import Gate, GateContext
 from gates.sandbox import Sandbox, SandboxError, TamperError
 from gates.status import GateResult, Status
+from kernels.arch import cute_arch_for
 from kernels.contract import Resources
 
 NAME, TITLE = "compile", "Compile"
 BOUNDS = (("registers", "max_registers"), ("spill_bytes", "max_spill_bytes"), ("shared_bytes", "max_shared_bytes"))
 
 
-def resource_violations(reports: list[dict], bounds: Resources) -> list[str]:
-    """`key on arch: registers 168 > max_registers 128` for every compiled kernel over a contract bound."""
+def resource_violations(compiles: list[dict], bounds: Resources) -> list[str]:
+    """`key on arch: kernel: registers 168 > max_registers 128` for every kernel over a contract bound."""
     out = []
-    for r in reports:
-        for used, limit in BOUNDS:
-            bound = getattr(bounds, limit)
-            if bound is not None and used in r and r[used] > bound:
-                out.append(f"{r['key']} on {r['arch']}: {used} {r[used]} > {limit} {bound}")
+    for c in compiles:
+        for k in c.get("kernels", []):
+            for used, limit in BOUNDS:
+                bound = getattr(bounds, limit)
+                if bound is not None and k[used] > bound:
+                    out.append(f"{c['key']} on {c['arch']}: {k['kernel']}: {used} {k[used]} > {limit} {bound}")
     return out
 
 
@@ -38,11 +40,11 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult.not_run(NAME, TITLE, "torch backend: nothing to compile")
     archs = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
     module = c.implementation.partition(":")[0]
-    reports: list[dict] = []
-    details = {"archs": archs, "kernels": reports, "bounds": c.resources.model_dump(), "violations": []}
+    compiles: list[dict] = []
+    details = {"archs": archs, "compiles": compiles, "bounds": c.resources.model_dump(), "violations": []}
     for arch in archs:
         ctx.progress(f"compile for {arch}")
-        env = {"CUTE_DSL_ARCH": target_arch(arch)} if c.backend == "cutedsl" else {}
+        env = {"CUTE_DSL_ARCH": cute_arch_for(arch)} if c.backend == "cutedsl" else {}
         try:
             with Sandbox(env) as box:
                 reply = box.request("compile", module=module, contract=c.model_dump(mode="json"), archs=[arch])
@@ -54,17 +56,17 @@ def run(ctx: GateContext) -> GateResult:
         if "protocol" in reply:
             return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=reply["protocol"],
                               summary="the implementation does not follow the compile protocol")
-        reports.extend(reply["reports"])
-    errors = [f"{r['key']} on {r['arch']}: {r['error']}" for r in reports if "error" in r]
-    violations = details["violations"] = resource_violations(reports, c.resources)
-    if not reports:
+        compiles.extend(reply["compiles"])
+    if not compiles:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="compile_keys() returned no keys",
                           summary="nothing was compiled", details=details)
+    errors = [f"{r['key']} on {r['arch']}: {r['error']}" for r in compiles if "error" in r]
+    violations = details["violations"] = resource_violations(compiles, c.resources)
     if errors or violations:
         return GateResult(gate=NAME, title=TITLE, status=Status.FAILED_COMPILE, reason="; ".join(errors + violations),
                           summary=f"{len(errors)} compile error(s), {len(violations)} resource bound(s) exceeded",
                           details=details)
-    keys = len({r["key"] for r in reports})
+    keys = len({r["key"] for r in compiles})
     return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
                       summary=f"{keys} key(s) × {len(archs)} arch(s) compiled ({', '.join(archs)}), within bounds")
 

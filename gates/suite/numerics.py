@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gates.compare import TensorCheck, same_bits
+from gates.compare import TensorCheck, digest
 from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
 from gates.registry import Gate, GateContext, arg_names
 from gates.sandbox import Sandbox, SandboxError
@@ -39,6 +39,7 @@ CHECKS = {
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
 }
+STATEFUL_CHECKS = ("state", "trajectory", "repeat")
 
 
 @dataclass
@@ -112,9 +113,11 @@ def _overlaps(outputs: list, inputs: list) -> list[str]:
 
 def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict], names: list[str],
                tol: Tolerance, where: str, findings: Findings) -> list[TensorCheck]:
-    """Every check on one input's runs; the first run's tensor comparisons are returned for the statistics."""
-    pristine = [(n, t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])]
+    """Every check on one input's runs: the first run's tensors against the reference, the later runs' digests
+    against the first's, every run's input digests against the inputs sent. Returns the first run's checks."""
+    pristine = {n: digest(t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])}
     first: list[TensorCheck] = []
+    base: dict[str, str] = {}
     for r, run in enumerate(runs):
         at = f"{where}, run {r + 1}"
         if "raised" in run:
@@ -122,21 +125,20 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
             continue
         for message in run["problems"]:
             findings.add("plain", f"{at}: {message}")
-        checks = compare_named(problem, run["outputs"], expected.outputs, tol, "tolerance", at, findings)
-        checks += compare_named(problem, run["states"], expected.states, tol, "state", at, findings)
-        first = first or checks
-        after = dict(run["inputs"])
-        for name, before in pristine:
-            if after.get(name) is None or not same_bits(after[name], before):
+        if r == 0:
+            first = compare_named(problem, run["outputs"], expected.outputs, tol, "tolerance", at, findings)
+            first += compare_named(problem, run["states"], expected.states, tol, "state", at, findings)
+            base = {n: digest(t) for n, t in run["outputs"] + run["states"]}
+        else:
+            for name, d in run["outputs"] + run["states"]:
+                if name in base and d != base[name]:
+                    findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
+                                 "reference's freed result; this run followed poisoned memory)")
+        for name, d in run["inputs"]:
+            if d != pristine.get(name):
                 findings.add("mutation", f"{at}: input {name} changed")
         for pair in _overlaps(run["output_storage"], run["input_storage"]):
             findings.add("aliasing", f"{at}: {pair}")
-        if r and "raised" not in runs[0]:
-            base = dict(runs[0]["outputs"] + runs[0]["states"])
-            for name, t in run["outputs"] + run["states"]:
-                if t is not None and name in base and base[name] is not None and not same_bits(t, base[name]):
-                    findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
-                                 "reference's freed result; this run followed poisoned memory)")
     return first
 
 
@@ -156,7 +158,7 @@ def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool,
 
 def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[Point], names: list[str],
                  findings: Findings) -> list[dict]:
-    c, opts, device = ctx.contract, ctx.options, ctx.machine.device
+    c, opts, device = ctx.contract, ctx.options, ctx.device
     rows = []
     for point in points:
         ctx.progress(f"numerics: {point.label}")
@@ -188,7 +190,7 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[
 def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
                      findings: Findings) -> dict:
     """`steps` consecutive steps from one state; step steps//2 repeats the input of the step before it."""
-    opts, device, tol = ctx.options, ctx.machine.device, ctx.contract.tolerance
+    opts, device, tol = ctx.options, ctx.device, ctx.contract.tolerance
     seed = seed_for(opts.seed, "trajectory", point.label)
     first = problem.generate_input(point, seed, "normal")
     inputs = [first]
@@ -239,10 +241,10 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="the candidate's process failed")
     checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
                "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
-              for key, what in CHECKS.items() if key not in ("trajectory", "repeat") or problem.stateful]
+              for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
     tol = ctx.contract.tolerance
     details = {
-        "device": ctx.machine.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
+        "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
         "tolerance": tol.model_dump(), "problem": problem.source.name, "checks": checks, "rows": rows,
         "trajectories": trajectories,

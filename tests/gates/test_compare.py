@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from gates.compare import check_tensor, same_bits
+from gates.compare import check_tensor, digest
 from kernels.contract import Tolerance
 
 TOL = Tolerance(atol=1e-3, rtol=0.0, max_rel_l2=1e-2, min_close_fraction=0.999)
 
 
 def _ref(n=10_000):
-    return torch.linspace(1, 2, n)
+    return torch.linspace(-1, 1, n)  # RMS below 1: atol applies unscaled
 
 
 @pytest.mark.parametrize("name, perturb, passed, problem", [
@@ -38,6 +38,15 @@ def test_nan_is_counted_and_located():
     assert check.nonfinite == 1 and check.mismatches[0].startswith("out[5] = nan")
 
 
+def test_atol_scales_with_large_data():
+    """Cancellation near zero in data of magnitude 64 leaves errors of 64x the unit-scale rounding."""
+    ref = _ref() * 64
+    got = ref + 2e-3 * torch.sign(torch.randn(ref.shape, generator=torch.Generator().manual_seed(0)))
+    check = check_tensor("out", got, ref, TOL)
+    assert check.passed and check.atol_scale == pytest.approx(64 / 3**0.5, rel=1e-3)
+    assert not check_tensor("out", _ref() + 2e-3, _ref(), TOL).passed  # the same error at unit scale
+
+
 def test_relative_norm_bound():
     ref = _ref()
     check = check_tensor("out", ref * 1.02, ref, Tolerance(atol=1.0, rtol=0.0, max_rel_l2=1e-2))
@@ -50,8 +59,9 @@ def test_shape_and_dtype_first(got):
     assert not check.passed and "expected torch.float32 (2, 2)" in check.problems[0]
 
 
-def test_same_bits():
+def test_digest_is_bitwise_identity():
     a = torch.tensor([0.0, float("nan"), 1.0])
-    assert same_bits(a, a.clone())
-    assert not same_bits(a, torch.tensor([-0.0, float("nan"), 1.0]))  # equal as numbers, not as bits
-    assert not same_bits(a, a.double())
+    assert digest(a) == digest(a.clone())
+    assert digest(a) != digest(torch.tensor([-0.0, float("nan"), 1.0]))  # equal as numbers, not as bits
+    assert digest(a) != digest(a.double()) and digest(a) != digest(a.reshape(3, 1))
+    assert digest(torch.ones(2, 3).t()) == digest(torch.ones(3, 2))  # layout is not content

@@ -1,11 +1,8 @@
 """The compile gate: CuTe DSL kernels compile for every target arch on a CPU machine, within resource bounds."""
 
 import importlib.util
-from pathlib import Path
-
 import pytest
 
-from gates.cubin import CubinError, kernel_resources
 from gates.status import Status
 from gates.suite import compile as compile_gate
 from kernels.contract import Resources
@@ -30,8 +27,11 @@ def test_every_key_compiles_for_every_arch_with_its_resources():
                              [H200, {"arch": "sm_100", "devices": ["NVIDIA GB300"]}])
     result = run_gate(compile_gate.GATE, contract)
     assert result.status is Status.PASSED, result.reason
-    kernels = result.details["kernels"]
-    assert {(k["key"], k["arch"]) for k in kernels} == {(f"('bf16', {b})", a) for b in (128, 256) for a in ("sm_90", "sm_100")}
+    compiles = result.details["compiles"]
+    assert {(c["key"], c["arch"], c["target"]) for c in compiles} == {
+        (f"('bf16', {b})", a, f"{a}a") for b in (128, 256) for a in ("sm_90", "sm_100")}
+    kernels = [k for c in compiles for k in c["kernels"]]
+    assert len(kernels) == 4
     assert all(0 < k["registers"] <= 255 and k["shared_bytes"] >= 2 * 128 and k["spill_bytes"] == 0 for k in kernels)
 
 
@@ -43,10 +43,10 @@ def test_a_kernel_that_does_not_compile_fails_the_gate():
 
 
 def test_resource_bounds():
-    reports = [{"key": "k", "arch": "sm_90", "registers": 168, "spill_bytes": 0, "shared_bytes": 99_000},
-               {"key": "k", "arch": "sm_100", "error": "boom"}]
+    kernel = {"kernel": "k0", "registers": 168, "spill_bytes": 0, "stack_frame_bytes": 0, "shared_bytes": 99_000}
+    compiles = [{"key": "k", "arch": "sm_90", "kernels": [kernel]}, {"key": "k", "arch": "sm_100", "error": "boom"}]
     bounds = Resources(max_registers=128, max_spill_bytes=0, max_shared_bytes=100_000)
-    assert compile_gate.resource_violations(reports, bounds) == ["k on sm_90: registers 168 > max_registers 128"]
+    assert compile_gate.resource_violations(compiles, bounds) == ["k on sm_90: k0: registers 168 > max_registers 128"]
 
 
 def test_torch_backend_has_nothing_to_compile():
@@ -58,8 +58,3 @@ def test_a_module_without_the_compile_protocol_is_an_error():
     result = run_gate(compile_gate.GATE, kda_contract(backend="triton", hardware={"declared": [H200]}))
     assert result.status is Status.ERROR
     assert result.reason == "tests.gates.fixtures.kda_candidate defines no compile_keys or compile()"
-
-
-def test_cubin_reader_rejects_other_files():
-    with pytest.raises(CubinError):
-        kernel_resources(Path(__file__).read_bytes())

@@ -1,6 +1,6 @@
 """The gate registry and runner: order, prerequisites, crashes, and a model-level eval plugged in."""
 
-from gates.machine import detect
+from kernels.arch import detect
 from gates.registry import Gate, registered
 from gates.runner import run_gates
 from gates.status import GateResult, Status, worst
