@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gates.machine import Environment
 from gates.registry import GateOptions
@@ -61,10 +61,13 @@ class Bundle(BaseModel):
     environment: Environment
     options: GateOptions
     gates: list[GateResult]
+    verdict: Status = Field(description="the worst status of any gate that ran (NOT_RUN when none ran)")
 
-    @property
-    def verdict(self) -> Status:
-        return worst(g.status for g in self.gates if g.status is not Status.NOT_RUN) if self.ran else Status.NOT_RUN
+    @model_validator(mode="after")
+    def _verdict_follows_the_gates(self) -> "Bundle":
+        if self.verdict is not worst(g.status for g in self.gates):
+            raise ValueError(f"verdict {self.verdict.value} does not follow from the gates' statuses")
+        return self
 
     @property
     def ran(self) -> list[GateResult]:

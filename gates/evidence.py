@@ -70,8 +70,9 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT) -> list[str]:
         bundle = load_bundle(directory)
     except FileNotFoundError:
         return problems + [f"{directory / BUNDLE_FILE}: missing"]
-    except (ValidationError, ValueError) as e:
-        return problems + [f"{directory / BUNDLE_FILE}: does not follow the bundle schema ({str(e).splitlines()[0]})"]
+    except ValidationError as e:
+        found = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:3])
+        return problems + [f"{directory / BUNDLE_FILE}: does not follow the bundle schema ({found})"]
     return problems + [f"{directory}: {p}" for p in check_freshness(bundle, root)]
 
 

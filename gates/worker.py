@@ -1,6 +1,7 @@
 """The candidate's side of the sandbox: a spawned process that imports candidate code, runs it on tensors the
-gate sends, and sends back raw results (outputs, states, inputs after the call, storage pointers, per-call
-timings). It decides nothing: every verdict is computed by the gate, in the parent.
+gate sends, and sends back raw results: outputs and states (as tensors, or as sha256 digests for a repeated
+run), digests of the other inputs after the call, storage pointers, per-call timings. It decides nothing:
+every verdict is computed by the gate, in the parent.
 
 It never learns the seed that drew its inputs. The functions the harness times and synchronizes with are
 captured here before any candidate module is imported, used through those references, and checked after

@@ -1,13 +1,14 @@
 """Numerics gate: the candidate against the reference at every point of the contract's envelope.
 
-Per point (batch edges and an odd batch, spec-token edges, every rank-local shape), `trials` seeded inputs from
-each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a secret seed and
-sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers: first right after
-the reference ran in that process (its freed result lying in memory), then after memory the size of every
-output was filled with NaN. Every run must pass the graded tolerance on outputs and on the state updated in
-place, be bitwise identical to the others, leave its other inputs untouched, return plain tensors that share
-no memory with the inputs, and not raise. A stateful op also runs `steps` consecutive decode steps carrying
-its state, one of them repeating the previous step's input (a result cached on the input would be stale).
+Per point (batch edges and an odd batch, spec-token edges, each rank-local shape's edges), `trials` seeded
+inputs from each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a
+secret seed and sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers:
+first right after the reference ran in that process (its freed result lying in memory), then after memory the
+size of every output was filled with NaN. The first run's outputs and in-place state must pass the graded
+tolerance (gates.compare); every later run must be bitwise identical to it; no run may change its other
+inputs, return anything but plain tensors, share memory between outputs and inputs, or raise. A stateful op
+also runs `steps` consecutive decode steps carrying its state, one of them repeating the previous step's
+input (a result cached on the input would be stale).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _nonfinite_reference(expected: Expected) -> str | None:
 
 
 class Findings:
-    """Failures by check, with the first few messages of each, and worst-case error statistics per row."""
+    """Failures counted by check, with the first few messages of each."""
 
     LIMIT = 5
 
@@ -82,7 +83,7 @@ class Findings:
 
 
 def compare_named(problem: Problem, got: list, expected: list, tol: Tolerance, kind: str, where: str,
-             findings: Findings) -> list[TensorCheck]:
+                  findings: Findings) -> list[TensorCheck]:
     """Check each expected tensor against the candidate's of the same name; findings under `kind`."""
     by_name = dict(got)
     checks = []
@@ -90,10 +91,12 @@ def compare_named(problem: Problem, got: list, expected: list, tol: Tolerance, k
         if by_name.get(name) is None:
             findings.add("shape", f"{where}: no {name} returned")
             continue
-        check: TensorCheck = problem.check(name, by_name[name], ref, tol)
+        got_t = by_name[name]
+        check: TensorCheck = problem.check(name, got_t, ref, tol)
         checks.append(check)
         if not check.passed:
-            category = "shape" if not check.numel and ref.numel() else "finite" if check.nonfinite else kind
+            mismatch = (got_t.shape, got_t.dtype) != (ref.shape, ref.dtype)
+            category = "shape" if mismatch else "finite" if check.nonfinite else kind
             findings.add(category, f"{where}: {'; '.join(check.problems)}"
                          + (f" (worst: {check.mismatches[0]})" if check.mismatches else ""))
     extra = sorted(set(by_name) - {n for n, _ in expected})
@@ -146,7 +149,8 @@ def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool,
     outs = [c for cs in checks for c in cs if c.name not in state_names and c.numel]
     states = [c for cs in checks for c in cs if c.name in state_names and c.numel]
     return {
-        "point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks), "passed": not failed,
+        "point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks),
+        "passed": not failed,
         "max_abs": max((c.max_abs for c in outs), default=0.0),
         "mean_abs": max((c.mean_abs for c in outs), default=0.0),
         "max_units": max((c.max_units for c in outs), default=0.0),
@@ -196,12 +200,12 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
     inputs = [first]
     for s in range(1, opts.steps):
         inputs.append(inputs[-1] if s == opts.steps // 2 else problem.next_input(first, seed_for(seed, s), "normal"))
-    ref_args = clone(first.args, device)
+    ref_args = list(clone(first.args, device))  # the state args stay the same objects, carried in place
     expected = []
     for case in inputs:
         for i, a in enumerate(case.args):
             if i not in first.state:
-                ref_args = ref_args[:i] + (clone(a, device),) + ref_args[i + 1:]
+                ref_args[i] = clone(a, device)
         expected.append([(n, t.cpu()) for n, t in leaves(problem.reference(*ref_args), "out")])
     final = [(n, t.cpu()) for i in first.state for n, t in leaves(ref_args[i], names[i])]
     steps = [tuple(None if i in first.state else a for i, a in enumerate(case.args)) for case in inputs]
@@ -219,7 +223,7 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
     for message in reply["problems"]:
         findings.add("plain", f"{point.label}, final state: {message}")
     state_checks = compare_named(problem, reply["final_state"], final, tol, "trajectory",
-                            f"{point.label}, state after {opts.steps} steps", findings)
+                                 f"{point.label}, state after {opts.steps} steps", findings)
     return {"point": point.label, "steps": opts.steps, "repeated_step": opts.steps // 2 + 1, "out_rel_l2": worst,
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
 
@@ -234,11 +238,14 @@ def run(ctx: GateContext) -> GateResult:
         findings = Findings()
         with Sandbox() as box:
             rows = check_points(ctx, problem, box, points, names, findings)
-            trajectories = [check_trajectory(ctx, problem, box, p, names, findings) for p in points] if problem.stateful else []
+            trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
+                            if problem.stateful else [])
     except ProblemError as e:
-        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="the op's problem cannot check this contract")
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the op's problem cannot check this contract")
     except SandboxError as e:
-        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e), summary="the candidate's process failed")
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the candidate's process failed")
     checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
                "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
               for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
@@ -251,9 +258,10 @@ def run(ctx: GateContext) -> GateResult:
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:
+        steps = f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""
         return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
-                          summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points passed"
-                                  + (f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""))
+                          summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points "
+                                  f"passed{steps}")
     failed = [ch for ch in checks if not ch["passed"]]
     status = Status.ERROR if [ch["check"] for ch in failed] == ["raised"] else Status.FAILED_NUMERICS
     return GateResult(gate=NAME, title=TITLE, status=status, details=details,

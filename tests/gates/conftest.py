@@ -10,7 +10,7 @@ import pytest
 from gates.bundle import load_bundle
 from gates.cli import main
 from gates.problems import Point
-from gates.status import GateResult, Status
+from gates.status import GateResult, Status, worst
 from gates.suite.benchmarks import judge_point
 from tests.gates.fixtures.helpers import CONTRACTS
 
@@ -58,4 +58,4 @@ def gpu_like_bundle(gated):
     _, out = gated
     bundle = load_bundle(out / "kda_decode" / "cpu")
     gates = [synthetic_benchmarks() if g.gate == "benchmarks" else g for g in bundle.gates]
-    return bundle.model_copy(update={"gates": gates, "arch": "sm_90"})
+    return bundle.model_copy(update={"gates": gates, "arch": "sm_90", "verdict": worst(g.status for g in gates)})

@@ -43,6 +43,19 @@ def test_integrity(bundle_dir, tamper, expected):
     assert any(expected in p for p in problems), problems
 
 
+def test_a_forged_verdict_does_not_load(bundle_dir):
+    """Rewriting the verdict (and the manifest to match) still fails: the verdict must follow the gates."""
+    path = bundle_dir / "bundle.json"
+    data = json.loads(path.read_text())
+    data["gates"][2]["status"] = "FAILED_NUMERICS"
+    path.write_text(json.dumps(data))
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    manifest["files"]["bundle.json"] = sha256_file(path)
+    (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
+    (problem,) = verify_bundle(bundle_dir)
+    assert "does not follow the bundle schema (<root>: Value error, verdict PASSED does not follow" in problem
+
+
 def test_freshness_names_the_stale_file(bundle_dir, tmp_path):
     source = tmp_path / "kernel.py"
     source.write_text("def kda_decode(): ...\n")

@@ -8,7 +8,7 @@ import pytest
 
 from gates.plots import bar_chart, by_batch, nice_step
 from gates.report import render_html, render_markdown
-from gates.status import GateResult, Status
+from gates.status import GateResult, Status, worst
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed "
@@ -37,7 +37,8 @@ def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
     evals = GateResult(gate="evals_structured_output", title="Structured output", status=Status.FAILED_EVAL,
                        reason="JSON validity 91% with the kernel, 99% without", summary="validity dropped",
                        details={"valid_with": 0.91, "valid_without": 0.99})
-    bundle = gpu_like_bundle.model_copy(update={"gates": [*gpu_like_bundle.gates, evals]})
+    gates = [*gpu_like_bundle.gates, evals]
+    bundle = gpu_like_bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
     assert bundle.verdict is Status.FAILED_EVAL
     html = render_html(bundle)
     assert "JSON validity 91% with the kernel" in html and "valid_without" in html
