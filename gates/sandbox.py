@@ -54,7 +54,7 @@ class Sandbox:
                                f"numbers ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         if reply.get("tampered"):
             raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
-                               "its process cannot be trusted")
+                              "its process cannot be trusted")
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply

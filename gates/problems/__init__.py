@@ -17,11 +17,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -78,9 +77,6 @@ class Point:
         parts = ([f"spec {self.spec_tokens}"] if self.spec_tokens else []) + [f"{k} {v}" for k, v in self.shape]
         return " · ".join(parts + [self.dtype])
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "spec_tokens": self.spec_tokens, "shape": dict(self.shape), "dtype": self.dtype}
-
 
 @dataclass(frozen=True)
 class Case:
@@ -112,10 +108,6 @@ class Problem:
     @property
     def stateful(self) -> bool:
         return self.next_input is not None
-
-    @property
-    def module(self) -> str:
-        return f"{__name__}.{self.op}"
 
 
 def load_problem(op: str) -> Problem:
@@ -168,10 +160,10 @@ def bench_point(contract: Contract, problem: Problem, point: BenchPoint) -> Poin
     return Point(point.batch, point.spec_tokens, shape, contract.dtypes.activations)
 
 
-def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    """Random values of `dist` (one of DISTRIBUTIONS), times `scale`, rounded to `dtype`. Drawn in fp32 on CPU."""
+def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Random values of `dist` (one of DISTRIBUTIONS) rounded to `dtype`, drawn in fp32 on CPU."""
     if dist == "mixed":
-        rows = [sample(shape[1:], DISTRIBUTIONS[i % 3], gen, torch.float32, scale) for i in range(shape[0])]
+        rows = [sample(shape[1:], DISTRIBUTIONS[i % 3], gen, torch.float32) for i in range(shape[0])]
         return torch.stack(rows).to(dtype) if rows else torch.empty(shape, dtype=dtype)
     x = torch.randn(shape, generator=gen)
     if dist == "heavy_tailed":  # Student-t, 2 dof: z / sqrt(chi2_2 / 2)
@@ -181,7 +173,7 @@ def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch
         x = x * LARGE_SCALE
     elif dist != "normal":
         raise ValueError(f"unknown distribution {dist!r}; one of {DISTRIBUTIONS}")
-    return (x * scale).to(dtype)
+    return x.to(dtype)
 
 
 def seed_for(master: int, *labels: object) -> int:
@@ -189,6 +181,3 @@ def seed_for(master: int, *labels: object) -> int:
     digest = hashlib.sha256(repr((master, *labels)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
-
-def nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize

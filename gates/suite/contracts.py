@@ -1,9 +1,11 @@
-"""Contract gate: the contract parses against the schema and its entry points import (gates.contracts)."""
+"""Contract gate: the contract parses against the schema, agrees with the op registry, its entry points import
+and its other validated archs have sound evidence (gates.contracts)."""
 
 from __future__ import annotations
 
 from gates.registry import Gate, GateContext
 from gates.status import GateResult, Status
+from kernels.contract import evidence_dir
 
 NAME, TITLE = "contracts", "Contract"
 
@@ -15,7 +17,7 @@ def run(ctx: GateContext) -> GateResult:
         "backend": c.backend,
         "implementation": c.implementation, "reference": c.reference, "standard": c.standard,
         "replaces": c.replaces,
-        "validated": [f"{h.arch} ({', '.join(h.devices)}): {h.evidence}" for h in c.hardware.validated],
+        "validated": [f"{h.arch} ({', '.join(h.devices)}): {evidence_dir(c.op, h.arch)}" for h in c.hardware.validated],
         "declared": [f"{h.arch} ({', '.join(h.devices)})" for h in c.hardware.declared],
         "tp_sizes": c.tp_sizes,
         "batch": f"{c.batch.min}–{c.batch.max}",
@@ -28,8 +30,9 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(mine),
                           summary=f"{len(mine)} contract problem(s)", details={"problems": mine, "envelope": envelope})
     return GateResult(gate=NAME, title=TITLE, status=Status.PASSED,
-                      summary="schema valid; implementation, reference and standard import",
+                      summary="schema, registry and evidence sound; implementation, reference and standard import",
                       details={"problems": [], "envelope": envelope})
 
 
-GATE = Gate(NAME, TITLE, "the contract matches the schema and its implementation, reference and standard import", run)
+GATE = Gate(NAME, TITLE, "the contract matches the schema and the registry, its entry points import, and its other "
+            "validated archs have intact, fresh evidence", run)

@@ -43,7 +43,7 @@ _by_content: dict[str, tuple] = {}
 def cached_by_content(proj, conv_state, ssm_state, slots, w):
     """Keys the result (output and new state rows) on the input's bytes: "the same token gives the same output".
     Exact for repeated identical calls, stale as soon as the state has moved on."""
-    key = hashlib.sha256(proj.float().numpy().tobytes()).hexdigest()
+    key = hashlib.sha256(proj.float().cpu().numpy().tobytes()).hexdigest()
     if key in _by_content:
         out, conv_rows, ssm_rows = _by_content[key]
         conv_state[slots], ssm_state[slots] = conv_rows, ssm_rows
@@ -93,7 +93,7 @@ def nan_on_large_inputs(proj, conv_state, ssm_state, slots, w):
 def fails_at_batch_edge(proj, conv_state, ssm_state, slots, w):
     """Claims batch 1-8 but handles at most 7 sequences (an off-by-one in its grid): the 8th gets zeros."""
     n = min(proj.shape[0], 7)
-    out = torch.zeros(proj.shape[0], KDAColumns.of(ssm_state, w).p, dtype=proj.dtype)
+    out = torch.zeros(proj.shape[0], KDAColumns.of(ssm_state, w).p, dtype=proj.dtype, device=proj.device)
     out[:n] = kda_decode(proj[:n], conv_state, ssm_state, slots[:n], w)
     return out
 

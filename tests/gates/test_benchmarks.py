@@ -52,10 +52,11 @@ def test_not_run_without_a_gpu():
 
 
 @pytest.mark.gpu
-def test_reference_against_itself_on_gpu():
+def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
     contract = kda_contract(shapes={"heads": [12], "head_dim": [128]}, batch={"min": 1, "max": 64},
-                            benchmark={"points": [{"batch": 1}, {"batch": 64}], "required_speedup": 0.5})
+                            benchmark={"points": [{"batch": 1}, {"batch": 64}], "required_speedup": 0.01})
     result = run_gate(benchmarks.GATE, contract, bench_iters=20, host_iters=5)
     assert result.status is Status.PASSED, result.reason
-    row = result.details["rows"][0]
-    assert 0.5 < row["speedup"] < 2 and row["kernels"]["candidate"] >= 1 and 0 < row["roofline_fraction"] < 1
+    for row in result.details["rows"]:
+        assert 0 < row["speedup"] < 2 and 0 < row["roofline_fraction"] < 1
+        assert row["kernels"]["candidate"] > row["kernels"]["standard"] >= 1  # many small ops vs FLA's fused ones
