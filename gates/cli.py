@@ -44,4 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Commands import `gates.cli`; run that module's main so they share one UsageError class.
+    from gates.cli import main as package_main
+
+    sys.exit(package_main())
