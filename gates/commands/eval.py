@@ -25,7 +25,8 @@ STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="run the model-level eval gates (candidate vs reference decode path)")
+    p = sub.add_parser("eval", help="run the model-level eval gates (candidate vs reference decode path)",
+                       epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in EVALS.values()))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json)")
     src.add_argument("--preset", default="tiny", help="random weights of a preset, drawn on the device: tiny "
@@ -74,7 +75,7 @@ def run(args) -> int:
     subject["source"] = args.ckpt or f"preset {args.preset}"
 
     if args.json:
-        print(json.dumps({"subject": subject, "results": [r.model_dump(mode="json") for r in results]}))
+        print(json.dumps({"subject": subject, "results": [json.loads(r.model_dump_json()) for r in results]}))
     else:
         out = Console(highlight=False)
         for result in results:

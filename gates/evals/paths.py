@@ -23,6 +23,7 @@ import torch
 from tokenizers import Tokenizer
 
 from model.kimi_k3.batch import StepBatch
+from model.kimi_k3.config import KimiK3Config
 from model.kimi_k3.dispatch import Dispatcher
 from model.kimi_k3.engine import Engine
 from model.kimi_k3.model import KimiK3Model
@@ -85,7 +86,7 @@ class PathPair:
     notes: tuple[str, ...] = ()
 
     @property
-    def cfg(self):
+    def cfg(self) -> KimiK3Config:
         return self.model.cfg
 
     @property

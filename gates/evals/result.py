@@ -6,6 +6,7 @@ always be traced to the number that decided it.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
@@ -19,10 +20,14 @@ class Status(str, Enum):
     ERROR = "ERROR"  # the eval itself crashed
 
 
+# A NaN or infinite statistic is evidence too: JSON carries it as the string "NaN" / "Infinity", not null.
+JSON_FLOATS = ConfigDict(ser_json_inf_nan="strings")
+
+
 class Check(BaseModel):
     """One statistic against its bound; passed is None when the check could not run (detail says why)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, **JSON_FLOATS)
 
     name: str
     passed: bool | None
@@ -46,6 +51,8 @@ class Check(BaseModel):
 class Table(BaseModel):
     """Rows of one kind of measurement, e.g. one row per context-length bucket."""
 
+    model_config = JSON_FLOATS
+
     title: str
     columns: list[str]
     rows: list[list[Any]] = Field(default_factory=list)
@@ -57,6 +64,8 @@ class Table(BaseModel):
 
 
 class EvalResult(BaseModel):
+    model_config = JSON_FLOATS
+
     name: str
     status: Status
     reason: str = ""  # why NOT_RUN or ERROR
@@ -86,3 +95,8 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return value
+
+
+def badness(value: float) -> float:
+    """Sort key that ranks NaN worst, so taking the max of statistics never hides a NaN (NaN never passes)."""
+    return math.inf if math.isnan(value) else value

@@ -27,7 +27,7 @@ from model.kimi_k3.sampling import top_p_probs
 
 from .config import EvalConfig
 from .paths import DecodePath, PathPair
-from .result import Check, EvalResult, Table
+from .result import Check, EvalResult, Table, badness
 from .stats import dkw_bound, empirical, kl_divergence, rank_cdf_distance, tv_distance, tv_noise_bound
 
 NAME = "sampling"
@@ -54,7 +54,7 @@ class SamplingConfig(EvalConfig[SamplingBudget]):
                                          kl_bound=1e-5)
     # bf16 on the GPU: rounding points differ between fused kernels and the reference; calibrate on the H200
     # against the reference path's own bf16-vs-fp32 spread (scaled logits sit at TV ~ 0.04, KL ~ 5e-3).
-    gpu: SamplingBudget = SamplingBudget(positions=64, sampled_positions=2, samples=32768, tv_bound=2e-2,
+    gpu: SamplingBudget = SamplingBudget(positions=64, sampled_positions=2, samples=16384, tv_bound=2e-2,
                                          kl_bound=1e-3)
 
 
@@ -143,8 +143,8 @@ def _result(budget: SamplingBudget, settings, tv: torch.Tensor, kl: torch.Tensor
     for t in tests:
         draws.add(t.position, t.temperature, t.top_p, t.outside_top_p, t.tv, t.tv_bound, t.ks, t.ks_bound)
 
-    worst_tv = max(tests, key=lambda t: t.tv - t.tv_bound)
-    worst_ks = max(tests, key=lambda t: t.ks - t.ks_bound)
+    worst_tv = max(tests, key=lambda t: badness(t.tv - t.tv_bound))
+    worst_ks = max(tests, key=lambda t: badness(t.ks - t.ks_bound))
     t_w, p_w = settings[worst_setting]
     checks = [
         Check.at_most("exact TV", tv.max().item(), budget.tv_bound,

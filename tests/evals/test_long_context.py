@@ -6,6 +6,7 @@ from dataclasses import replace
 from functools import partial
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from gates.evals.long_context import LongContextBudget, LongContextConfig, _chunk, _Haystack, run
@@ -31,9 +32,10 @@ def checks(result):
     return {c.name: c for c in result.checks}
 
 
-def test_identical_path_passes_per_bucket(make_pair, progress):
+def test_identical_path_passes_per_bucket_and_deterministically(make_pair, progress):
     result = run(SMALL, make_pair(), progress)
     assert result.status == Status.PASSED, result.failed_checks
+    assert run(SMALL, make_pair(), progress).model_dump() == result.model_dump()
     rows = result.tables[0].rows
     assert [row[0] for row in rows] == [128, 320]
     assert all(row[2] == 0 and row[3] == "4/4" and row[6] == 0 for row in rows)
@@ -48,6 +50,15 @@ def test_scaled_logits_fail_on_drift_only(make_pair, progress):
     c = checks(result)
     assert result.status == Status.FAILED_EVAL and result.failed_checks == [c["max logit drift"]]
     assert c["max logit drift"].value > 100 * c["max logit drift"].bound
+
+
+def test_nan_logits_never_pass(make_pair, progress):
+    def one_nan(logits):
+        return logits.index_fill(0, torch.tensor([7]), float("nan"))
+
+    pair = make_pair()
+    result = run(SMALL, replace(pair, candidate=replace(pair.candidate, logit_transforms=(one_nan,))), progress)
+    assert result.status == Status.FAILED_EVAL and checks(result)["max logit drift"].value == float("inf")
 
 
 def test_drifting_kda_state_fails(make_pair, tiny_model, progress):
