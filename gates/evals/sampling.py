@@ -99,8 +99,8 @@ def run(config: SamplingConfig, paths: PathPair, progress: Progress) -> EvalResu
                 draws = _draw(paths.candidate, cand_logits, temperature, top_p, budget.samples, base_seed)
                 tests.append(_draw_test(pos, temperature, top_p, draws, p_ref.cpu(), p_cand.cpu(), budget, delta))
         if pos + 1 < budget.positions:
-            token = paths.reference.sampler(ref_logits[None], 1.0, 1.0, [trajectory])[0]
-            ref_logits, cand_logits = ref.feed(token.tolist()), cand.feed(token.tolist())
+            next_token = paths.reference.sampler(ref_logits[None], 1.0, 1.0, [trajectory])[0].tolist()  # [id]
+            ref_logits, cand_logits = ref.feed(next_token), cand.feed(next_token)
         progress.advance(task)
 
     return _result(budget, settings, tv, kl, tests, config.seed)
