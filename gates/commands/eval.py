@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as RichTable
 
 from gates.cli import EXIT_FAILED, EXIT_OK, UsageError
-from gates.evals import EVALS, not_run, run_eval
-from gates.evals.paths import BACKENDS, PathUnavailable
+from gates.evals import EVALS, run_eval
+from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
 
@@ -58,20 +58,15 @@ def run(args) -> int:
     names = list(dict.fromkeys(args.only or EVALS))
     err = Console(stderr=True, highlight=False)
 
-    try:
-        with err.status(f"loading {args.ckpt or args.preset}"):
-            paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
-                              seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits)
-    except PathUnavailable as e:
-        results = [not_run(name, str(e)) for name in names]
-        subject = {"candidate": args.candidate}
-    else:
-        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=err)
-        with progress:
-            results = [run_eval(name, paths, progress, EVALS[name].config(seed=args.seed)) for name in names]
-        subject = {"candidate": paths.candidate.name, "reference": paths.reference.name, "device": str(device),
-                   "dtype": str(dtype).removeprefix("torch."), "config": paths.cfg.to_hf_dict(nested=False)}
+    with err.status(f"loading {args.ckpt or args.preset}"):
+        paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
+                          seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err)
+    with progress:
+        results = [run_eval(name, paths, progress, EVALS[name].config(seed=args.seed)) for name in names]
+    subject = {"candidate": paths.candidate.name, "reference": paths.reference.name, "device": str(device),
+               "dtype": str(dtype).removeprefix("torch."), "config": paths.cfg.to_hf_dict(nested=False)}
     subject["source"] = args.ckpt or f"preset {args.preset}"
 
     if args.json:

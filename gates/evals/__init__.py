@@ -19,7 +19,7 @@ from rich.progress import Progress
 
 from . import long_context, sampling, structured
 from .config import EvalConfig
-from .paths import PathPair, PathUnavailable
+from .paths import PathPair
 from .result import EvalResult, Status
 
 log = logging.getLogger(__name__)
@@ -59,10 +59,6 @@ def single_threaded_on_cpu(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def not_run(name: str, reason: str) -> EvalResult:
-    return EvalResult(name=name, status=Status.NOT_RUN, reason=reason)
-
-
 def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig | None = None) -> EvalResult:
     gate = EVALS[name]
     config = config if config is not None else gate.config()
@@ -70,8 +66,6 @@ def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig 
     try:
         with single_threaded_on_cpu(paths.device):
             result = gate.run(config, paths, progress)
-    except PathUnavailable as e:
-        result = not_run(name, str(e))
     except Exception as e:  # a crashing eval is recorded as ERROR, with where it crashed
         log.exception("eval %s crashed", name)
         result = EvalResult(name=name, status=Status.ERROR, reason=f"{type(e).__name__}: {e}",

@@ -7,8 +7,7 @@ single cache slot, so two paths can be stepped side by side on the same tokens.
 - `reference`: every op's reference implementation (plain PyTorch; the numerics ground truth).
 - `auto`: the standard path, today's `Engine` (each op's standard implementation, the reference where
   there is none).
-- `latency_specialized`: the contracted kernels under their dispatcher (issue 4); wired in `backend_path`
-  once `Engine` takes a `decode_backend`.
+- `latency_specialized`: the contracted kernels inside their envelopes, the standard ops elsewhere.
 - `perturbed(path)`: a known-bad path, the same engine with logits scaled by 1.05 (temperature / 1.05);
   every eval must be able to tell it apart from its base where the behaviour it checks is affected.
 """
@@ -37,12 +36,8 @@ LogitTransform = Callable[[torch.Tensor], torch.Tensor]
 Sampler = Callable[[torch.Tensor, float, float, list[torch.Generator]], tuple[torch.Tensor, torch.Tensor]]
 
 
-class PathUnavailable(RuntimeError):
-    """A path that cannot run in this tree or on this machine; evals over it are NOT_RUN."""
-
-
 class ReferenceDispatcher(Dispatcher):
-    """Runs every op's reference implementation."""
+    """Runs every op's reference implementation (build it with `ReferenceDispatcher.for_model(model)`)."""
 
     def call(self, name: str, *args, **kwargs):
         return OPS[name].reference(*args, **kwargs)
@@ -52,7 +47,9 @@ class DispatchedEngine(Engine):
     """An engine whose steps run through its own dispatcher (the model, and its `ops`, are shared by paths)."""
 
     def __init__(self, model: KimiK3Model, max_len: int, ops: Dispatcher):
-        super().__init__(model, max_len, num_slots=1)
+        shared = model.ops
+        super().__init__(model, max_len, num_slots=1)  # installs a dispatcher on the shared model: undo that
+        model.ops = shared
         self.ops = ops
 
     def step(self, token_ids: list[int], batch: StepBatch) -> torch.Tensor:
@@ -99,15 +96,14 @@ class PathPair:
 
 
 def backend_path(model: KimiK3Model, backend: str) -> DecodePath:
+    """A path's engines share one dispatcher, so its `report()` counts what the path ran."""
     if backend == "reference":
-        return DecodePath("reference", partial(DispatchedEngine, model, ops=ReferenceDispatcher()))
-    if backend == "auto":
-        return DecodePath("auto", partial(Engine, model, num_slots=1))
-    if backend == "latency_specialized":
-        raise PathUnavailable("decode_backend 'latency_specialized': this tree's Engine has no decode_backend option "
-                              "yet (the specialized dispatcher lands with issue 4); compare the standard path with "
-                              "--candidate auto")
-    raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
+        ops = ReferenceDispatcher.for_model(model)
+    elif backend in BACKENDS:
+        ops = Dispatcher.for_model(model, backend)
+    else:
+        raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
+    return DecodePath(backend, partial(DispatchedEngine, model, ops=ops))
 
 
 def perturbed(path: DecodePath, scale: float = PERTURB_SCALE) -> DecodePath:

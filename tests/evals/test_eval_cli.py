@@ -1,5 +1,5 @@
-"""`k3forge eval` as a user types it: a backend this tree lacks is NOT_RUN, a checkpoint's evals print JSON,
-a known-bad candidate fails the command, and k3 shapes are refused on CPU."""
+"""`k3forge eval` as a user types it: the default candidate (latency_specialized) against the reference, a
+checkpoint's evals as JSON, a known-bad candidate fails the command, and k3 shapes are refused on CPU."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_latency_specialized_is_not_run_until_its_backend_exists(capsys):
-    code, out, _ = run(capsys, "--preset", "tiny", "--json")
-    results = json.loads(out)["results"]
-    assert code == 0 and [r["name"] for r in results] == ["sampling", "structured", "long_context"]
-    assert all(r["status"] == "NOT_RUN" and "issue 4" in r["reason"] for r in results)
+def test_latency_specialized_against_the_reference(capsys):
+    code, out, _ = run(capsys, "--preset", "tiny", "--only", "structured", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["subject"]["candidate"] == "latency_specialized"
+    assert [(r["name"], r["status"]) for r in report["results"]] == [("structured", "PASSED")]
 
 
 def test_checkpoint_structured_json(capsys, tiny_ckpt):

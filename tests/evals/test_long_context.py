@@ -62,7 +62,7 @@ def test_nan_logits_never_pass(make_pair, progress):
 
 
 def test_drifting_kda_state_fails(make_pair, tiny_model, progress):
-    bad = DecodePath("drifting-kda", partial(DispatchedEngine, tiny_model, ops=DriftingKDA()))
+    bad = DecodePath("drifting-kda", partial(DispatchedEngine, tiny_model, ops=DriftingKDA.for_model(tiny_model)))
     result = run(SMALL, replace(make_pair(), candidate=bad), progress)
     c = checks(result)
     assert result.status == Status.FAILED_EVAL and not c["KDA state relative error"].passed
