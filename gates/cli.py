@@ -12,7 +12,7 @@ import sys
 from rich.console import Console
 
 # Each module defines `register(subparsers)`, which adds its parser with `func` set to a handler -> int.
-COMMANDS = ("config", "ckpt", "generate", "contract", "gate", "evidence")
+COMMANDS = ("config", "ckpt", "generate", "contract", "eval", "gate", "evidence")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 err = Console(stderr=True, highlight=False)
@@ -44,4 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Commands import `gates.cli`; run that module's main so they share one UsageError class.
+    from gates.cli import main as package_main
+
+    sys.exit(package_main())

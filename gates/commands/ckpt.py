@@ -1,4 +1,4 @@
-"""`k3forge ckpt make`: a random, well-scaled checkpoint in the Hugging Face layout."""
+"""`k3forge ckpt make`: a random, well-scaled checkpoint in the Hugging Face layout, with its tokenizer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from model.kimi_k3.config import preset
 def register(sub) -> None:
     p = sub.add_parser("ckpt", help="make checkpoints")
     verbs = p.add_subparsers(dest="verb", required=True)
-    make = verbs.add_parser("make", help="write a random checkpoint (safetensors + config.json)")
+    make = verbs.add_parser("make", help="write a random checkpoint (safetensors, config.json, tokenizer.json)")
     make.add_argument("--preset", default="tiny", help="config preset (default tiny)")
     make.add_argument("--out", required=True, help="output directory")
     make.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""Random, well-scaled K3 checkpoints in the Hugging Face layout (safetensors + `config.json`).
+"""Random, well-scaled K3 checkpoints in the Hugging Face layout (safetensors, `config.json`, `tokenizer.json`).
 
 Tensors are drawn per name from a seed, so any tensor (or a rank's slice of it) can be produced alone and
 in any order: `RandomSource` serves the loader directly (e.g. real `k3` layer shapes on a GPU, where no
@@ -19,6 +19,7 @@ from . import mxfp4
 from .config import KimiK3Config
 from .model import KimiK3Model
 from .parallel import TP
+from .tokenizer import build_tokenizer, save_tokenizer
 from .weights import CkptTensor
 
 LANGUAGE_MODEL_PREFIX = "language_model."
@@ -95,7 +96,7 @@ def _draw(spec: CkptTensor, gen: torch.Generator, device: torch.device) -> torch
 
 
 def write_checkpoint(cfg: KimiK3Config, out: str | Path, seed: int = 0, nested: bool = True) -> Path:
-    """Write config.json and safetensors shards (with an index when there is more than one)."""
+    """Write config.json, tokenizer.json and safetensors shards (with an index when there is more than one)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tensors = checkpoint_tensors(cfg)
@@ -120,4 +121,5 @@ def write_checkpoint(cfg: KimiK3Config, out: str | Path, seed: int = 0, nested: 
             weight_map.update(dict.fromkeys(shard, fname))
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(nested=nested), indent=2))
+    save_tokenizer(build_tokenizer(cfg), out)
     return out

@@ -105,6 +105,8 @@ def load_weights(model: KimiK3Model, source: TensorSource, origin: str = "checkp
 
 def load_config(path: str | Path) -> tuple[KimiK3Config, bool]:
     """(config, nested) of a checkpoint directory; nested means a `kimi_k3` config with `text_config`."""
+    if not Path(path).is_dir():
+        raise CheckpointError(f"{path}: not a checkpoint directory")
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise ConfigError(f"{cfg_path}: missing (a checkpoint directory needs its config.json)")
@@ -118,9 +120,6 @@ def load_config(path: str | Path) -> tuple[KimiK3Config, bool]:
 def load_model(path: str | Path, tp: TP = TP(), act_dtype: torch.dtype = torch.bfloat16,
                device: torch.device | str = "cpu") -> KimiK3Model:
     """Build this rank's model and load its slices from a checkpoint directory."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: not a checkpoint directory")
     cfg, nested = load_config(path)
     with torch.device(device):
         model = KimiK3Model(cfg, tp, act_dtype)

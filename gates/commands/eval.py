@@ -1,0 +1,110 @@
+"""`k3forge eval`: the model-level eval gates (sampling, structured output, long context), candidate decode path
+against the reference path, on a checkpoint or a preset's random weights.
+
+Exit code 1 when an eval FAILED_EVAL or hit an ERROR; NOT_RUN (e.g. a decode backend this tree lacks) is
+reported with its reason and does not fail the command.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+from gates.cli import EXIT_FAILED, EXIT_OK, UsageError
+from gates.evals import EVALS, run_eval
+from gates.evals.paths import BACKENDS
+from gates.evals.result import EvalResult, Status
+from gates.evals.subject import load_pair
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="run the model-level eval gates (candidate vs reference decode path)",
+                       epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in EVALS.values()))
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json)")
+    src.add_argument("--preset", default="tiny", help="random weights of a preset, drawn on the device: tiny "
+                     "(default; CPU CI) or k3 (real layer shapes, GPU only)")
+    p.add_argument("--layers", type=int, help="cut a preset to its first N layers (k3 default 4)")
+    p.add_argument("--only", action="append", choices=sorted(EVALS), help="run only this eval (repeatable)")
+    p.add_argument("--candidate", default="latency_specialized", choices=[b for b in BACKENDS if b != "reference"],
+                   help="decode backend compared with the reference path (default latency_specialized)")
+    p.add_argument("--perturb-logits", type=float, metavar="SCALE",
+                   help="scale the candidate's logits (a known-bad path, e.g. 1.05: the evals must fail it)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="activation dtype (default fp32 on CPU, bf16 on GPU)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every eval's draws, prompts and haystacks")
+    p.add_argument("--weights-seed", type=int, default=0, help="seed of a preset's random weights")
+    p.add_argument("--json", action="store_true", help="print one JSON object: the subject and every EvalResult")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        raise UsageError(f"--device: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA GPU here")
+    if args.perturb_logits is not None and args.perturb_logits <= 0:
+        raise UsageError("--perturb-logits: must be > 0")
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    names = list(dict.fromkeys(args.only or EVALS))
+    err = Console(stderr=True, highlight=False)
+
+    with err.status(f"loading {args.ckpt or args.preset}"):
+        paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
+                          seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err)
+    with progress:
+        results = [run_eval(name, paths, progress, EVALS[name].config(seed=args.seed)) for name in names]
+    subject = {"candidate": paths.candidate.name, "reference": paths.reference.name, "device": str(device),
+               "dtype": str(dtype).removeprefix("torch."), "config": paths.cfg.to_hf_dict(nested=False)}
+    subject["source"] = args.ckpt or f"preset {args.preset}"
+
+    if args.json:
+        print(json.dumps({"subject": subject, "results": [json.loads(r.model_dump_json()) for r in results]}))
+    else:
+        out = Console(highlight=False)
+        for result in results:
+            _render(result, out)
+    failed = any(r.status in (Status.FAILED_EVAL, Status.ERROR) for r in results)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _render(result: EvalResult, out: Console) -> None:
+    out.rule(f"[{STYLE[result.status]}]{result.name}: {result.status.value}[/] ({result.seconds:.1f} s)")
+    if result.reason:
+        out.print(f"reason: {result.reason}")
+    if result.checks:
+        checks = RichTable(title="checks", title_justify="left")
+        for col in ("check", "value", "bound", "verdict", "detail"):
+            checks.add_column(col)
+        for c in result.checks:
+            verdict = "pending" if c.passed is None else "pass" if c.passed else "[bold red]FAIL[/]"
+            checks.add_row(c.name, _fmt(c.value), _fmt(c.bound), verdict, c.detail)
+        out.print(checks)
+    for table in result.tables:
+        rich_table = RichTable(title=table.title, title_justify="left")
+        for col in table.columns:
+            rich_table.add_column(col)
+        for row in table.rows:
+            rich_table.add_row(*(_fmt(v) for v in row))
+        out.print(rich_table)
+    for note in result.notes:
+        out.print(f"note: {note}", markup=False)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value) if not isinstance(value, str) else value.encode("unicode_escape").decode()[:80]

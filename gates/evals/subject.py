@@ -1,0 +1,78 @@
+"""What the evals run on: a model with its tokenizer, from a checkpoint directory or from a preset's random
+weights drawn directly on the device (no file), and the decode paths to compare over it.
+
+The GPU evals use the real `k3` layer shapes on the first few layers (`first_layers`): every dimension is
+K3's, only the depth is cut, so one MoE layer of MXFP4 experts is ~15 GB and 4 layers fit an H200. Never on
+CPU: those shapes are refused there.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from model.kimi_k3.checkpoint import RandomSource, checkpoint_tensors
+from model.kimi_k3.config import ConfigError, KimiK3Config, preset
+from model.kimi_k3.loader import load_model, load_weights
+from model.kimi_k3.model import KimiK3Model
+from model.kimi_k3.parallel import TP
+from model.kimi_k3.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
+
+from .paths import PathPair, backend_path, perturbed
+
+log = logging.getLogger(__name__)
+
+K3_EVAL_LAYERS = 4  # layers 0-2 KDA (0 dense), 3 MLA: every sublayer kind, ~57 GB of weights
+
+
+def first_layers(cfg: KimiK3Config, num_layers: int) -> KimiK3Config:
+    """The config cut to its first `num_layers` layers, keeping its MLA/KDA pattern on them."""
+    if not 1 <= num_layers <= cfg.num_hidden_layers:
+        raise ConfigError(f"--layers: {num_layers} outside 1..{cfg.num_hidden_layers}")
+    lac = cfg.linear_attn_config
+    keep = {f: [i for i in getattr(lac, f) if i <= num_layers] for f in ("full_attn_layers", "kda_layers")}
+    body = cfg.model_dump()
+    body.update(num_hidden_layers=num_layers, first_k_dense_replace=min(cfg.first_k_dense_replace, num_layers),
+                linear_attn_config={**lac.model_dump(), **keep})
+    return KimiK3Config.model_validate(body)
+
+
+def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torch.dtype) -> KimiK3Model:
+    """The model with the seeded random weights `k3forge ckpt make` would write, drawn on the device."""
+    with torch.device(device):
+        model = KimiK3Model(cfg, TP(), dtype)
+    load_weights(model, RandomSource(checkpoint_tensors(cfg), seed, device), origin=f"random weights (seed {seed})")
+    return model.eval()
+
+
+def load_pair(candidate: str, *, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
+              seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+              perturb: float | None = None) -> PathPair:
+    """The reference path and `candidate` (a decode backend, optionally with scaled logits) over one model."""
+    device = torch.device(device)
+    notes = []
+    if ckpt is not None:
+        model = load_model(ckpt, act_dtype=dtype, device=device)
+        if (Path(ckpt) / TOKENIZER_FILE).is_file():
+            tokenizer = load_tokenizer(ckpt, model.cfg)
+        else:
+            tokenizer = build_tokenizer(model.cfg)
+            notes.append(f"{ckpt}: no {TOKENIZER_FILE}; using the built-in byte-level BPE for this config")
+            log.warning(notes[-1])
+    else:
+        cfg = preset(preset_name)
+        if preset_name == "k3":
+            if device.type != "cuda":
+                raise ConfigError("--preset k3: real K3 layer shapes need a GPU (one MoE layer is ~15 GB)")
+            cfg = first_layers(cfg, layers or K3_EVAL_LAYERS)
+        elif layers is not None:
+            cfg = first_layers(cfg, layers)
+        model = random_model(cfg, seed, device, dtype)
+        tokenizer = build_tokenizer(cfg)
+        notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}")
+    cand = backend_path(model, candidate)
+    if perturb is not None:
+        cand = perturbed(cand, perturb)
+    return PathPair(backend_path(model, "reference"), cand, model, tokenizer, tuple(notes))

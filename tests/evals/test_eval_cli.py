@@ -1,0 +1,42 @@
+"""`k3forge eval` as a user types it: the default candidate (latency_specialized) against the reference, a
+checkpoint's evals as JSON, a known-bad candidate fails the command, and k3 shapes are refused on CPU."""
+
+from __future__ import annotations
+
+import json
+
+from gates.cli import main
+
+
+def run(capsys, *argv):
+    code = main(["eval", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_latency_specialized_against_the_reference(capsys):
+    code, out, _ = run(capsys, "--preset", "tiny", "--only", "structured", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["subject"]["candidate"] == "latency_specialized"
+    assert [(r["name"], r["status"]) for r in report["results"]] == [("structured", "PASSED")]
+
+
+def test_checkpoint_structured_json(capsys, tiny_ckpt):
+    code, out, err = run(capsys, "--ckpt", str(tiny_ckpt), "--candidate", "auto", "--only", "structured", "--json")
+    report = json.loads(out)
+    (result,) = report["results"]
+    assert code == 0 and result["status"] == "PASSED" and result["seconds"] > 0
+    assert report["subject"]["candidate"] == "auto" and report["subject"]["dtype"] == "float32"
+    assert {c["name"] for c in result["checks"]} >= {"candidate outputs valid", "greedy tokens identical"}
+    assert "structured" in err  # rich progress on stderr
+
+
+def test_known_bad_candidate_fails_the_command(capsys, tiny_ckpt):
+    code, out, _ = run(capsys, "--ckpt", str(tiny_ckpt), "--candidate", "auto", "--perturb-logits", "1.05",
+                       "--only", "sampling")
+    assert code == 1 and "sampling: FAILED_EVAL" in out and "exact TV" in out
+
+
+def test_k3_shapes_refused_on_cpu(capsys):
+    code, _, err = run(capsys, "--preset", "k3", "--device", "cpu")
+    assert code == 2 and "need a GPU" in err

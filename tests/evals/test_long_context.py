@@ -1,0 +1,98 @@
+"""The long-context eval: buckets reported one by one, and each known-bad path caught by its own check."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from gates.evals.long_context import LongContextBudget, LongContextConfig, _chunk, _Haystack, run
+from gates.evals.paths import DecodePath, DispatchedEngine, ReferenceDispatcher, perturbed
+from gates.evals.result import Status
+
+SMALL = LongContextConfig(cpu=LongContextConfig().cpu.model_copy(
+    update={"lengths": (128, 320), "decode_steps": 3, "prefill_chunk": 128}))
+
+
+class DriftingKDA(ReferenceDispatcher):
+    """Reference ops, but every KDA decode step leaves its recurrent state 0.1 % too large."""
+
+    def call(self, name, *args):
+        out = super().call(name, *args)
+        if name == "kda_decode":
+            ssm, slots = args[2], args[3]
+            ssm[slots] *= 1.001
+        return out
+
+
+def checks(result):
+    return {c.name: c for c in result.checks}
+
+
+def test_identical_path_passes_per_bucket_and_deterministically(make_pair, progress):
+    result = run(SMALL, make_pair(), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    assert run(SMALL, make_pair(), progress).model_dump() == result.model_dump()
+    rows = result.tables[0].rows
+    assert [row[0] for row in rows] == [128, 320]
+    assert all(row[2] == 0 and row[3] == "4/4" and row[6] == 0 for row in rows)
+    assert {"logit_drift@128", "logit_drift@320", "kda_state_rel_err@320", "retrieval_ref@128"} <= set(result.metrics)
+    assert not any(k.startswith(("mean", "avg")) for k in result.metrics)
+    assert "not recall" in result.notes[0]
+
+
+def test_scaled_logits_fail_on_drift_only(make_pair, progress):
+    pair = make_pair()
+    result = run(SMALL, replace(pair, candidate=perturbed(pair.candidate)), progress)
+    c = checks(result)
+    assert result.status == Status.FAILED_EVAL and result.failed_checks == [c["max logit drift"]]
+    assert c["max logit drift"].value > 100 * c["max logit drift"].bound
+
+
+def test_nan_logits_never_pass(make_pair, progress):
+    def one_nan(logits):
+        return logits.index_fill(0, torch.tensor([7]), float("nan"))
+
+    pair = make_pair()
+    result = run(SMALL, replace(pair, candidate=replace(pair.candidate, logit_transforms=(one_nan,))), progress)
+    assert result.status == Status.FAILED_EVAL and checks(result)["max logit drift"].value == float("inf")
+
+
+def test_drifting_kda_state_fails(make_pair, tiny_model, progress):
+    bad = DecodePath("drifting-kda", partial(DispatchedEngine, tiny_model, ops=DriftingKDA.for_model(tiny_model)))
+    result = run(SMALL, replace(make_pair(), candidate=bad), progress)
+    c = checks(result)
+    assert result.status == Status.FAILED_EVAL and not c["KDA state relative error"].passed
+
+
+def test_haystack_stretches_are_exact_and_keys_findable(tiny_tokenizer):
+    hay = _Haystack(tiny_tokenizer, seed=0)
+    first = hay.stretch(0, 300, keys=3)
+    second = hay.stretch(300, 200, keys=2)
+    assert len(first) == 300 and len(second) == 200 and len(hay.keys) == 5
+    doc = first + second
+    for key, value, position in hay.keys:
+        assert tiny_tokenizer.decode(doc[position:position + 40]).startswith(f" The code for key {key} is {value}.")
+    key, value, position, question = hay.probe()
+    assert (key, value, position) in hay.keys and key in tiny_tokenizer.decode(question)
+
+
+def test_prefill_chunks_shrink_to_fit_the_score_budget():
+    budget = LongContextConfig().cpu.model_copy(update={"score_bytes": 3 * 4 * 4 * 4096 * 256})
+    assert _chunk(budget, heads=4, context=0) == 1024
+    assert _chunk(budget, heads=4, context=4096 * 256 - 1024) == 1
+    assert _chunk(budget, heads=4, context=7 * 1024) == 128
+
+
+def test_lengths_must_ascend():
+    with pytest.raises(ValidationError, match="strictly ascending"):
+        LongContextBudget(lengths=(256, 128), prefill_chunk=64, score_bytes=1, logit_atol=1, state_rtol=1)
+
+
+def test_buckets_too_close_for_the_probe_are_refused(make_pair, progress):
+    config = LongContextConfig(cpu=SMALL.cpu.model_copy(update={"lengths": (128, 130)}))
+    with pytest.raises(ValueError, match="bucket 130 is not past the context so far"):
+        run(config, make_pair(), progress)

@@ -1,0 +1,114 @@
+"""Decode paths: which ops each runs, the shared model's dispatcher left alone, the known-bad twin, the
+k3-layer configs and random models the GPU evals use, and how run_eval records paths that cannot run."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+from gates.evals import run_eval, single_threaded_on_cpu
+from gates.evals.paths import DecodePath, backend_path, perturbed
+from gates.evals.result import Status
+from gates.evals.subject import first_layers, load_pair, random_model
+from model.kimi_k3.config import ConfigError, preset
+from model.kimi_k3.ops.registry import OPS, Op
+
+PROMPT = [5, 17, 300, 42]
+
+
+def decode(path, steps=3):
+    session = path.session(len(PROMPT) + steps)
+    logits = [session.feed(PROMPT)]
+    for t in range(steps):
+        logits.append(session.feed([int(logits[-1].argmax())]))
+    return torch.stack(logits)
+
+
+def test_reference_path_runs_reference_ops_only(make_pair, monkeypatch):
+    """Give kda_decode a standard implementation: the standard path calls it, the reference path never does."""
+    calls = []
+
+    def standard(*args):
+        calls.append(1)
+        return OPS["kda_decode"].reference(*args)
+
+    monkeypatch.setattr(Op, "standard", lambda op, gpu: standard if op.name == "kda_decode" else op.reference)
+    pair = make_pair()
+    decode(pair.reference)
+    assert calls == []
+    decode(pair.candidate)
+    assert len(calls) == 3 * 6  # 3 decode steps x 6 KDA layers
+
+
+def test_paths_agree_exactly_on_cpu_and_leave_the_model_dispatcher(make_pair, tiny_model):
+    ops = tiny_model.ops
+    pair = make_pair()
+    assert torch.equal(decode(pair.reference), decode(pair.candidate))
+    assert tiny_model.ops is ops
+
+
+def test_perturbed_scales_logits(make_pair):
+    pair = make_pair()
+    base, bad = decode(pair.candidate), decode(perturbed(pair.candidate))
+    torch.testing.assert_close(bad, base * 1.05)
+    assert perturbed(pair.candidate).name == "auto*1.05"
+
+
+def test_kda_states_are_the_sessions(make_pair, tiny_cfg):
+    session = make_pair().reference.session(8)
+    session.feed(PROMPT)
+    states = session.kda_states()
+    assert sorted(states) == [i for i in range(tiny_cfg.num_hidden_layers) if not tiny_cfg.is_mla_layer(i)]
+    assert all(s.shape == (4, 32, 32) and s.abs().sum() > 0 for s in states.values())
+    assert session.length == len(PROMPT)
+
+
+def test_backends(tiny_model):
+    """latency_specialized runs the contracted CPU kernel (AttnRes) where its envelope holds, and counts it."""
+    path = backend_path(tiny_model, "latency_specialized")
+    session = path.session(8)
+    session.feed(PROMPT)
+    session.feed([5])
+    assert session.engine.ops.report()["ops"]["attn_res"]["specialized"] > 0
+    with pytest.raises(ValueError, match="unknown decode backend 'fast'"):
+        backend_path(tiny_model, "fast")
+
+
+def test_run_eval_records_a_crashing_path(make_pair, progress):
+    def crash(max_len):
+        raise RuntimeError("boom")
+
+    result = run_eval("sampling", make_pair(DecodePath("broken", crash)), progress)
+    assert result.status == Status.ERROR and result.reason == "RuntimeError: boom"
+    assert "paths: broken vs reference" in result.notes
+
+
+def test_first_layers_keeps_every_dimension():
+    k3 = preset("k3")
+    cut = first_layers(k3, 4)
+    assert cut.num_hidden_layers == 4 and cut.mla_layer_ids == [3] and cut.linear_attn_config.kda_layers == [1, 2, 3]
+    same = {"num_hidden_layers", "linear_attn_config"}
+    assert cut.model_dump(exclude=same) == k3.model_dump(exclude=same)
+    assert first_layers(k3, 93) == k3
+    with pytest.raises(ConfigError, match="--layers: 0 outside 1..93"):
+        first_layers(k3, 0)
+
+
+def test_k3_shapes_are_refused_on_cpu():
+    with pytest.raises(ConfigError, match="need a GPU"):
+        load_pair("auto", preset_name="k3", device="cpu")
+
+
+def test_preset_weights_are_the_checkpoints(tiny_model, tiny_cfg):
+    """The evals' in-memory preset model has exactly the weights `ckpt make` writes for the seed."""
+    drawn = random_model(tiny_cfg, seed=0, device=torch.device("cpu"), dtype=torch.float32)
+    for (name, p), (_, q) in zip(drawn.named_parameters(), tiny_model.named_parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_cpu_evals_run_single_threaded_and_restore():
+    before = torch.get_num_threads()
+    with single_threaded_on_cpu(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -1,0 +1,71 @@
+"""The sampling eval passes an identical path and fails known-bad ones, each on the check meant to catch it.
+
+Budgets keep the CPU gate's draws per test (the statistical power lives there) but fewer positions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gates.evals.paths import perturbed
+from gates.evals.result import Status
+from gates.evals.sampling import SamplingConfig, run
+from model.kimi_k3.sampling import sample
+
+CPU = SamplingConfig().cpu
+SMALL = SamplingConfig(cpu=CPU.model_copy(update={"positions": 6, "sampled_positions": 1}))
+
+
+def one_setting(temperature, top_p):
+    return SamplingConfig(cpu=SMALL.cpu.model_copy(update={"temperatures": (temperature,), "top_ps": (top_p,)}))
+
+
+def checks(result):
+    return {c.name: c for c in result.checks}
+
+
+def test_identical_path_passes(make_pair, progress):
+    result = run(SMALL, make_pair(), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    c = checks(result)
+    assert c["exact TV"].value == 0 and c["KL at T=1"].value == 0 and c["draws outside top-p"].value == 0
+    assert 0 < c["empirical KS"].value < c["empirical KS"].bound
+    assert len(result.tables[1].rows) == len(CPU.temperatures) * len(CPU.top_ps)
+
+
+def test_deterministic_for_a_seed(make_pair, progress):
+    config = SamplingConfig(cpu=SMALL.cpu.model_copy(update={"samples": 1024}))
+    first = run(config, make_pair(), progress).model_dump()
+    assert run(config, make_pair(), progress).model_dump() == first
+    assert run(config.model_copy(update={"seed": 1}), make_pair(), progress).model_dump() != first
+
+
+def test_logits_scaled_by_1_05_fail(make_pair, progress):
+    pair = make_pair()
+    result = run(SMALL, replace(pair, candidate=perturbed(pair.candidate)), progress)
+    assert result.status == Status.FAILED_EVAL
+    c = checks(result)
+    assert not c["exact TV"].passed and c["exact TV"].value > 20 * CPU.tv_bound
+    assert not c["KL at T=1"].passed
+    assert not c["empirical KS"].passed  # the draws alone expose it too
+    assert c["draws outside top-p"].passed  # its sampler still honours its own nucleus
+
+
+def test_sampler_ignoring_top_p_fails(make_pair, progress):
+    def leaky(logits, temperature, top_p, generators):
+        return sample(logits, temperature, 1.0, generators)
+
+    pair = make_pair()
+    result = run(one_setting(1.0, 0.95), replace(pair, candidate=replace(pair.candidate, sampler=leaky)), progress)
+    c = checks(result)
+    assert result.status == Status.FAILED_EVAL and not c["draws outside top-p"].passed
+    assert c["exact TV"].passed  # the logits are right; only the sampler is wrong
+
+
+def test_sampler_at_the_wrong_temperature_fails_on_draws_alone(make_pair, progress):
+    def hotter(logits, temperature, top_p, generators):
+        return sample(logits, temperature / 1.05, top_p, generators)
+
+    pair = make_pair()
+    result = run(one_setting(1.0, 1.0), replace(pair, candidate=replace(pair.candidate, sampler=hotter)), progress)
+    c = checks(result)
+    assert c["exact TV"].passed and not c["empirical KS"].passed

@@ -1,0 +1,110 @@
+"""The structured-output eval: grammar-forced JSON is valid on every schema whatever the logits, identical
+greedy tokens are required (near-ties excused), and a token budget that runs out is a failure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import llguidance
+import pytest
+import torch
+
+from gates.evals.paths import perturbed
+from gates.evals.result import Status
+from gates.evals.schemas import SCHEMAS
+from gates.evals.structured import (GRAMMAR_OPTIONS, StructuredConfig, _allowed, _compare, _Decode, _Vocabulary,
+                                    run)
+from model.kimi_k3.config import preset
+from model.kimi_k3.tokenizer import build_tokenizer
+
+CPU = StructuredConfig().cpu
+
+
+def config(**update):
+    return StructuredConfig(cpu=CPU.model_copy(update=update))
+
+
+def checks(result):
+    return {c.name: c for c in result.checks}
+
+
+def random_logits(seed=0):
+    """A logit transform that throws the model's logits away for seeded noise of the same spread."""
+    gen = torch.Generator().manual_seed(seed)
+    return lambda logits: torch.randn(logits.shape, generator=gen) * 2
+
+
+def test_identical_path_every_schema_valid(make_pair, progress):
+    result = run(StructuredConfig(), make_pair(), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    assert result.metrics["valid_rate_reference"] == result.metrics["valid_rate_candidate"] == 1.0
+    assert [row[0] for row in result.tables[0].rows] == list(SCHEMAS)
+    pending = [c for c in result.checks if c.passed is None]
+    assert [c.name for c in pending] == ["speculative decoding, 3 draft tokens"] and "issue 3" in pending[0].detail
+
+
+def test_grammar_forces_validity_but_different_tokens_fail(make_pair, progress):
+    pair = make_pair()
+    noisy = replace(pair.candidate, name="noise", logit_transforms=(random_logits(),))
+    result = run(config(schemas=("nested", "order"), spec_tokens=(0,)), replace(pair, candidate=noisy), progress)
+    c = checks(result)
+    assert c["candidate outputs valid"].value == 1.0 and c["candidate outputs parse"].value == 1.0
+    assert result.status == Status.FAILED_EVAL and result.failed_checks == [c["greedy tokens identical"]]
+    assert "diverged at step" in c["greedy tokens identical"].detail
+
+
+def test_logit_scale_cannot_change_greedy_output(make_pair, progress):
+    pair = make_pair()
+    result = run(config(schemas=("enum", "arrays"), spec_tokens=(0,)),
+                 replace(pair, candidate=perturbed(pair.candidate)), progress)
+    assert result.status == Status.PASSED
+
+
+def test_output_that_outgrows_its_budget_fails(make_pair, progress):
+    result = run(config(schemas=("order",), max_tokens=8, spec_tokens=(0,)), make_pair(), progress)
+    c = checks(result)
+    assert result.status == Status.FAILED_EVAL and not c["reference outputs valid"].passed
+    assert "no end within 8 tokens" in c["reference outputs valid"].detail
+
+
+def test_unknown_schema_is_refused(make_pair, progress):
+    with pytest.raises(ValueError, match=r"schemas \['xml'\] unknown"):
+        run(config(schemas=("xml",)), make_pair(), progress)
+
+
+def test_mask_unpacking_matches_llguidance(tiny_tokenizer, tiny_cfg):
+    vocab = _Vocabulary(tiny_tokenizer, tiny_cfg.vocab_size, tiny_cfg.eos_token_id, tiny_cfg.bos_token_id)
+    grammar_tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMAS["order"], overrides=GRAMMAR_OPTIONS)
+    matcher = llguidance.LLMatcher(grammar_tok, grammar, log_level=0)
+    for text in ('{"id":"', 'ABC-12', '34","items":[{"sku":"'):
+        bias = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8)[:tiny_cfg.vocab_size]
+        allowed = _allowed(matcher, tiny_cfg.vocab_size)
+        assert torch.equal(allowed, bias > 0) and 0 < allowed.sum() < tiny_cfg.vocab_size
+        assert matcher.consume_tokens(tiny_tokenizer.encode(text).ids)
+
+
+def test_unused_ids_of_a_padded_vocabulary_are_never_allowed():
+    """K3's 163840 ids over a 512-token tokenizer: the mask allows only ids the tokenizer defines."""
+    cfg = preset("k3")
+    tok = build_tokenizer(cfg)
+    grammar_tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(
+        _Vocabulary(tok, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)))
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMAS["scalars"], overrides=GRAMMAR_OPTIONS)
+    matcher = llguidance.LLMatcher(grammar_tok, grammar, log_level=0)
+    defined = set(tok.get_vocab(with_added_tokens=True).values())
+    for text in ('{"name":"', 'ab', '","age":1'):
+        allowed = set(_allowed(matcher, cfg.vocab_size).nonzero().flatten().tolist())
+        assert allowed and allowed <= defined
+        assert matcher.consume_tokens(tok.encode(text).ids)
+
+
+@pytest.mark.parametrize("cand,gap,verdict", [
+    ([1, 2, 3], 0.5, "identical"),
+    ([1, 9, 9], 1e-5, "near-tie at step 1"),
+    ([1, 9, 9], 0.5, "diverged at step 1"),
+    ([1, 2], 0.5, "diverged at step 2"),
+])
+def test_divergence_is_excused_only_at_a_near_tie(cand, gap, verdict):
+    ref = _Decode(tokens=[1, 2, 3], gaps=[1.0, gap, 1.0], stopped=True)
+    assert _compare(ref, _Decode(tokens=cand), tie_tolerance=1e-4).startswith(verdict)
