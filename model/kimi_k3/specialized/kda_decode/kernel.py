@@ -588,3 +588,15 @@ def bytes_moved(heads: int, batch: int, head_dim: int = 128, rank: int = 128, co
 def flops(heads: int, batch: int, head_dim: int = 128, rank: int = 128) -> int:
     """Arithmetic per step (fp32, CUDA cores): decay, S k, update, S q over the state; f_b GEMV."""
     return batch * heads * (8 * head_dim * head_dim + 2 * head_dim * rank)
+
+
+def compile_keys(contract) -> list[KDADecodeConfig]:
+    """The gate's compile protocol: every config the entry point compiles across the contract's envelope."""
+    configs = {KDADecodeConfig(heads=h, slot_dtype="int64", **default_tuning(h, b))
+               for h in contract.shapes["heads"] for b in range(contract.batch.min, contract.batch.max + 1)}
+    return sorted(configs, key=lambda c: (c.heads, c.v_split))
+
+
+def compile(key: KDADecodeConfig, target: str):  # noqa: A001 - the name the gate's protocol asks for
+    """Compile one config for a target ('sm_90a', 'sm_100a') without a GPU: a kernels.cute.CompileReport."""
+    return compile_report(key, arch=target)
