@@ -70,6 +70,7 @@ def run_list(args) -> int:
 
 
 def run_show(args) -> int:
+    from gates.tasks.check import RULES
     from model.kimi_k3.ops.registry import OPS
 
     task = _task(args.root, args.name)
@@ -82,7 +83,7 @@ def run_show(args) -> int:
     rows = {
         "ops": ", ".join(registered),
         "allowed": "\n".join(task.allowed_globs),
-        "forbidden": "\n".join(task.forbidden_globs) + f"\n(core: {', '.join(CORE_FORBIDDEN)})",
+        "forbidden": "\n".join(f"{g} (core)" if g in CORE_FORBIDDEN else g for g in task.forbidden_globs),
         "required gates": ", ".join(task.required_gates),
         "envelope": f"{', '.join(env.archs)} · TP {', '.join(map(str, env.tp_sizes))} · batch {env.batch.min}.."
                     f"{env.batch.max} · spec tokens {env.spec_tokens.min}..{env.spec_tokens.max}",
@@ -90,6 +91,7 @@ def run_show(args) -> int:
         "numerics": ", ".join(f"{k} {v:g}" for k, v in task.success.numerics.model_dump(exclude_none=True).items())
                     or "-",
         "checklist": "\n".join(f"- {item}" for item in task.checklist),
+        "task check": "\n".join(f"{rule}: {what}" for rule, what in RULES.items()),
     }
     for key, value in rows.items():
         table.add_row(key, escape(value))

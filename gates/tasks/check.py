@@ -26,7 +26,7 @@ from gates.tasks.schema import TASKS_DIR, Task, TaskError, read_task
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
 
 SPECIALIZED = "model/kimi_k3/specialized/"
-# A kernel's source: what a change to must be reflected in its contract (its notes and results need not).
+# Kernel sources: changing one means changing its contract too (a kernel package's notes and results do not).
 KERNEL_SOURCES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
 EVIDENCE_INDEX = (f"evidence/{INDEX_JSON}", f"evidence/{INDEX_MD}")
 DISCLOSURE_KEYS = ("assisted-by", "co-authored-by")
@@ -164,8 +164,8 @@ def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
         except KeyError:
             return None
 
-    source = f"{TASKS_DIR}/{name}.yaml"
-    found = text(source)
+    found = text(f"{TASKS_DIR}/{name}.yaml")
+    source = f"{branch.base}:{TASKS_DIR}/{name}.yaml"  # as git names a file of a revision
     if found is None:
         try:
             known = sorted(b.name.removesuffix(".yaml") for b in (tree / TASKS_DIR).blobs if b.name.endswith(".yaml"))
@@ -331,9 +331,9 @@ def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[l
     out = []
     for k in touched:
         if not k.contract.archs_validated and k.op in task.ops:
-            out.append(Violation(k.contract_path, "evidence", "the contract validates no arch: run the gates on a "
-                                 "GPU of the envelope (make gate), commit evidence/<op>/<arch>/ and list the arch "
-                                 "under hardware.validated"))
+            out.append(Violation(k.contract_path, "evidence", "the contract validates no arch: list the arch under "
+                                 "hardware.validated, run the gates on it (make gate) and commit "
+                                 f"evidence/{k.op}/<arch>/"))
         for arch in k.contract.archs_validated:
             found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
     for path in branch.changed:  # bundles the change writes, validated or not

@@ -20,7 +20,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from kernels.contract import Range
 
-SCHEMA_VERSION = 1
 TASKS_DIR = "agent_tasks"
 OP_PLACEHOLDER = "{op}"
 ALLOWED_ROOTS = ("model/kimi_k3/", "contracts/", "tests/")
@@ -37,6 +36,7 @@ class TaskError(ValueError):
 
 @cache
 def glob_regex(pattern: str) -> re.Pattern:
+    """`**/` matches any number of directories, a final `**` anything; `*` and `?` stay inside one segment."""
     parts, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
@@ -75,7 +75,7 @@ class _Strict(BaseModel):
 
 
 class Envelope(_Strict):
-    """What the task's kernels must cover: a contract of one of its ops claims nothing outside it."""
+    """The target the task's kernels aim at; a contract of one of its ops claims nothing outside it."""
 
     archs: list[str] = Field(min_length=1, description="sm_90, sm_100, ... (cpu for CPU-portable ops)")
     tp_sizes: list[int] = Field(min_length=1)

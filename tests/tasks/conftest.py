@@ -4,7 +4,6 @@ change, re-gate and commit on a task branch."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import git
@@ -76,6 +75,7 @@ class TaskRepo:
         with self.repo.config_writer() as config:
             config.set_value("user", "name", "Ada Lovelace")
             config.set_value("user", "email", "ada@example.com")
+            config.set_value("commit", "gpgsign", "false")  # whatever the machine's global git config says
 
     def write(self, path: str, text: str) -> None:
         target = self.root / path

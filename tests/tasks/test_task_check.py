@@ -10,7 +10,7 @@ import pytest
 
 from gates.cli import main
 from gates.evidence import write_index
-from gates.tasks.check import check, read_branch, task_at_base
+from gates.tasks.check import check, read_branch, summary, task_at_base
 from tests.tasks.conftest import (AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run,
                                   passed)
 
@@ -204,3 +204,15 @@ def test_cli_names_what_is_missing_to_pick_the_task(task_repo, capsys, tasks, ex
 def test_cli_bad_base(task_repo, capsys):
     assert main(["task", "check", "--repo", str(task_repo.root), "--base", "nope", "--task", "attn_res_mix"]) == 2
     assert "--base nope: not a revision of" in capsys.readouterr().err
+
+
+def test_a_task_op_that_validates_no_arch(task_repo):
+    task_repo.edit(KERNEL)
+    task_repo.edit_contract(hardware={"validated": [], "declared": [{"arch": "cpu", "devices": ["cpu"]}]})
+    task_repo.commit("kernel, nothing validated", *TRAILERS)
+    branch = read_branch(task_repo.repo, "main")
+    report = check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch)
+    assert [str(v) for v in report.violations] == [
+        f"{CONTRACT}: evidence: the contract validates no arch: list the arch under hardware.validated, run the "
+        "gates on it (make gate) and commit evidence/attn_res/<arch>/"]
+    assert "No bundle yet: no contract this change touches validates an arch." in summary(report)
