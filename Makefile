@@ -32,8 +32,21 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+# GPU runners have no package index. Where `make wheelhouse` left wheels (.wheelhouse/all), the gate installs
+# them, and nothing else, into a venv that sees the runner's own CUDA torch, and runs from the checkout.
+GATE_WHEELS := $(wildcard $(WHEELHOUSE)/all/*.whl)
+ifneq ($(GATE_WHEELS),)
+gate: $(VENV)/.installed-wheelhouse
+	$(BIN)/python -m gates.cli gate
+else
 gate: $(STAMP)
 	$(BIN)/k3forge gate
+endif
+
+$(VENV)/.installed-wheelhouse: $(GATE_WHEELS)
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/python -m pip install -q --no-index --no-deps $(GATE_WHEELS)
+	touch $@
 
 bench: $(STAMP)
 	$(BIN)/k3forge bench

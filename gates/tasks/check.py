@@ -1,0 +1,469 @@
+"""`k3forge task check`: the commits of a branch (BASE..HEAD) against the rules of their task.
+
+What changed is the diff from the merge base of BASE and HEAD to HEAD; the commits are those HEAD has and BASE
+has not. Everything is read from the repository given (its working tree at HEAD, which must be clean), never
+from the checkout this code runs from, so CI can run the base branch's checker on a pull request's tree.
+
+The rules (RULES) each report `path: rule: message` violations; `check` gathers them with what a reviewer
+needs next to them (the touched kernels, their evidence) into a Report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
+from gates.evidence import INDEX_JSON, INDEX_MD, index_rows, verify_bundle
+from gates.report import render_index
+from gates.status import Status
+from gates.tasks.render import render
+from gates.tasks.schema import TASKS_DIR, Task, TaskError, read_task
+from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
+
+SPECIALIZED = "model/kimi_k3/specialized/"
+# Kernel sources: changing one means changing its contract too (a kernel package's notes and results do not).
+KERNEL_SOURCES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
+EVIDENCE_INDEX = (f"evidence/{INDEX_JSON}", f"evidence/{INDEX_MD}")
+DISCLOSURE_KEYS = ("assisted-by", "co-authored-by")
+SIGN_OFF_KEY = "signed-off-by"
+TASK_KEY = "task"
+PERSON = re.compile(r"^(?P<name>[^<>]*\S)\s*<(?P<email>[^<>\s]+@[^<>\s]+)>$")
+
+RULES = {
+    "scope": "every changed path is inside the task's allowed paths and outside its forbidden ones; evidence/ "
+             "takes only the task ops' generated bundles and a regenerated index",
+    "contract": "a changed kernel source under model/kimi_k3/specialized/ belongs to a contract, and that "
+                "contract (contracts/<op>.yaml) changed with it and loads",
+    "evidence": "every kernel the change touches (its contract, its sources, or any file its evidence covers) "
+                "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh",
+    "gates": "in those bundles, each gate the task requires PASSED",
+    "thresholds": "the bundles meet the task's speedup at each of its batch sizes, and the contract's "
+                  "tolerance is no looser than the task's numerics bounds",
+    "envelope": "the contract of a task op claims nothing outside the task's envelope",
+    "disclosure": "every commit names the AI that helped: an Assisted-by: or Co-authored-by: trailer",
+    "owner": "every commit carries Signed-off-by: Name <email> of the human who owns and ran it, "
+             "someone other than the disclosed assistant",
+    "task": "commits that name a task with a Task: trailer name the task being checked",
+    "committed": "the working tree is clean: the check judges commits",
+}
+
+
+class CannotCheck(Exception):
+    """What the check needs and does not have (a repository, a base, a task); no verdict."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    path: str
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    sha: str
+    summary: str
+    trailers: tuple[tuple[str, str], ...]
+
+    @property
+    def short(self) -> str:
+        return self.sha[:12]
+
+    def values(self, *keys: str) -> list[str]:
+        return [v.strip() for k, v in self.trailers if k.lower() in keys]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """BASE..HEAD as git tells it: the changed paths (both sides of a rename), the non-merge commits."""
+
+    root: Path
+    base: str
+    base_sha: str
+    head_sha: str
+    changed: tuple[str, ...]
+    commits: tuple[CommitInfo, ...]
+    uncommitted: tuple[str, ...]
+
+
+def open_repo(path: Path) -> git.Repo:
+    try:
+        return git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise CannotCheck(f"{path}: not inside a git repository") from None
+
+
+def default_base(repo: git.Repo) -> str:
+    for rev in ("origin/main", "main"):
+        try:
+            repo.commit(rev)
+            return rev
+        except (git.BadName, ValueError):
+            continue
+    raise CannotCheck(f"{repo.working_tree_dir}: no origin/main or main to compare with; pass --base REV")
+
+
+def read_branch(repo: git.Repo, base: str) -> Branch:
+    try:
+        base_commit = repo.commit(base)
+    except (git.BadName, ValueError):
+        raise CannotCheck(f"--base {base}: not a revision of {repo.working_tree_dir}") from None
+    head = repo.head.commit
+    merge_bases = repo.merge_base(base_commit, head)
+    if not merge_bases:
+        raise CannotCheck(f"--base {base}: shares no history with HEAD")
+    changed = {p for d in merge_bases[0].diff(head) for p in (d.a_path, d.b_path) if p}
+    commits = [CommitInfo(c.hexsha, c.summary, tuple(c.trailers_list))
+               for c in repo.iter_commits(f"{base_commit.hexsha}..{head.hexsha}") if len(c.parents) < 2]
+    return Branch(Path(repo.working_tree_dir).resolve(), base, base_commit.hexsha, head.hexsha,
+                  tuple(sorted(changed)), tuple(reversed(commits)), uncommitted_paths(repo))
+
+
+def uncommitted_paths(repo: git.Repo) -> tuple[str, ...]:
+    """Paths `git status` lists (untracked ones too, ignored ones not); a rename's source follows it."""
+    entries = iter(repo.git.status("--porcelain", "--untracked-files=all", "-z").split("\0"))
+    paths = set()
+    for entry in entries:
+        if len(entry) > 3:
+            paths.add(entry[3:])
+            if "R" in entry[:2] or "C" in entry[:2]:
+                paths.add(next(entries))
+    return tuple(sorted(paths))
+
+
+def task_name(branch: Branch, given: str | None) -> str:
+    """The task to check: the one given, else the one the commits' Task: trailers name."""
+    if given:
+        return given
+    named = sorted({v for c in branch.commits for v in c.values(TASK_KEY)})
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise CannotCheck(f"the commits in {branch.base}..HEAD name several tasks ({', '.join(named)}); "
+                          "one pull request serves one task: pass --task NAME")
+    raise CannotCheck(f"no task: no commit in {branch.base}..HEAD has a `Task: NAME` trailer; add one "
+                      "(git commit --trailer 'Task: NAME') or pass --task NAME")
+
+
+def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
+    """The task as the base branch has it: a pull request is judged by the rules it merges into, not by rules
+    it rewrote (agent_tasks/ is core, so rewriting them is itself a violation)."""
+    tree = repo.commit(branch.base_sha).tree
+
+    def text(path: str) -> str | None:
+        try:
+            return (tree / path).data_stream.read().decode()
+        except KeyError:
+            return None
+
+    found = text(f"{TASKS_DIR}/{name}.yaml")
+    source = f"{branch.base}:{TASKS_DIR}/{name}.yaml"  # as git names a file of a revision
+    if found is None:
+        try:
+            known = sorted(b.name.removesuffix(".yaml") for b in (tree / TASKS_DIR).blobs if b.name.endswith(".yaml"))
+        except KeyError:
+            known = []
+        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; tasks there: {', '.join(known) or 'none'}")
+    return read_task(found, text(f"{TASKS_DIR}/{name}.md"), source)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A contract at HEAD, the files that are its kernel, and the files its evidence covers."""
+
+    contract: Contract
+    contract_path: str
+    unit: str  # a package directory (ends with /) or one module file
+    covered: frozenset[str]  # what a bundle made now would cover, and what the committed bundles recorded
+
+    @property
+    def op(self) -> str:
+        return self.contract.op
+
+    def owns(self, path: str) -> bool:
+        return path.startswith(self.unit) if self.unit.endswith("/") else path == self.unit
+
+    def touched_by(self, path: str) -> bool:
+        return path == self.contract_path or path in self.covered or (self.owns(path) and is_kernel_source(path))
+
+
+def is_kernel_source(path: str) -> bool:
+    return path.endswith(KERNEL_SOURCES)
+
+
+def kernel_unit(module: str, root: Path) -> str:
+    """The kernel an implementation module belongs to: its top-level package or module under specialized/,
+    else its own package directory or module file."""
+    path = module.replace(".", "/")
+    if path.startswith(SPECIALIZED):
+        path = SPECIALIZED + path[len(SPECIALIZED):].split("/")[0]
+    return f"{path}/" if (root / path).is_dir() else f"{path}.py"
+
+
+def read_kernels(root: Path) -> tuple[dict[str, Kernel], dict[str, list[str]]]:
+    """Every contract at HEAD as a Kernel by op, and the error lines of those that do not load, by path."""
+    kernels, errors = {}, {}
+    for path in contract_files(root / "contracts"):
+        rel = path.relative_to(root).as_posix()
+        try:
+            contract = load_contract(path)
+        except ContractError as e:
+            errors[rel] = [line.replace(f"{path}: ", "", 1) for line in str(e).splitlines()]
+            continue
+        problem = root / "gates" / "problems" / f"{contract.op}.py"
+        covered = {s.path for s in covered_sources(contract, path, problem if problem.is_file() else None, root)}
+        for arch in contract.archs_validated:  # a file deleted since the evidence was made is in no closure now
+            try:
+                covered |= {s.path for s in load_bundle(root / evidence_dir(contract.op, arch)).sources}
+            except (OSError, ValueError):
+                pass  # missing or unreadable: check_evidence says so
+        kernels[contract.op] = Kernel(contract, rel, kernel_unit(contract.implementation.partition(":")[0], root),
+                                      frozenset(covered))
+    return kernels, errors
+
+
+@dataclass
+class Evidence:
+    """One bundle directory as the check found it: its bundle (None when unreadable) and what is wrong with it."""
+
+    op: str
+    arch: str
+    directory: str
+    bundle: Bundle | None
+    problems: list[str]
+
+    def statuses(self) -> dict[str, str]:
+        return {g.gate: g.status.value for g in self.bundle.gates} if self.bundle else {}
+
+    def speedups(self) -> dict[int, tuple[float, str]]:
+        """The lowest speedup measured at each batch size, with the point it was measured at."""
+        bench = next((g for g in self.bundle.gates if g.gate == "benchmarks"), None) if self.bundle else None
+        worst: dict[int, tuple[float, str]] = {}
+        for row in bench.details.get("rows", []) if bench else []:
+            if row["batch"] not in worst or row["speedup"] < worst[row["batch"]][0]:
+                worst[row["batch"]] = (row["speedup"], row["point"])
+        return worst
+
+
+def read_evidence(root: Path, op: str, arch: str) -> Evidence:
+    rel = evidence_dir(op, arch)
+    directory = root / rel
+    if not (directory / BUNDLE_FILE).is_file() and not (directory / MANIFEST_FILE).is_file():
+        return Evidence(op, arch, rel, None, [f"missing: no bundle for arch {arch}; run the gates on an {arch} "
+                                              f"machine (make gate) and commit {rel}/"])
+    problems = [p.replace(f"{root}/", "").removeprefix(f"{rel}: ") for p in verify_bundle(directory, root)]
+    try:
+        bundle = load_bundle(directory)
+    except (OSError, ValueError):
+        return Evidence(op, arch, rel, None, problems)
+    if (bundle.op, bundle.arch) != (op, arch):
+        problems.append(f"{rel}/{BUNDLE_FILE}: holds {bundle.op} on {bundle.arch}, not {op} on {arch}")
+    return Evidence(op, arch, rel, bundle, problems)
+
+
+def bundle_key(path: str) -> tuple[str, str] | None:
+    """(op, arch) for a file of a bundle directory evidence/<op>/<arch>/<file>."""
+    parts = path.split("/")
+    return (parts[1], parts[2]) if len(parts) == 4 and parts[0] == "evidence" else None
+
+
+@dataclass
+class Report:
+    task: Task
+    branch: Branch
+    kernels: list[Kernel] = field(default_factory=list)  # touched by the change
+    evidence: list[Evidence] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+    def task_kernels(self) -> list[Kernel]:
+        return [k for k in self.kernels if k.op in self.task.ops]
+
+
+# ------------------------------------------------------------------------------------------------ rules
+
+
+def check_scope(task: Task, branch: Branch) -> list[Violation]:
+    out = []
+    for path in branch.changed:
+        if path in EVIDENCE_INDEX:
+            continue  # judged by check_index
+        if key := bundle_key(path):
+            if key[0] not in task.ops:
+                out.append(Violation(path, "scope", f"evidence/ takes only generated bundles of the task's ops "
+                                                    f"({', '.join(task.ops)})"))
+            continue  # a bundle of a task op: check_evidence verifies it
+        if why := task.scope_problem(path):
+            out.append(Violation(path, "scope", why))
+    return out
+
+
+def check_contracts(branch: Branch, kernels: dict[str, Kernel], errors: dict[str, list[str]]) -> list[Violation]:
+    changed = set(branch.changed)
+    out = [Violation(rel, "contract", line) for rel, lines in errors.items() if rel in changed for line in lines]
+    for path in branch.changed:
+        if not path.startswith(SPECIALIZED) or path == f"{SPECIALIZED}__init__.py" or not is_kernel_source(path):
+            continue
+        owner = next((k for k in kernels.values() if k.owns(path)), None)
+        if owner is None:
+            if (branch.root / path).exists():
+                out.append(Violation(path, "contract", "no contract names this kernel: add contracts/<op>.yaml "
+                                                       "whose implementation points into it"))
+        elif owner.contract_path not in changed:
+            out.append(Violation(path, "contract", f"kernel changed without its contract: change "
+                                                   f"{owner.contract_path} with it (say what changed)"))
+    return out
+
+
+def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[list[Evidence], list[Violation]]:
+    found: dict[tuple[str, str], Evidence] = {}
+    out = []
+    for k in touched:
+        if not k.contract.archs_validated and k.op in task.ops:
+            out.append(Violation(k.contract_path, "evidence", "the contract validates no arch: list the arch under "
+                                 "hardware.validated, run the gates on it (make gate) and commit "
+                                 f"evidence/{k.op}/<arch>/"))
+        for arch in k.contract.archs_validated:
+            found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
+    for path in branch.changed:  # bundles the change writes, validated or not
+        key = bundle_key(path)
+        if key and key not in found and (branch.root / evidence_dir(*key)).is_dir():
+            found[key] = read_evidence(branch.root, *key)
+    for ev in found.values():
+        out += [Violation(ev.directory, "evidence", p) for p in ev.problems]
+    return list(found.values()), out
+
+
+def check_index(branch: Branch) -> list[Violation]:
+    """A changed evidence index must be what the gate runner writes for the committed bundles."""
+    out = []
+    evidence = branch.root / "evidence"
+    rows = index_rows(evidence, branch.root) if evidence.is_dir() else []
+    for rel in EVIDENCE_INDEX:
+        if rel not in branch.changed:
+            continue
+        path = branch.root / rel
+        if not path.is_file():
+            out.append(Violation(rel, "scope", "the evidence index is core: regenerate it, never remove it"))
+            continue
+        text = path.read_text()
+        try:
+            same = json.loads(text).get("bundles") == rows if rel.endswith(".json") else text == render_index(rows)
+        except (ValueError, AttributeError):
+            same = False
+        if not same:
+            out.append(Violation(rel, "scope", "does not match the committed bundles: leave it as the gate runner "
+                                               "wrote it (k3forge gate)"))
+    return out
+
+
+def check_gates(task: Task, evidence: list[Evidence]) -> list[Violation]:
+    out = []
+    for ev in evidence:
+        if ev.bundle is None or ev.op not in task.ops:
+            continue
+        results = {g.gate: g for g in ev.bundle.gates}
+        for name in task.required_gates:
+            g = results.get(name)
+            if g is None:
+                out.append(Violation(ev.directory, "gates", f"{name}: not in the bundle (the task requires it)"))
+            elif g.status is not Status.PASSED:
+                out.append(Violation(ev.directory, "gates", f"{name} {g.status.value}: {g.reason or g.summary}"))
+    return out
+
+
+def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]) -> list[Violation]:
+    out = []
+    bounds = task.success.numerics
+    for k in (k for k in touched if k.op in task.ops):
+        tol = k.contract.tolerance
+        for name in ("atol", "rtol", "max_rel_l2"):
+            bound = getattr(bounds, name)
+            if bound is not None and getattr(tol, name) > bound:
+                out.append(Violation(k.contract_path, "thresholds", f"tolerance.{name} {getattr(tol, name):g} is "
+                                                                    f"looser than the task's {bound:g}"))
+        if bounds.min_close_fraction is not None and tol.min_close_fraction < bounds.min_close_fraction:
+            out.append(Violation(k.contract_path, "thresholds", f"tolerance.min_close_fraction "
+                                 f"{tol.min_close_fraction:g} is looser than the task's {bounds.min_close_fraction:g}"))
+    for ev in evidence:
+        if ev.bundle is None or ev.op not in task.ops:
+            continue
+        measured = ev.speedups()
+        for want in task.success.speedup:
+            if want.batch not in measured:
+                out.append(Violation(ev.directory, "thresholds", f"batch {want.batch}: no speedup measured (the "
+                                     f"task requires {want.min:g}×; the contract needs a benchmark point there "
+                                     "and the benchmarks gate must run)"))
+            elif (got := measured[want.batch])[0] < want.min:
+                out.append(Violation(ev.directory, "thresholds", f"batch {want.batch}: {got[0]:.2f}× over the "
+                                     f"standard at {got[1]}; the task requires {want.min:g}×"))
+    return out
+
+
+def check_envelope(task: Task, touched: list[Kernel]) -> list[Violation]:
+    out, env = [], task.envelope
+    for k in (k for k in touched if k.op in task.ops):
+        c = k.contract
+        claims = [h.arch for h in (*c.hardware.validated, *c.hardware.declared)]
+        found = [f"arch {a}" for a in claims if a not in env.archs]
+        found += [f"TP size {t}" for t in c.tp_sizes if t not in env.tp_sizes]
+        for name, got, allowed in (("batch", c.batch, env.batch), ("spec_tokens", c.spec_tokens, env.spec_tokens)):
+            if got.min not in allowed or got.max not in allowed:
+                found.append(f"{name} {got.min}..{got.max} (task: {allowed.min}..{allowed.max})")
+        out += [Violation(k.contract_path, "envelope", f"claims {what}, outside the task's envelope") for what in found]
+    return out
+
+
+def check_commits(task: Task, branch: Branch) -> list[Violation]:
+    out = []
+    for c in branch.commits:
+        assistants = c.values(*DISCLOSURE_KEYS)
+        if not assistants:
+            out.append(Violation(c.short, "disclosure", f"{c.summary!r}: no Assisted-by: or Co-authored-by: "
+                                                        "trailer naming the AI that helped"))
+        assistant_emails = {m["email"].lower() for a in assistants if (m := PERSON.match(a))}
+        owners = [m for s in c.values(SIGN_OFF_KEY) if (m := PERSON.match(s))]
+        if not any(m["email"].lower() not in assistant_emails for m in owners):
+            out.append(Violation(c.short, "owner", f"{c.summary!r}: no Signed-off-by: Name <email> of the human "
+                                                   "who owns and ran this change (git commit -s), other than the "
+                                                   "assistant"))
+        for named in c.values(TASK_KEY):
+            if named != task.name:
+                out.append(Violation(c.short, "task", f"{c.summary!r}: Task: {named}, but the task checked is "
+                                                      f"{task.name}"))
+    return out
+
+
+def check_committed(branch: Branch) -> list[Violation]:
+    return [Violation(p, "committed", "not committed: commit or stash it, the check judges commits")
+            for p in branch.uncommitted]
+
+
+def check(task: Task, branch: Branch) -> Report:
+    kernels, errors = read_kernels(branch.root)
+    touched = [k for k in kernels.values() if any(k.touched_by(p) for p in branch.changed)]
+    evidence, evidence_violations = check_evidence(task, branch, touched)
+    violations = (check_scope(task, branch) + check_index(branch) + check_contracts(branch, kernels, errors)
+                  + evidence_violations + check_gates(task, evidence) + check_thresholds(task, touched, evidence)
+                  + check_envelope(task, touched) + check_commits(task, branch) + check_committed(branch))
+    return Report(task, branch, touched, evidence, violations)
+
+
+def summary(report: Report, link_base: str = "") -> str:
+    """The pull request summary in Markdown; file links are `link_base` + the repository path."""
+    def people(*keys: str) -> list[str]:
+        return sorted({v for c in report.branch.commits for v in c.values(*keys)})
+
+    return render("pr_summary.md.j2", r=report, rules=list(RULES), owners=people(SIGN_OFF_KEY),
+                  assistants=people(*DISCLOSURE_KEYS), link=lambda path: f"{link_base}{path}")

@@ -1,0 +1,127 @@
+"""Real temporary git repositories for `k3forge task check`: a base commit on main holding the minimum a check
+reads (a task template, the attn_res contract, its kernel and reference, its CPU evidence), and helpers to
+change, re-gate and commit on a task branch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import git
+import pytest
+import yaml
+
+from gates.problems import Point
+from gates.suite.benchmarks import judge_point
+from gates.bundle import Bundle, GitState, covered_sources, now, write_bundle
+from gates.report import render_reports
+from gates.runner import detect, environment, new_options
+from gates.status import GateResult, Status
+from kernels.contract import load_contract
+
+REPO = Path(__file__).resolve().parents[2]
+# The minimum of the real tree that the attn_res contract's evidence covers.
+COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/attn_res.py",
+          "model/kimi_k3/specialized/__init__.py", "model/kimi_k3/specialized/attn_res_fused.py")
+KERNEL = "model/kimi_k3/specialized/attn_res_fused.py"
+CONTRACT = "contracts/attn_res.yaml"
+TASK = {
+    "schema_version": 1,
+    "name": "attn_res_mix",
+    "title": "AttnRes mix in one pass",
+    "goal": "Score and mix the AttnRes sources without normalized temporaries.",
+    "ops": ["attn_res"],
+    "allowed": ["model/kimi_k3/specialized/{op}_fused.py", "contracts/{op}.yaml", "tests/specialized/**"],
+    "required_gates": ["contracts", "numerics"],
+    "envelope": {"archs": ["cpu"], "tp_sizes": [1], "batch": {"min": 1, "max": 64}, "spec_tokens": {"min": 0, "max": 7}},
+    "success": {"numerics": {"max_rel_l2": 1e-4}},
+    "checklist": ["The mix sums the sources in fp32."],
+}
+OWNER = "Signed-off-by: Ada Lovelace <ada@example.com>"
+AGENT = "Assisted-by: Claude <noreply@anthropic.com>"
+TRAILERS = ("Task: attn_res_mix", AGENT, OWNER)
+
+
+def passed(gate: str) -> GateResult:
+    return GateResult(gate=gate, title=gate.title(), status=Status.PASSED, summary="passed")
+
+
+def not_run(gate: str) -> GateResult:
+    return GateResult.not_run(gate, gate.title(), "needs a CUDA GPU; this machine has none")
+
+
+def benchmarks(speedups: dict[int, float]) -> GateResult:
+    """A benchmarks result as a GPU run would record it, from made-up timings with these speedups by batch."""
+    rows = []
+    for batch, speedup in speedups.items():
+        point = Point(batch, 0, (("sources", 9), ("hidden", 7168)), "fp32")
+        raw = {"device_us": {"candidate": [10.0] * 5, "standard": [10.0 * speedup] * 5},
+               "host_us": {"candidate": [12.0] * 5, "standard": [12.0 + 10.0 * speedup] * 5},
+               "kernels": {"candidate": 1, "standard": 3}}
+        rows.append(judge_point(point, raw, None, 1.0, None)[0])
+    return GateResult(gate="benchmarks", title="Benchmarks", status=Status.PASSED, summary="synthetic",
+                      details={"rows": rows, "required_speedup": 1.0, "min_roofline_fraction": None, "peaks": None,
+                               "method": "made-up timings", "recheck_failures": []})
+
+
+CPU_GATES = (passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"))
+
+
+class TaskRepo:
+    """A git repository in a temporary directory, on branch `task` after the base commit on `main`."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.repo = git.Repo.init(root, initial_branch="main")
+        with self.repo.config_writer() as config:
+            config.set_value("user", "name", "Ada Lovelace")
+            config.set_value("user", "email", "ada@example.com")
+            config.set_value("commit", "gpgsign", "false")  # whatever the machine's global git config says
+
+    def write(self, path: str, text: str) -> None:
+        target = self.root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    def edit(self, path: str, line: str = "# changed\n") -> None:
+        self.write(path, (self.root / path).read_text() + line)
+
+    def edit_contract(self, **fields) -> None:
+        data = yaml.safe_load((self.root / CONTRACT).read_text())
+        data.update(fields or {"description": data["description"] + " Changed."})
+        self.write(CONTRACT, yaml.safe_dump(data, sort_keys=False))
+
+    def write_task(self, data: dict, brief: str = "# Brief\n\nWhat to do.\n") -> None:
+        self.write(f"agent_tasks/{data['name']}.yaml", yaml.safe_dump(data, sort_keys=False))
+        self.write(f"agent_tasks/{data['name']}.md", brief)
+
+    def gate(self, op: str = "attn_res", arch: str = "cpu", gates: tuple[GateResult, ...] = CPU_GATES) -> Path:
+        """Write the bundle `k3forge gate` would write for the tree as it is now (gate results given)."""
+        path = self.root / "contracts" / f"{op}.yaml"
+        contract = load_contract(path)
+        bundle = Bundle(op=op, arch=arch, created=now(), command="k3forge gate", git=GitState(commit=None, branch=None,
+                        dirty=None), contract_path=f"contracts/{op}.yaml", contract=contract.model_dump(mode="json"),
+                        owners=contract.owners, sources=covered_sources(contract, path, None, self.root),
+                        environment=ENVIRONMENT, options=new_options(1), gates=list(gates))
+        return write_bundle(self.root / "evidence" / op / arch, bundle, render_reports(bundle))
+
+    def commit(self, subject: str, *trailers: str) -> str:
+        self.repo.git.add(A=True)
+        self.repo.git.commit("-m", subject + ("\n\n" + "\n".join(trailers) if trailers else ""))
+        return self.repo.head.commit.hexsha
+
+
+ENVIRONMENT = environment(detect())
+
+
+@pytest.fixture
+def task_repo(tmp_path) -> TaskRepo:
+    """Base on main: the fixture task, the attn_res contract and sources, fresh CPU evidence. Now on `task`."""
+    r = TaskRepo(tmp_path / "repo")
+    for rel in COPIED:
+        r.write(rel, (REPO / rel).read_text())
+    r.write("README.md", "# k3forge\n")
+    r.write_task(TASK)
+    r.gate()
+    r.commit("base")
+    r.repo.git.checkout("-b", "task")
+    return r
