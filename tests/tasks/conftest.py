@@ -15,7 +15,7 @@ from gates.suite.benchmarks import judge_point
 from gates.bundle import Bundle, GitState, covered_sources, now, write_bundle
 from gates.report import render_reports
 from gates.runner import detect, environment, new_options
-from gates.status import GateResult, Status
+from gates.status import GateResult, Status, worst
 from kernels.contract import load_contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +101,8 @@ class TaskRepo:
         bundle = Bundle(op=op, arch=arch, created=now(), command="k3forge gate", git=GitState(commit=None, branch=None,
                         dirty=None), contract_path=f"contracts/{op}.yaml", contract=contract.model_dump(mode="json"),
                         owners=contract.owners, sources=covered_sources(contract, path, None, self.root),
-                        environment=ENVIRONMENT, options=new_options(1), gates=list(gates))
+                        environment=ENVIRONMENT, options=new_options(1), gates=list(gates),
+                        verdict=worst(g.status for g in gates))
         return write_bundle(self.root / "evidence" / op / arch, bundle, render_reports(bundle))
 
     def commit(self, subject: str, *trailers: str) -> str:
