@@ -44,13 +44,14 @@ def entry_problems(contracts: dict[Path, Contract]) -> list[str]:
 
 
 def evidence_problems(path: Path, contract: Contract, evidence_root: Path, producing_arch: str | None) -> list[str]:
+    """Each validated arch's bundle must be intact and fresh against the tree holding evidence_root."""
     problems = []
     for i, hw in enumerate(contract.hardware.validated):
         if hw.arch == producing_arch:
             continue
         directory = evidence_root / evidence_dir(contract.op, hw.arch).removeprefix("evidence/")
         problems += [f"{path}: hardware.validated.{i}: {hw.arch} is validated, but its evidence is not sound: {p}"
-                     for p in verify_bundle(directory)]
+                     for p in verify_bundle(directory, root=evidence_root.parent)]
     return problems
 
 

@@ -23,7 +23,8 @@ from gates.status import GateResult
 from kernels.arch import ArchInfo, cute_arch_for
 from kernels.contract import Contract
 
-GATE_MODULES = ("gates.suite.contracts", "gates.suite.compile", "gates.suite.numerics", "gates.suite.benchmarks")
+GATE_MODULES = ("gates.suite.contracts", "gates.suite.compile", "gates.suite.numerics", "gates.suite.benchmarks",
+                "gates.suite.evals")
 
 
 class GateOptions(BaseModel):

@@ -86,12 +86,19 @@ class BenchPoint(_Strict):
     batch: int = Field(ge=1)
     spec_tokens: int = Field(default=0, ge=0)
     shape: dict[str, int] = Field(default_factory=dict, description="values for the contract's shape keys")
+    required_speedup: float | None = Field(default=None, gt=0, description="this point's own bound (else the default)")
+    min_roofline_fraction: float | None = Field(default=None, gt=0, le=1)
 
 
 class Benchmark(_Strict):
     points: list[BenchPoint] = Field(min_length=1)
-    required_speedup: float = Field(gt=0, description="over the standard implementation, at every point")
-    min_roofline_fraction: float | None = Field(default=None, gt=0, le=1)
+    required_speedup: float = Field(gt=0, description="over the standard implementation, at every point without its own")
+    min_roofline_fraction: float | None = Field(default=None, gt=0, le=1, description="likewise, the fraction of the floor")
+
+    def requirement(self, point: BenchPoint) -> tuple[float, float | None]:
+        """(required speedup, required fraction of the roofline or None) at one point."""
+        return (point.required_speedup or self.required_speedup,
+                point.min_roofline_fraction or self.min_roofline_fraction)
 
 
 class Resources(_Strict):

@@ -11,20 +11,17 @@ import pytest
 import yaml
 
 from gates.cli import main
-from kernels.contract import ContractError, contract_files, load_contract
+from kernels.contract import ContractError, contract_files, load_contract, parse_contract
 from model.kimi_k3.ops.registry import CONTRACTS_DIR, load_specialized, registry_problems
 
-BASE = yaml.safe_load((CONTRACTS_DIR / "attn_res.yaml").read_text())
+VALIDATED = yaml.safe_load((CONTRACTS_DIR / "attn_res.yaml").read_text())
+# The same contract with its arch declared, not validated: no evidence needed, so one problem shows alone.
+BASE = {**VALIDATED, "hardware": {"validated": [], "declared": [{"arch": "cpu", "devices": ["cpu"]}]}}
 
 
-def write_repo(root, data: dict, name: str = "attn_res", evidence: bool = True):
+def write_repo(root, data: dict, name: str = "attn_res"):
     (root / "contracts").mkdir(exist_ok=True)
     (root / "contracts" / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    if evidence:
-        for hw in data.get("hardware", {}).get("validated", []):
-            bundle = root / "evidence" / data["op"] / hw["arch"] / "bundle.json"
-            bundle.parent.mkdir(parents=True, exist_ok=True)
-            bundle.write_text("{}")
     return root
 
 
@@ -35,14 +32,17 @@ def check(root, capsys) -> tuple[int, list[str], str]:
     return rc, [line for line in err.splitlines() if re.match(r"\S+\.yaml: ", line)], out
 
 
-def test_the_repository_contracts_match_the_registry_and_import():
+def test_the_repository_contracts_pass_with_fresh_evidence(capsys):
+    """The committed contracts match the registry, import, and every validated arch's bundle is intact and
+    fresh against this tree (edit a kernel, its reference or its contract without re-running the gate: this fails)."""
     files = contract_files(CONTRACTS_DIR)
     assert files, "no contracts committed"
     for path in files:
         assert registry_problems(load_contract(path), str(path)) == []
+    assert main(["contract", "check"]) == 0, capsys.readouterr().err
 
 
-def test_a_valid_contract_with_its_evidence_passes(tmp_path, capsys):
+def test_a_valid_contract_passes(tmp_path, capsys):
     rc, problems, out = check(write_repo(tmp_path, BASE), capsys)
     assert (rc, problems) == (0, [])
     assert "attn_res" in out and "1 contract(s) pass" in out
@@ -76,11 +76,12 @@ MALFORMED = [
     ("unknown dim", "attn_res", lambda d: d["shapes"].update(width=[1]), "shapes.width", "attn_res has no dim 'width'"),
     ("operand the op lacks", "attn_res", _set("dtypes.ssm_state", "fp32"), "dtypes.ssm_state", "no ssm_state operand"),
     ("duplicate TP sizes", "attn_res", _set("tp_sizes", [1, 1]), "tp_sizes", "duplicate TP sizes"),
-    ("bad arch", "attn_res", _set("hardware.validated", [{"arch": "hopper", "devices": ["x"]}]),
+    ("bad arch", "attn_res", _set("hardware", {"validated": [{"arch": "hopper", "devices": ["x"]}]}),
      "hardware.validated.0.arch", "should match pattern"),
-    ("arch listed twice", "attn_res", _set("hardware.validated", [{"arch": "cpu", "devices": ["cpu"]}] * 2),
+    ("arch listed twice", "attn_res", _set("hardware", {"validated": [{"arch": "cpu", "devices": ["cpu"]}] * 2}),
      "hardware", "an arch is listed twice"),
-    ("evidence elsewhere", "attn_res", _set("hardware.validated", [{"arch": "cpu", "devices": ["cpu"], "evidence": "ev/x"}]),
+    ("evidence elsewhere", "attn_res",
+     _set("hardware", {"validated": [{"arch": "cpu", "devices": ["cpu"], "evidence": "ev/x"}]}),
      "<root>", "hardware.validated.0.evidence: 'ev/x' is not where the gate runner writes it (evidence/attn_res/cpu)"),
     ("file name differs from op", "attn_res_v2", lambda d: None, "op", "does not match the file name 'attn_res_v2'"),
 ]
@@ -98,11 +99,11 @@ def test_a_malformed_contract_gets_its_named_error(tmp_path, capsys, name, mutat
 
 
 def test_a_validated_arch_without_an_evidence_bundle_fails(tmp_path, capsys):
-    rc, problems, _ = check(write_repo(tmp_path, BASE, evidence=False), capsys)
-    assert rc == 2
-    assert len(problems) == 1 and problems[0].endswith(
-        "contracts/attn_res.yaml: hardware.validated.0.evidence: no evidence/attn_res/cpu/bundle.json for arch cpu "
-        "(the gate runner writes it)")
+    rc, problems, _ = check(write_repo(tmp_path, VALIDATED), capsys)
+    assert rc == 2 and problems
+    assert all("contracts/attn_res.yaml: hardware.validated.0: cpu is validated, but its evidence is not sound" in p
+               for p in problems)
+    assert any(p.endswith("evidence/attn_res/cpu/bundle.json: missing") for p in problems)
 
 
 @pytest.mark.parametrize("text, problem", [("op: [unclosed", "not valid YAML"), ("- a list", "expected a mapping")])
@@ -135,7 +136,7 @@ def test_the_gate_gets_all_three_implementations(tmp_path):
 
 
 def test_show_prints_a_contract_and_its_evidence_status(tmp_path, capsys):
-    assert main(["contract", "show", "attn_res", "--root", str(write_repo(tmp_path, BASE, evidence=False))]) == 0
+    assert main(["contract", "show", "attn_res", "--root", str(write_repo(tmp_path, VALIDATED))]) == 0
     out = capsys.readouterr().out
     assert "attn_res_fused" in out and "evidence/attn_res/cpu/bundle.json missing" in out and "consistent" in out
 
@@ -147,4 +148,12 @@ def test_show_of_an_unknown_op_is_a_usage_error(tmp_path, capsys):
 
 def test_check_without_a_contracts_directory_fails(tmp_path, capsys):
     assert main(["contract", "check", "--root", str(tmp_path)]) == 2
-    assert "no contracts directory" in capsys.readouterr().err
+    assert "contracts: <dir>: no such contracts directory" in capsys.readouterr().err
+
+
+def test_a_point_may_state_its_own_bounds():
+    data = copy.deepcopy(BASE)
+    data["benchmark"] = {"points": [{"batch": 1, "required_speedup": 2.5, "min_roofline_fraction": 0.5}, {"batch": 2}],
+                         "required_speedup": 1.5}
+    bench = parse_contract(data, "c.yaml").benchmark
+    assert [bench.requirement(p) for p in bench.points] == [(2.5, 0.5), (1.5, None)]

@@ -1,8 +1,10 @@
 """`k3forge contract check` validates every contract; `k3forge contract show OP` prints one.
 
-check: the schema, the registry (known op, entry points that are the registry's and import, constraints
-on dims and operands the op has) and, for each validated arch, an evidence bundle
-`evidence/<op>/<arch>/bundle.json`. Problems print as `file: field: problem` lines; any problem exits 2.
+check (gates.contracts.check_contracts, the gate's own first check): the schema, the registry (known op,
+entry points that are the registry's, constraints on dims and operands the op has), entry points that
+import (in a spawned process: a candidate's top-level code never runs in the checker), and for each
+validated arch an intact, fresh evidence bundle `evidence/<op>/<arch>/`. Problems print as
+`file: field: problem` lines; any problem exits 2.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from gates.cli import EXIT_OK, EXIT_USAGE, UsageError
-from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
+from gates.contracts import check_contracts, load_contracts
+from kernels.contract import contract_files, load_contract
 from model.kimi_k3.ops.registry import REPO_ROOT, registry_problems
 
 BUNDLE = "bundle.json"
@@ -43,38 +46,11 @@ def _relative(path: Path) -> Path:
         return path
 
 
-def missing_evidence(contract: Contract, source: str, root: Path) -> list[str]:
-    problems = []
-    for i, hw in enumerate(contract.hardware.validated):
-        rel = evidence_dir(contract.op, hw.arch)
-        if not (root / rel / BUNDLE).is_file():
-            problems.append(f"{source}: hardware.validated.{i}.evidence: no {rel}/{BUNDLE} for arch {hw.arch} "
-                            "(the gate runner writes it)")
-    return problems
-
-
-def check_contracts(root: Path) -> tuple[list[Contract], list[str]]:
-    """Every contract under root/contracts that passes, and every problem found, as `file: field: problem`."""
-    directory = root / "contracts"
-    if not directory.is_dir():
-        return [], [f"{_relative(directory)}: <dir>: no contracts directory"]
-    passed, problems = [], []
-    for path in contract_files(directory):
-        source = str(_relative(path))
-        try:
-            contract = load_contract(source)
-        except ContractError as e:
-            problems.extend(str(e).splitlines())
-            continue
-        found = registry_problems(contract, source) + missing_evidence(contract, source, root)
-        problems.extend(found)
-        if not found:
-            passed.append(contract)
-    return passed, problems
-
-
 def run_check(args) -> int:
-    passed, problems = check_contracts(args.root)
+    directory = _relative(args.root / "contracts")
+    problems = check_contracts(directory, args.root / "evidence")
+    contracts, _ = load_contracts(directory)
+    passed = [c for path, c in contracts.items() if not any(p.startswith(f"{path}:") for p in problems)]
     if passed:
         table = Table(title="contracts")
         for col in ("op", "backend", "validated", "declared", "tp", "batch", "spec tokens", "activations"):

@@ -7,19 +7,15 @@ always be traced to the number that decided it.
 from __future__ import annotations
 
 import math
-from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
-class Status(str, Enum):
-    PASSED = "PASSED"
-    FAILED_EVAL = "FAILED_EVAL"  # a statistic exceeded its bound
-    NOT_RUN = "NOT_RUN"  # could not run here (the reason says why); not a pass
-    ERROR = "ERROR"  # the eval itself crashed
+from gates.status import Status
 
 
+# An eval ends PASSED, FAILED_EVAL (a statistic exceeded its bound), NOT_RUN (the reason says why; not a
+# pass) or ERROR (the eval itself crashed): the gate runner's statuses.
 # A NaN or infinite statistic is evidence too: JSON carries it as the string "NaN" / "Infinity", not null.
 JSON_FLOATS = ConfigDict(ser_json_inf_nan="strings")
 

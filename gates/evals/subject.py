@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -20,7 +21,7 @@ from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.tokenizer import TOKENIZER_FILE, build_tokenizer, load_tokenizer
 
-from .paths import PathPair, backend_path, perturbed
+from .paths import DecodePath, PathPair, backend_path, perturbed
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +48,11 @@ def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torc
     return model.eval()
 
 
-def load_pair(candidate: str, *, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
+def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
               seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
               perturb: float | None = None) -> PathPair:
-    """The reference path and `candidate` (a decode backend, optionally with scaled logits) over one model."""
+    """The reference path and `candidate` (a decode backend name, or a function building the path over the
+    model), optionally with scaled logits, over one model."""
     device = torch.device(device)
     notes = []
     if ckpt is not None:
@@ -72,7 +74,7 @@ def load_pair(candidate: str, *, ckpt: str | Path | None = None, preset_name: st
         model = random_model(cfg, seed, device, dtype)
         tokenizer = build_tokenizer(cfg)
         notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}")
-    cand = backend_path(model, candidate)
+    cand = candidate(model) if callable(candidate) else backend_path(model, candidate)
     if perturb is not None:
         cand = perturbed(cand, perturb)
     return PathPair(backend_path(model, "reference"), cand, model, tokenizer, tuple(notes))

@@ -27,7 +27,8 @@ def test_bundle_records_what_and_where(gated):
     assert bundle.options.seed == 7 and bundle.options.seed_given
     assert bundle.environment.torch and bundle.environment.gpu_count == 0
     assert [(g.gate, g.status.value) for g in bundle.gates] == [
-        ("contracts", "PASSED"), ("compile", "NOT_RUN"), ("numerics", "PASSED"), ("benchmarks", "NOT_RUN")]
+        ("contracts", "PASSED"), ("compile", "NOT_RUN"), ("numerics", "PASSED"), ("benchmarks", "NOT_RUN"),
+        ("evals", "NOT_RUN")]
     assert {"contract", "problem", "implementation", "reference", "standard"} <= {r for s in bundle.sources for r in s.roles}
 
 

@@ -41,7 +41,7 @@ def test_an_unimportable_implementation_is_a_contract_error(tmp_path, capsys):
     assert main(["gate", "--contracts", str(tmp_path), "--out", str(out), *QUICK]) == 2
     assert "implementation: cannot import model.kimi_k3.specialized.missing:kda_decode" in capsys.readouterr().err
     bundle = load_bundle(out / "kda_decode" / "cpu")
-    assert [g.status.value for g in bundle.gates] == ["ERROR", "NOT_RUN", "NOT_RUN", "NOT_RUN"]
+    assert [g.status.value for g in bundle.gates] == ["ERROR", "NOT_RUN", "NOT_RUN", "NOT_RUN", "NOT_RUN"]
     assert bundle.gates[2].reason == "the contracts gate ERROR"
 
 

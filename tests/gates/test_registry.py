@@ -13,7 +13,7 @@ def _gate(name, status=Status.PASSED, needs=()):
 
 
 def test_registered_order():
-    assert [g.name for g in registered()] == ["contracts", "compile", "numerics", "benchmarks"]
+    assert [g.name for g in registered()] == ["contracts", "compile", "numerics", "benchmarks", "evals"]
 
 
 def test_prerequisites_crashes_and_an_eval_gate():

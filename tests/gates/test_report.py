@@ -18,7 +18,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium 
 def test_markdown_says_what_ran_and_what_did_not(gated):
     _, out = gated
     text = (out / "kda_decode" / "cpu" / "report.md").read_text()
-    assert text.startswith("# kda_decode on cpu: PASSED (2 of 4 gates not run here)")
+    assert text.startswith("# kda_decode on cpu: PASSED (3 of 5 gates not run here)")
     assert "- **Compile**: torch backend: nothing to compile" in text
     assert "- **Benchmarks**: needs a CUDA GPU; this machine has none" in text
     assert "| outputs share no memory with inputs | ✓ | 0 |" in text
@@ -75,7 +75,7 @@ def test_report_renders_in_headless_chromium(gpu_like_bundle, tmp_path):
     dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert re.search(r'id="verdict" data-status="SLOWER"', dom)
-    assert dom.count("<svg") == 2 and dom.count('data-gate="') == 4
+    assert dom.count("<svg") == 2 and dom.count('data-gate="') == 5
     shot = tmp_path / "report.png"
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120,
                    check=True)

@@ -1,0 +1,97 @@
+"""Evals gate: the model with this op's kernel (decode_backend latency_specialized, this contract alone)
+against the reference path, through every model-level eval (gates.evals: temperature sampling, structured
+output, long context).
+
+CPU: the tiny preset in fp32 with each eval's CPU budget. GPU: real `k3` layer shapes in bf16, cut to
+`GPU_LAYERS` layers, with smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits one GPU
+command; evals left when TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
+never entered the kernel's envelope makes the gate NOT_RUN: it would compare the standard path with itself.
+
+The evals run the candidate in this process (numerics and benchmarks isolate it); their statistics are
+therefore not protected from a kernel that tampers with the interpreter.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+from rich.progress import Progress
+
+from gates.evals import EVALS, run_eval
+from gates.evals.long_context import LongContextConfig
+from gates.evals.paths import DecodePath, DispatchedEngine
+from gates.evals.sampling import SamplingConfig
+from gates.evals.structured import StructuredConfig
+from gates.evals.subject import load_pair
+from gates.registry import Gate, GateContext
+from gates.status import GateResult, Status, worst
+from model.kimi_k3.dispatch import Dispatcher, Target
+from model.kimi_k3.ops.registry import Specialized, import_entry_point
+
+NAME, TITLE = "evals", "Model-level evals"
+GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
+TIME_LIMIT_S = {"cpu": 600.0, "cuda": 240.0}
+GPU_BUDGETS = {
+    "sampling": SamplingConfig().gpu.model_copy(update={"positions": 16, "samples": 4096}),
+    "structured": StructuredConfig().gpu.model_copy(update={"schemas": StructuredConfig().gpu.schemas[:2],
+                                                            "spec_tokens": (0,), "max_tokens": 96}),
+    "long_context": LongContextConfig().gpu.model_copy(update={"lengths": (2048, 8192), "decode_steps": 8}),
+}
+
+
+class ContractPath:
+    """Builds the candidate path over a model: only this contract's kernel is specialized, every other op
+    runs its standard; `ops` is the path's dispatcher, which counts the kernel's calls."""
+
+    def __init__(self, ctx: GateContext):
+        self.op = ctx.contract.op
+        self.spec = Specialized(ctx.contract, str(ctx.contract_path), import_entry_point(ctx.contract.implementation))
+        self.ops: Dispatcher | None = None
+
+    def __call__(self, model) -> DecodePath:
+        self.ops = Dispatcher(Target.of(model), "latency_specialized", {self.op: self.spec})
+        return DecodePath(f"latency_specialized[{self.op}]", partial(DispatchedEngine, model, ops=self.ops))
+
+
+def configs(device: str) -> dict:
+    if device == "cpu":
+        return {name: gate.config() for name, gate in EVALS.items()}
+    return {name: gate.config().model_copy(update={"gpu": GPU_BUDGETS[name]}) for name, gate in EVALS.items()}
+
+
+def run(ctx: GateContext) -> GateResult:
+    reason = ctx.cannot_run_here()
+    if reason is not None:
+        return GateResult.not_run(NAME, TITLE, reason)
+    gpu = ctx.device == "cuda"
+    candidate = ContractPath(ctx)
+    pair = load_pair(candidate, preset_name="k3" if gpu else "tiny", layers=GPU_LAYERS if gpu else None,
+                     device=ctx.device, dtype=torch.bfloat16 if gpu else torch.float32)
+    start, results = time.perf_counter(), {}
+    with Progress(disable=True) as progress:
+        for name, config in configs(ctx.device).items():
+            if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
+                results[name] = {"name": name, "status": "NOT_RUN",
+                                 "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
+                continue
+            ctx.progress(f"eval {name}")
+            results[name] = run_eval(name, pair, progress, config).model_dump(mode="json")
+    ops = candidate.ops.report()["ops"].get(ctx.contract.op, {})
+    details = {"model": list(pair.notes), "paths": pair.label, "kernel_calls": ops, "evals": results}
+    if not ops.get("specialized"):
+        return GateResult(gate=NAME, title=TITLE, status=Status.NOT_RUN, details=details,
+                          reason="the eval model never entered this kernel's envelope",
+                          summary="not run: the kernel was never chosen on the eval model")
+    status = worst(Status(r["status"]) for r in results.values())
+    failed = [n for n, r in results.items() if r["status"] not in ("PASSED", "NOT_RUN")]
+    summary = (f"{sum(r['status'] == 'PASSED' for r in results.values())}/{len(results)} evals passed; "
+               f"kernel chosen {ops['specialized']} times")
+    return GateResult(gate=NAME, title=TITLE, status=status, details=details, summary=summary,
+                      reason="; ".join(f"{n}: {results[n]['status']} {results[n].get('reason', '')}".strip()
+                                       for n in failed))
+
+
+GATE = Gate(NAME, TITLE, "the model with this kernel matches the reference path in temperature sampling, "
+            "structured output and long context", run, needs=("contracts", "compile", "numerics"))
