@@ -32,7 +32,7 @@ from model.kimi_k3.ops.registry import Specialized, import_entry_point
 
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
-TIME_LIMIT_S = {"cpu": 600.0, "cuda": 240.0}
+TIME_LIMIT_S = {"cpu": 600.0, "cuda": 150.0}
 GPU_BUDGETS = {
     "sampling": SamplingConfig().gpu.model_copy(update={"positions": 16, "samples": 4096}),
     "structured": StructuredConfig().gpu.model_copy(update={"schemas": StructuredConfig().gpu.schemas[:2],
