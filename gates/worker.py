@@ -21,6 +21,7 @@ import torch
 
 from gates.compare import digest as _tensor_digest
 from gates.trees import clone, copy_into, leaves
+from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
 _synchronize = torch.cuda.synchronize
@@ -47,14 +48,6 @@ POISON_COPIES = 4
 
 def tampered() -> list[str]:
     return [name for name, (owner, attr) in GUARDED.items() if getattr(owner, attr) is not _ORIGINAL[name]]
-
-
-def load_entry(entry: str) -> Callable:
-    module, _, name = entry.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    if not callable(fn):
-        raise TypeError(f"{entry} is a {type(fn).__name__}, not callable")
-    return fn
 
 
 def _sync(device: str) -> None:
@@ -138,7 +131,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
     freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
     match run 0's bit for bit."""
-    fn, ref = load_entry(candidate), load_entry(reference)
+    fn, ref = import_entry_point(candidate), import_entry_point(reference)
     buffers = None
     results = []
     for case in cases:
@@ -161,7 +154,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
 def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tuple, state: tuple[int, ...],
                    steps: list) -> dict:
     """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
-    fn = load_entry(candidate)
+    fn = import_entry_point(candidate)
     args = clone(initial, device)
     keep: list = []
     outputs = []
@@ -191,7 +184,7 @@ def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, 
     """
     from kernels.timing import L2Flusher, capture_graph, count_kernels
 
-    fns = {name: load_entry(entry) for name, entry in impls.items()}
+    fns = {name: import_entry_point(entry) for name, entry in impls.items()}
     on_device = [clone(s, "cuda") for s in sets]
     flush = L2Flusher()
     buffers = {name: clone(on_device[0]) for name in fns}
@@ -248,7 +241,7 @@ def probe(*, entries: list[str]) -> dict:
     errors = {}
     for entry in entries:
         try:
-            load_entry(entry)
+            import_entry_point(entry)
         except Exception as e:
             errors[entry] = f"{type(e).__name__}: {e}"
         if patched := tampered():

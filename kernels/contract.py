@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
+from kernels.validation import problem_lines
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
@@ -172,21 +173,13 @@ class Contract(_Strict):
         return {h.arch: evidence_dir(self.op, h.arch) for h in self.hardware.validated}
 
 
-def _format(source: str, e: ValidationError) -> str:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        lines.append(f"{source}: {loc}: {err['msg'].removeprefix('Value error, ')}")
-    return "\n".join(lines)
-
-
 def parse_contract(data: object, source: str) -> Contract:
     if not isinstance(data, dict):
         raise ContractError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
     try:
         return Contract.model_validate(data)
     except ValidationError as e:
-        raise ContractError(_format(source, e)) from None
+        raise ContractError("\n".join(problem_lines(source, e))) from None
 
 
 def contract_files(directory: str | Path) -> list[Path]:

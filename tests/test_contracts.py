@@ -70,7 +70,7 @@ MALFORMED = [
     ("entry point missing in its module", "attn_res", _set("implementation", "model.kimi_k3.attn_res:fused"),
      "implementation", "cannot import model.kimi_k3.attn_res:fused (AttributeError"),
     ("empty batch range", "attn_res", _set("batch", {"min": 9, "max": 1}), "batch", "empty range: min 9 > max 1"),
-    ("zero batch", "attn_res", _set("batch", {"min": 0, "max": 4}), "<root>", "batch: min must be >= 1"),
+    ("zero batch", "attn_res", _set("batch", {"min": 0, "max": 4}), "batch", "min must be >= 1"),
     ("reference not the registry's", "attn_res", _set("reference", "model.kimi_k3.mla:mla_decode"),
      "reference", "is not the registry's reference of attn_res (model.kimi_k3.attn_res:attn_res)"),
     ("unknown dim", "attn_res", lambda d: d["shapes"].update(width=[1]), "shapes.width", "attn_res has no dim 'width'"),
@@ -82,7 +82,7 @@ MALFORMED = [
      "hardware", "an arch is listed twice"),
     ("evidence elsewhere", "attn_res",
      _set("hardware", {"validated": [{"arch": "cpu", "devices": ["cpu"], "evidence": "ev/x"}]}),
-     "<root>", "hardware.validated.0.evidence: 'ev/x' is not where the gate runner writes it (evidence/attn_res/cpu)"),
+     "hardware.validated.0.evidence", "'ev/x' is not where the gate runner writes it (evidence/attn_res/cpu)"),
     ("file name differs from op", "attn_res_v2", lambda d: None, "op", "does not match the file name 'attn_res_v2'"),
 ]
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 from rich.progress import Progress
+
+from gates.machine import one_thread
 
 from . import long_context, sampling, structured
 from .config import EvalConfig
@@ -45,18 +47,9 @@ EVALS: dict[str, EvalGate] = {gate.name: gate for gate in (
 
 @contextmanager
 def single_threaded_on_cpu(device: torch.device) -> Iterator[None]:
-    """Run CPU evals on one intra-op thread. A decode step of a small model is hundreds of tiny ops, and
-    OpenMP workers spin-wait between them: on a busy 2-core machine two threads made the evals 20-40x
-    slower than one (measured on the tiny preset); on an idle one they gain next to nothing."""
-    if device.type != "cpu":
+    """CPU evals run on one intra-op thread (gates.machine.one_thread says why); GPU evals as they are."""
+    with one_thread() if device.type == "cpu" else nullcontext():
         yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig | None = None) -> EvalResult:

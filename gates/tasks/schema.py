@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from kernels.validation import problem_lines
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kernels.contract import Range
@@ -187,24 +188,13 @@ class Task(_Strict):
         return None
 
 
-def _format(source: str, e: ValidationError) -> list[str]:
-    lines = []
-    for err in e.errors():
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if not loc:  # a cross-field check names its field at the start of its message
-            loc, _, msg = msg.partition(": ") if re.match(r"^[\w.]+: ", msg) else ("<root>", "", msg)
-        lines.append(f"{source}: {loc}: {msg}")
-    return lines
-
-
 def parse_task(data: object, source: str) -> Task:
     if not isinstance(data, dict):
         raise TaskError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
     try:
         return Task.model_validate(data)
     except ValidationError as e:
-        raise TaskError("\n".join(_format(source, e))) from None
+        raise TaskError("\n".join(problem_lines(source, e))) from None
 
 
 @cache

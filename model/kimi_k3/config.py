@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from kernels.validation import problem_lines
+
 # MXFP4 packs one E8M0 scale per 32 inputs.
 MXFP4_GROUP = 32
 # Rank-local routed-expert intermediate sizes are zero-padded to this multiple (TP16: 192 -> 256).
@@ -21,6 +23,16 @@ EXPERT_SHARD_ALIGN = 128
 
 class ConfigError(ValueError):
     """A config that cannot describe a runnable model; the message names the source and field."""
+
+
+def read_json(path: Path) -> Any:
+    """A config file's JSON, or a ConfigError naming the file."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON: {e}") from None
 
 
 class LinearAttnConfig(BaseModel):
@@ -208,25 +220,15 @@ class KimiK3Config(BaseModel):
         try:
             return cls.model_validate(text)
         except ValidationError as e:
-            lines = []
-            for err in e.errors():
-                msg = err["msg"].removeprefix("Value error, ")
-                loc = ".".join(str(p) for p in err["loc"])  # empty for whole-config checks, whose message names fields
-                lines.append(f"{source}: {loc}: {msg}" if loc else f"{source}: {msg}")
-            raise ConfigError("\n".join(lines)) from None
+            raise ConfigError("\n".join(problem_lines(source, e))) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> "KimiK3Config":
+        """A config.json, or the config.json of a checkpoint directory."""
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such config file")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON: {e}") from None
-        return cls.from_hf_dict(raw, source=str(path))
+        return cls.from_hf_dict(read_json(path), source=str(path))
 
     def to_hf_dict(self, nested: bool = True) -> dict[str, Any]:
         """The `config.json` body; nested as a `kimi_k3` multimodal config with a null vision config."""

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 
 from .checkpoint import LANGUAGE_MODEL_PREFIX
-from .config import ConfigError, KimiK3Config
+from .config import KimiK3Config, read_json
 from .model import KimiK3Model
 from .parallel import TP
 from .weights import CheckpointError
@@ -108,12 +108,7 @@ def load_config(path: str | Path) -> tuple[KimiK3Config, bool]:
     if not Path(path).is_dir():
         raise CheckpointError(f"{path}: not a checkpoint directory")
     cfg_path = Path(path) / "config.json"
-    if not cfg_path.is_file():
-        raise ConfigError(f"{cfg_path}: missing (a checkpoint directory needs its config.json)")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{cfg_path}: not valid JSON: {e}") from None
+    raw = read_json(cfg_path)
     return KimiK3Config.from_hf_dict(raw, source=str(cfg_path)), isinstance(raw, dict) and "text_config" in raw
 
 

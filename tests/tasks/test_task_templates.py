@@ -72,7 +72,7 @@ def changed(**updates) -> dict:
     (changed(forbidden=["model/kimi_k3/{name}.py"]), "forbidden.0: 'model/kimi_k3/{name}.py': the only placeholder is {op}"),
     (changed(goal=None), "goal: Field required"),
     (changed(owner="me"), "owner: Extra inputs are not permitted"),
-    (changed(required_gates=["contracts", "evals"]), "required_gates.1: unknown gate 'evals'; gates: contracts"),
+    (changed(required_gates=["contracts", "speed"]), "required_gates.1: unknown gate 'speed'; gates: contracts"),
     (changed(envelope={**TASK["envelope"], "archs": ["h200"]}), "envelope.archs: ['h200']: an arch is sm_<digits>"),
     (changed(success={"speedup": [{"batch": 128, "min": 1.5}]}), "success.speedup.0.batch: 128 outside envelope.batch 1..64"),
     (changed(success={"speedup": [{"batch": 1, "min": 0}]}), "success.speedup.0.min: Input should be greater than 0"),
