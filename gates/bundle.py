@@ -105,15 +105,16 @@ def covered_sources(contract: Contract, contract_path: Path, problem_file: Path 
 
 
 def git_state(root: Path = REPO_ROOT) -> GitState:
-    """The checkout's state; in an exported tree (a GPU runner's copy without .git) the commit the runner
-    names in K3FORGE_COMMIT, if any: informative only, freshness rests on the sources' hashes."""
+    """The checkout's state. Where the tree has no commit of its own (an exported tree, or a GPU runner's copy
+    in a fresh repository), the commit the runner names in K3FORGE_COMMIT, if any: informative only,
+    freshness rests on the sources' hashes."""
     try:
         import git
 
         repo = git.Repo(root, search_parent_directories=True)
     except Exception:  # not a checkout (an installed wheel, an exported tree)
         return GitState(commit=os.environ.get("K3FORGE_COMMIT"), branch=None, dirty=None)
-    commit = repo.head.commit.hexsha if repo.head.is_valid() else None
+    commit = repo.head.commit.hexsha if repo.head.is_valid() else os.environ.get("K3FORGE_COMMIT")
     branch = None if repo.head.is_detached else repo.active_branch.name
     dirty = bool(repo.git.status("--porcelain", "--", ".", ":(exclude)evidence"))
     return GitState(commit=commit, branch=branch, dirty=dirty)
