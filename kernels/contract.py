@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from kernels.validation import problem_lines
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from kernels.validation import validate
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp4")
@@ -174,12 +174,7 @@ class Contract(_Strict):
 
 
 def parse_contract(data: object, source: str) -> Contract:
-    if not isinstance(data, dict):
-        raise ContractError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
-    try:
-        return Contract.model_validate(data)
-    except ValidationError as e:
-        raise ContractError("\n".join(problem_lines(source, e))) from None
+    return validate(Contract, data, source, ContractError)
 
 
 def contract_files(directory: str | Path) -> list[Path]:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from kernels.validation import problem_lines
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from kernels.validation import validate
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kernels.contract import Range
 
@@ -189,12 +189,7 @@ class Task(_Strict):
 
 
 def parse_task(data: object, source: str) -> Task:
-    if not isinstance(data, dict):
-        raise TaskError(f"{source}: <root>: expected a mapping, got {type(data).__name__}")
-    try:
-        return Task.model_validate(data)
-    except ValidationError as e:
-        raise TaskError("\n".join(problem_lines(source, e))) from None
+    return validate(Task, data, source, TaskError)
 
 
 @cache

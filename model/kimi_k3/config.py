@@ -11,9 +11,9 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kernels.validation import problem_lines
+from kernels.validation import validate
 
 # MXFP4 packs one E8M0 scale per 32 inputs.
 MXFP4_GROUP = 32
@@ -214,13 +214,9 @@ class KimiK3Config(BaseModel):
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "KimiK3Config":
         """Read a K3 (`text_config` nested) or flat `kimi_linear` config dict."""
-        text = raw.get("text_config", raw) if isinstance(raw, dict) else raw
-        if not isinstance(text, dict):
-            raise ConfigError(f"{source}: text_config: expected an object, got {type(text).__name__}")
-        try:
-            return cls.model_validate(text)
-        except ValidationError as e:
-            raise ConfigError("\n".join(problem_lines(source, e))) from None
+        nested = isinstance(raw, dict) and "text_config" in raw
+        return validate(cls, raw["text_config"] if nested else raw, source, ConfigError,
+                        where="text_config" if nested else "<root>")
 
     @classmethod
     def from_file(cls, path: str | Path) -> "KimiK3Config":
