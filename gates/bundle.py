@@ -24,7 +24,7 @@ from gates.sources import REPO_ROOT, import_closure, module_file, relative, sha2
 from gates.status import GateResult, Status, worst
 from kernels.contract import Contract
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUNDLE_FILE, MANIFEST_FILE = "bundle.json", "manifest.json"
 SOURCE_ROLES = ("contract", "problem", "implementation", "reference", "standard", "dependency")
 
@@ -48,7 +48,7 @@ class GitState(BaseModel):
 class Bundle(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     op: str
     arch: str = Field(description="the machine the gates ran on: sm_90, ..., or cpu")
     created: str

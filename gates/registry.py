@@ -37,7 +37,11 @@ class GateOptions(BaseModel):
     trials: int = Field(default=2, ge=1, description="seeded inputs per envelope point and distribution")
     runs: int = Field(default=4, ge=2, description="candidate runs per input, all bitwise identical")
     steps: int = Field(default=32, ge=4, description="consecutive decode steps of a stateful op")
-    bench_iters: int = Field(default=100, ge=10, description="timed CUDA-graph replays per implementation")
+    bench_pairs: int = Field(default=50, ge=5, description="interleaved (candidate, standard) replay pairs per block")
+    min_blocks: int = Field(default=3, ge=2, description="timed blocks per benchmark point at least")
+    max_blocks: int = Field(default=12, ge=2, description="timed blocks per benchmark point at most")
+    precision: float = Field(default=0.02, gt=0, lt=1,
+                             description="stop once each bounded statistic's 95 % interval is this narrow (relative)")
     host_iters: int = Field(default=30, ge=5, description="replays timed by host wall clock")
     input_sets: int = Field(default=4, ge=2, description="distinct input sets rotated while timing")
 

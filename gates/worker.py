@@ -28,6 +28,7 @@ _synchronize = torch.cuda.synchronize
 _record = torch.cuda.Event.record
 _elapsed_time = torch.cuda.Event.elapsed_time
 _replay = torch.cuda.CUDAGraph.replay
+_sleep = torch.cuda._sleep
 
 # (owner, attribute) pairs a candidate could patch to forge timings or results.
 GUARDED = {
@@ -37,6 +38,7 @@ GUARDED = {
     "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
     "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
     "torch.cuda.CUDAGraph.replay": (torch.cuda.CUDAGraph, "replay"),
+    "torch.cuda._sleep": (torch.cuda, "_sleep"),
     "torch.Tensor.copy_": (torch.Tensor, "copy_"),
     "torch.Tensor.clone": (torch.Tensor, "clone"),
     "torch.Tensor.cpu": (torch.Tensor, "cpu"),
@@ -172,67 +174,116 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
-def run_benchmark(*, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list, iters: int,
-                  host_iters: int) -> dict:
-    """Candidate and standard timed side by side, interleaved, over CUDA-graph replays.
+PAD_CYCLES = 200_000  # ~100 µs of GPU spin before each timed replay (see BenchSession.block)
 
-    Before every timed replay the next input set (cycling through `sets`) is copied into the graph's buffers and
-    a buffer of twice the L2 is written, so each call starts cold on fresh inputs. Each replay has its own pair
-    of events on the capture stream (device time); host wall time is replay plus a device-wide synchronize,
-    which also counts work left on other streams. Afterwards every input set is replayed once more and the
-    outputs returned for the gate to check against the reference.
+
+class BenchSession:
+    """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
+
+    Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
+    the graph's buffers and a buffer of twice the L2 is written. Then a spin kernel holds the stream while the
+    host enqueues the start event, the replay and the end event (NVBench's blocking kernel), so the events
+    time the GPU's work and never the host's enqueueing: without it a replay whose launch the host has not yet
+    submitted when the stream reaches the start event is charged the host's delay (up to 3x on a busy host).
+    Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
+    hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
+    streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
     """
-    from kernels.timing import L2Flusher, capture_graph, count_kernels
 
-    fns = {name: import_entry_point(entry) for name, entry in impls.items()}
-    on_device = [clone(s, "cuda") for s in sets]
-    flush = L2Flusher()
-    buffers = {name: clone(on_device[0]) for name in fns}
-    graphs, outs = {}, {}
-    for name, fn in fns.items():
-        held: dict[str, Any] = {}
-        graphs[name] = capture_graph(lambda fn=fn, args=buffers[name], held=held: held.update(out=fn(*args)))
-        outs[name] = held["out"]  # the captured call's output: every replay rewrites it
-    order = list(fns)
-    events = []
-    for i in range(iters):
-        for name in (order if i % 2 == 0 else order[::-1]):
-            copy_into(buffers[name], on_device[i % len(on_device)])
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            _record(start)
-            _replay(graphs[name])
-            _record(end)
-            events.append((name, start, end))
-    _synchronize()
-    device_us: dict[str, list[float]] = {name: [] for name in fns}
-    for name, start, end in events:
-        device_us[name].append(_elapsed_time(start, end) * 1e3)
-    host_us: dict[str, list[float]] = {name: [] for name in fns}
-    for i in range(host_iters):
-        for name in order:
-            copy_into(buffers[name], on_device[i % len(on_device)])
-            flush()
-            _synchronize()
-            t0 = _perf_counter()
-            _replay(graphs[name])
-            _synchronize()
-            host_us[name].append((_perf_counter() - t0) * 1e6)
-    recheck: dict[str, list[dict]] = {name: [] for name in fns}
-    for name in fns:
-        for s in on_device:
-            copy_into(buffers[name], s)
-            _replay(graphs[name])
-            _synchronize()
-            problems: list[str] = []
-            recheck[name].append({
-                "outputs": [(n, c) for n, t in leaves(outs[name], "out")
-                            if (c := _plain(n, t, "cuda", problems)) is not None],
-                "states": [(n, _plain(n, t, "cuda", problems)) for i in state
-                           for n, t in leaves(buffers[name][i], names[i])],
-                "problems": problems})
-    kernels = {name: count_kernels(lambda fn=fn, args=buffers[name]: fn(*args)) for name, fn in fns.items()}
-    return {"device_us": device_us, "host_us": host_us, "recheck": recheck, "kernels": kernels}
+    def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
+        from kernels.timing import L2Flusher, capture_graph
+
+        self.fns = {name: import_entry_point(entry) for name, entry in impls.items()}
+        self.names, self.state = names, state
+        self.sets = [clone(s, "cuda") for s in sets]
+        self.flush = L2Flusher()
+        self.buffers = {name: clone(self.sets[0]) for name in self.fns}
+        self.graphs, self.outs = {}, {}
+        for name, fn in self.fns.items():
+            held: dict[str, Any] = {}
+            self.graphs[name] = capture_graph(lambda fn=fn, args=self.buffers[name], held=held:
+                                              held.update(out=fn(*args)))
+            self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
+        self.replays = 0
+
+    def _prepare(self, name: str) -> None:
+        copy_into(self.buffers[name], self.sets[self.replays % len(self.sets)])
+        self.flush()
+
+    def block(self, pairs: int) -> dict:
+        order, events = list(self.fns), []
+        for i in range(pairs):
+            for name in (order if i % 2 == 0 else order[::-1]):
+                self._prepare(name)
+                _sleep(PAD_CYCLES)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                _record(start)
+                _replay(self.graphs[name])
+                _record(end)
+                events.append((name, start, end))
+            self.replays += 1
+        _synchronize()
+        device_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for name, start, end in events:
+            device_us[name].append(_elapsed_time(start, end) * 1e3)
+        return {"device_us": device_us}
+
+    def finish(self, host_iters: int) -> dict:
+        from kernels.timing import count_kernels
+
+        host_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for _ in range(host_iters):
+            for name in self.fns:
+                self._prepare(name)
+                _synchronize()
+                t0 = _perf_counter()
+                _replay(self.graphs[name])
+                _synchronize()
+                host_us[name].append((_perf_counter() - t0) * 1e6)
+            self.replays += 1
+        recheck: dict[str, list[dict]] = {name: [] for name in self.fns}
+        for name in self.fns:
+            for s in self.sets:
+                copy_into(self.buffers[name], s)
+                _replay(self.graphs[name])
+                _synchronize()
+                problems: list[str] = []
+                recheck[name].append({
+                    "outputs": [(n, c) for n, t in leaves(self.outs[name], "out")
+                                if (c := _plain(n, t, "cuda", problems)) is not None],
+                    "states": [(n, _plain(n, t, "cuda", problems)) for i in self.state
+                               for n, t in leaves(self.buffers[name][i], self.names[i])],
+                    "problems": problems})
+        kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name]: fn(*args))
+                   for name, fn in self.fns.items()}
+        return {"host_us": host_us, "recheck": recheck, "kernels": kernels}
+
+
+_bench: BenchSession | None = None
+
+
+def bench_start(**session) -> dict:
+    """Capture the graphs of a new benchmark session (replacing any earlier one)."""
+    global _bench
+    _bench = None
+    _bench = BenchSession(**session)
+    return {}
+
+
+def bench_block(*, pairs: int) -> dict:
+    if _bench is None:
+        raise RuntimeError("bench_block before bench_start")
+    return _bench.block(pairs)
+
+
+def bench_finish(*, host_iters: int) -> dict:
+    global _bench
+    if _bench is None:
+        raise RuntimeError("bench_finish before bench_start")
+    try:
+        return _bench.finish(host_iters)
+    finally:
+        _bench = None
 
 
 def probe(*, entries: list[str]) -> dict:
@@ -285,7 +336,8 @@ def run_compile(*, module: str, contract: dict, archs: list[str]) -> dict:
     return {"compiles": results}
 
 
-HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "benchmark": run_benchmark, "probe": probe,
+HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": bench_start,
+            "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
             "compile": run_compile}
 
 

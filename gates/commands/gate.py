@@ -32,7 +32,9 @@ def register(sub) -> None:
     p.add_argument("--trials", type=int, default=2, help="seeded inputs per envelope point and distribution")
     p.add_argument("--runs", type=int, default=4, help="candidate runs per input, all bitwise identical")
     p.add_argument("--steps", type=int, default=32, help="consecutive steps of a stateful op")
-    p.add_argument("--bench-iters", type=int, default=100, help="timed replays per implementation and point")
+    p.add_argument("--bench-pairs", type=int, default=50, help="interleaved candidate/standard replay pairs per block")
+    p.add_argument("--max-blocks", type=int, default=12,
+                   help="timed blocks per benchmark point at most (fewer once the speedup is settled)")
     p.set_defaults(func=run)
 
 
@@ -58,7 +60,7 @@ def run(args) -> int:
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     try:
         options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
-                              bench_iters=args.bench_iters)
+                              bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
     except ValidationError as e:
         raise UsageError("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
                                    for err in e.errors())) from None

@@ -52,11 +52,11 @@ class DispatchedEngine(Engine):
         model.ops = shared
         self.ops = ops
 
-    def step(self, token_ids: list[int], batch: StepBatch) -> torch.Tensor:
+    def step(self, token_ids: list[int], batch: StepBatch, every_token: bool = False) -> torch.Tensor:
         shared = self.model.ops
         self.model.ops = self.ops
         try:
-            return super().step(token_ids, batch)
+            return super().step(token_ids, batch, every_token)
         finally:
             self.model.ops = shared
 
@@ -131,6 +131,21 @@ class Session:
         for transform in self.path.logit_transforms:
             logits = transform(logits)
         return logits
+
+    def verify(self, tokens: list[int]) -> torch.Tensor:
+        """A speculative verification step: the last emitted token then len(tokens) - 1 drafts, scored at once;
+        logits [len(tokens), V], row j predicting the token after tokens[:j + 1]. Follow with `keep`."""
+        k = len(tokens) - 1
+        self.engine.cache.reserve_spec(k)
+        batch = StepBatch((self.slot,), (len(tokens),), (self.length,), spec_tokens=k)
+        logits = self.engine.step(list(tokens), batch, every_token=True)
+        for transform in self.path.logit_transforms:
+            logits = transform(logits)
+        return logits
+
+    def keep(self, n: int) -> None:
+        """After `verify`: keep its first n tokens (the last emitted one and the accepted drafts)."""
+        self.engine.cache.commit([self.slot], [n])
 
     def kda_states(self) -> dict[int, torch.Tensor]:
         """Each KDA layer's recurrent state [H, V, K] (fp32) for this sequence."""

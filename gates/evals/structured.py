@@ -11,10 +11,15 @@ matcher stops or `max_tokens` run out. Checks:
   first diverge only where the reference's two best allowed logits are within `tie_tolerance` (a logit
   drift inside tolerance can flip such an argmax and nothing else).
 
+Speculative decoding: for each K > 0 in `spec_tokens` both paths decode again, each step verifying the last
+token and K drafts in one verification step -- the tokens the grammar forces next (llguidance's fast-forward
+tokens, as jump-forward decoding uses them), then prompt-lookup (`NgramDrafter`) continuations --; under the grammar a draft is
+accepted while it equals the masked argmax of its row, the first mismatch emits the row's own token, and the
+cache keeps only the accepted prefix. Its outputs must parse and validate, match between paths, and equal
+the same path's plain tokens (near-ties excused as above).
+
 Greedy decoding ignores a logit scale, so the logits-times-1.05 path passes here by design; a path whose
-ranking changes fails. Speculative decoding plugs in through `spec_tokens` (0 = plain decoding): each
-K > 0 decodes again with K draft tokens per step and must give the same tokens. It needs the engine's
-verification steps (issue 3) and is reported as a pending check until they land.
+ranking changes fails.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.progress import Progress
 from tokenizers import Tokenizer
 
+from model.kimi_k3.drafters import NgramDrafter
+from model.kimi_k3.engine import Generation
 from model.kimi_k3.tokenizer import token_bytes
 
 from .config import EvalConfig
@@ -38,7 +45,6 @@ from .schemas import SCHEMAS
 
 NAME = "structured"
 GRAMMAR_OPTIONS = {"whitespace_flexible": False}  # compact JSON: random weights cannot pad with spaces forever
-SPEC_PENDING = "speculative decoding is not on this branch (the engine's verification steps land with issue 3)"
 
 
 class StructuredBudget(BaseModel):
@@ -77,6 +83,7 @@ class _Vocabulary:
 class _Decode:
     tokens: list[int] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # top-2 allowed-logit gap at each step
+    accepted: list[int] = field(default_factory=list)  # drafts accepted at each verification step
     stopped: bool = False
     error: str = ""
 
@@ -100,59 +107,74 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
         _Vocabulary(tok, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)))
 
     table = Table(title="greedy JSON per schema", columns=[
-        "schema", "spec tokens", "ref tokens", "cand tokens", "ref valid", "cand valid", "same tokens", "ref output"])
-    runs: list[tuple[str, _Output, _Output, str]] = []
-    pending = []
-    task = progress.add_task(f"{NAME}: {paths.label}", total=len(budget.schemas) * budget.spec_tokens.count(0))
-    for k in budget.spec_tokens:
-        if k > 0:
-            # Issue 3: decode each schema with k drafts per verification step (drafts checked against the matcher
-            # before verification, rejected ones rolled back); the tokens must equal the plain run's.
-            pending.append(Check.pending(f"speculative decoding, {k} draft tokens", SPEC_PENDING))
-            continue
+        "schema", "spec tokens", "ref tokens", "cand tokens", "ref valid", "cand valid", "same tokens",
+        "same as plain (ref / cand)", "drafts accepted", "ref output"])
+    runs: list[tuple[str, int, _Output, _Output, str]] = []
+    plain: dict[str, tuple[_Output, _Output]] = {}
+    against_plain: list[tuple[str, int, str, str]] = []
+    task = progress.add_task(f"{NAME}: {paths.label}", total=len(budget.schemas) * len(budget.spec_tokens))
+    for k in sorted(budget.spec_tokens):
         for name in budget.schemas:
             schema = SCHEMAS[name]
             prompt = [cfg.bos_token_id] + tok.encode(f"Reply with {schema['title']} as JSON:\n",
                                                      add_special_tokens=False).ids
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
-            ref, cand = (_generate(path.session(len(prompt) + budget.max_tokens), grammar_tok, grammar, prompt,
-                                   budget.max_tokens, schema, cfg.eos_token_id)
+            ref, cand = (_generate(path.session(len(prompt) + budget.max_tokens + k), grammar_tok, grammar, prompt,
+                                   budget.max_tokens, schema, cfg.eos_token_id, k)
                          for path in (paths.reference, paths.candidate))
             verdict = _compare(ref.decode, cand.decode, budget.tie_tolerance)
-            runs.append((name, ref, cand, verdict))
+            runs.append((name, k, ref, cand, verdict))
+            if k == 0:
+                plain[name] = (ref, cand)
+                same_as_plain = "-"
+            else:
+                base = plain.get(name)
+                ref_vs, cand_vs = ((_compare(b.decode, o.decode, budget.tie_tolerance) for b, o in zip(base, (ref, cand)))
+                                   if base else ("no plain run", "no plain run"))
+                against_plain.append((name, k, ref_vs, cand_vs))
+                same_as_plain = f"{ref_vs} / {cand_vs}"
+            accepted = sum(cand.decode.accepted)
             table.add(name, k, len(ref.decode.tokens), len(cand.decode.tokens), ref.valid or ref.problem,
-                      cand.valid or cand.problem, verdict, ref.text)
+                      cand.valid or cand.problem, verdict, same_as_plain,
+                      f"{accepted}/{k * len(cand.decode.accepted)}" if k else "-", ref.text)
             progress.advance(task)
 
-    if not runs:
-        return EvalResult.from_checks(NAME, pending, notes=[SPEC_PENDING])
     n = len(runs)
     checks = []
-    for side, outs in (("reference", [r[1] for r in runs]), ("candidate", [r[2] for r in runs])):
-        invalid = "; ".join(f"{name}: {o.problem}" for (name, *_), o in zip(runs, outs) if not o.valid)
+    for side, outs in (("reference", [r[2] for r in runs]), ("candidate", [r[3] for r in runs])):
+        invalid = "; ".join(f"{name} (spec {k}): {o.problem}" for (name, k, *_), o in zip(runs, outs) if not o.valid)
         checks.append(Check.at_least(f"{side} outputs parse", sum(o.parsed for o in outs) / n, 1.0))
         checks.append(Check.at_least(f"{side} outputs valid", sum(o.valid for o in outs) / n, 1.0, invalid))
-    same = [verdict == "identical" or verdict.startswith("near-tie") for *_, verdict in runs]
-    diverged = "; ".join(f"{name}: {verdict}" for (name, *_, verdict), ok in zip(runs, same) if not ok)
-    checks.append(Check.at_least("greedy tokens identical", sum(same) / n, 1.0, diverged))
+    same = [_agrees(verdict) for *_, verdict in runs]
+    diverged = "; ".join(f"{name} (spec {k}): {verdict}" for (name, k, *_, verdict), ok in zip(runs, same) if not ok)
+    checks.append(Check.at_least("greedy tokens identical between paths", sum(same) / n, 1.0, diverged))
+    if against_plain:
+        agree = [_agrees(r) and _agrees(c) for _, _, r, c in against_plain]
+        differ = "; ".join(f"{name} (spec {k}): reference {r}, candidate {c}"
+                           for (name, k, r, c), ok in zip(against_plain, agree) if not ok)
+        checks.append(Check.at_least("speculative tokens identical to plain decoding", sum(agree) / len(agree),
+                                     1.0, differ))
+    verify_steps = [len(r[3].decode.accepted) for r in runs if r[1]]
     metrics = {
-        "schemas": n,
-        "valid_rate_reference": sum(r[1].valid for r in runs) / n,
-        "valid_rate_candidate": sum(r[2].valid for r in runs) / n,
+        "outputs": n,
+        "valid_rate_reference": sum(r[2].valid for r in runs) / n,
+        "valid_rate_candidate": sum(r[3].valid for r in runs) / n,
         "identical_rate": sum(same) / n,
-        "mean_tokens": sum(len(r[1].decode.tokens) for r in runs) / n,
+        "mean_tokens": sum(len(r[2].decode.tokens) for r in runs) / n,
+        "draft_acceptance": (sum(sum(r[3].decode.accepted) for r in runs if r[1])
+                             / max(1, sum(r[1] * len(r[3].decode.accepted) for r in runs if r[1]))),
+        "verify_steps": sum(verify_steps),
     }
-    notes = [f"speculative variants pending: {SPEC_PENDING}"] if pending else []
-    return EvalResult.from_checks(NAME, checks + pending, metrics=metrics, tables=[table], notes=notes,
+    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table],
                                   budget={"seed": config.seed, **budget.model_dump()})
 
 
 def _generate(session: Session, grammar_tok: llguidance.LLTokenizer, grammar: str, prompt: list[int],
-              max_tokens: int, schema: dict, eos: int) -> _Output:
+              max_tokens: int, schema: dict, eos: int, spec_tokens: int) -> _Output:
     matcher = llguidance.LLMatcher(grammar_tok, grammar, log_level=0)
     if matcher.is_error():
         raise ValueError(f"schema {schema.get('title')!r}: llguidance refused the grammar: {matcher.get_error()}")
-    decode = _greedy(session, matcher, prompt, max_tokens)
+    decode = _greedy(session, matcher, prompt, max_tokens, spec_tokens)
     out = _Output(decode)
     if decode.error or not decode.stopped:
         out.problem = decode.error or f"no end within {max_tokens} tokens"
@@ -170,25 +192,54 @@ def _generate(session: Session, grammar_tok: llguidance.LLTokenizer, grammar: st
     return out
 
 
-def _greedy(session: Session, matcher: llguidance.LLMatcher, prompt: list[int], max_tokens: int) -> _Decode:
-    """Greedy decoding under the matcher's mask until it stops (closed JSON or EOS) or max_tokens."""
-    vocab = session.engine.model.cfg.vocab_size
-    out = _Decode()
-    logits = session.feed(prompt)
-    for _ in range(max_tokens):
-        allowed = _allowed(matcher, vocab).to(logits.device)
-        best = logits.masked_fill(~allowed, float("-inf")).topk(2)
-        token = int(best.indices[0])
-        out.gaps.append((best.values[0] - best.values[1]).item())
-        out.tokens.append(token)
-        if not matcher.consume_token(token):
-            out.error = f"the matcher refused token {token}: {matcher.get_error()}"
-            return out
-        if matcher.is_stopped():
-            out.stopped = True
-            return out
-        logits = session.feed([token])
+def _greedy(session: Session, matcher: llguidance.LLMatcher, prompt: list[int], max_tokens: int,
+            spec_tokens: int) -> _Decode:
+    """Greedy decoding under the matcher's mask until it stops (closed JSON or EOS) or max_tokens; with
+    spec_tokens = K > 0 every step verifies the last token and K drafts at once and keeps the accepted prefix."""
+    drafter, out = NgramDrafter(), _Decode()
+    token = _choose(session.feed(prompt), matcher, out)
+    while not _finished(out, max_tokens):
+        drafts = _drafts(drafter, matcher, prompt, out.tokens, spec_tokens)
+        rows = session.verify([token] + drafts) if drafts else session.feed([token])[None]
+        accepted = 0
+        for j, row in enumerate(rows):
+            token = _choose(row, matcher, out)
+            if _finished(out, max_tokens) or j == len(drafts) or token != drafts[j]:
+                break
+            accepted += 1
+        if drafts:
+            session.keep(1 + accepted)
+            out.accepted.append(accepted)
     return out
+
+
+def _drafts(drafter: NgramDrafter, matcher: llguidance.LLMatcher, prompt: list[int], tokens: list[int],
+            k: int) -> list[int]:
+    """K draft tokens: what the grammar forces next, then prompt lookup over everything so far."""
+    if not k:
+        return []
+    forced = matcher.compute_ff_tokens()[:k]
+    if len(forced) == k:
+        return forced
+    return forced + drafter.propose([Generation(prompt, tokens + forced)], k - len(forced)).tokens[0].tolist()
+
+
+def _choose(logits: torch.Tensor, matcher: llguidance.LLMatcher, out: _Decode) -> int:
+    """The masked argmax of one row of logits, appended to `out` and consumed by the matcher."""
+    allowed = _allowed(matcher, logits.shape[-1]).to(logits.device)
+    best = logits.masked_fill(~allowed, float("-inf")).topk(2)
+    token = int(best.indices[0])
+    out.gaps.append((best.values[0] - best.values[1]).item())
+    out.tokens.append(token)
+    if not matcher.consume_token(token):
+        out.error = f"the matcher refused token {token}: {matcher.get_error()}"
+    elif matcher.is_stopped():
+        out.stopped = True
+    return token
+
+
+def _finished(out: _Decode, max_tokens: int) -> bool:
+    return out.stopped or bool(out.error) or len(out.tokens) >= max_tokens
 
 
 def _allowed(matcher: llguidance.LLMatcher, vocab: int) -> torch.Tensor:
@@ -196,6 +247,10 @@ def _allowed(matcher: llguidance.LLMatcher, vocab: int) -> torch.Tensor:
     words = torch.frombuffer(bytearray(matcher.compute_bitmask()), dtype=torch.int32)
     bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.flatten()[:vocab].bool()
+
+
+def _agrees(verdict: str) -> bool:
+    return verdict == "identical" or verdict.startswith("near-tie")
 
 
 def _compare(ref: _Decode, cand: _Decode, tie_tolerance: float) -> str:

@@ -47,10 +47,12 @@ class Engine:
         self.device = device
         self.cache = ModelCache(model.cfg, model.tp, num_slots, max_len, model.act_dtype, device)
 
-    def step(self, token_ids: list[int], batch: StepBatch) -> torch.Tensor:
-        """One forward step; fp32 logits of each sequence's last token [B, V]."""
+    def step(self, token_ids: list[int], batch: StepBatch, every_token: bool = False) -> torch.Tensor:
+        """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V]."""
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         hidden = self.model(ids, batch, self.cache)
+        if every_token:
+            return self.model.logits(hidden)
         last = torch.tensor([s + n - 1 for s, n in zip(batch.starts, batch.query_lens)], device=self.device)
         return self.model.logits(hidden[last])
 
@@ -113,8 +115,7 @@ class Engine:
         drafts = draft.tokens.to(self.device)
         last = torch.tensor([[gens[i].tokens[-1]] for i in active], dtype=torch.long, device=self.device)
         batch = StepBatch(tuple(slots), (1 + k,) * b, tuple(self.cache.lengths[s] for s in slots), spec_tokens=k)
-        hidden = self.model(torch.cat([last, drafts], dim=1).flatten(), batch, self.cache)
-        logits = self.model.logits(hidden).view(b, 1 + k, -1)
+        logits = self.step(torch.cat([last, drafts], dim=1).flatten().tolist(), batch, every_token=True).view(b, 1 + k, -1)
         if params.temperature == 0:
             emitted = greedy_accept(logits, drafts)
         else:

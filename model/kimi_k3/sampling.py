@@ -18,6 +18,16 @@ def top_p_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch
     return kept / kept.sum(-1, keepdim=True)
 
 
+def categorical(weights: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One draw per row of non-negative weights [B, V] (any positive total): the row's CDF, in float64 on the
+    weights' device, inverted at one uniform from its (CPU) generator -- the same seed picks the same token on
+    any device, and a zero-weight token is never picked."""
+    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators]).to(weights.device)
+    cdf = weights.double().cumsum(-1)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    return tokens.clamp_max(weights.shape[-1] - 1)
+
+
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
            generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of logits [B, V]; returns (tokens [B], their log-probabilities under the
@@ -27,7 +37,6 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
     if temperature == 0:
         tokens = logits.argmax(-1)
     else:
-        probs = top_p_probs(logits, temperature, top_p).cpu()  # CPU generators: same seed, same token anywhere
-        tokens = torch.stack([torch.multinomial(p, 1, generator=g)[0] for p, g in zip(probs, generators)]).to(logits.device)
+        tokens = categorical(top_p_probs(logits, temperature, top_p), generators)
     logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, logprobs

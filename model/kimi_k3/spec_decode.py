@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import categorical
+
 REJECTED = -1
 
 
@@ -48,8 +50,8 @@ def rejection_sample(target_probs: torch.Tensor, drafts: torch.Tensor, draft_pro
     rows = torch.arange(b, device=p.device)
     final = torch.cat([residual, target_probs[:, k:]], dim=1)[rows, accepted]  # [B, V], unnormalized
     # p <= q everywhere means p == q, where nothing is rejected; rounding can still leave a zero residual
-    final = torch.where(final.sum(-1, keepdim=True) > 0, final, target_probs[rows, accepted]).cpu()
-    own = torch.stack([torch.multinomial(f, 1, generator=g)[0] for f, g in zip(final, generators)]).to(p.device)
+    final = torch.where(final.sum(-1, keepdim=True) > 0, final, target_probs[rows, accepted])
+    own = categorical(final, generators)
     tokens = torch.cat([drafts, own.unsqueeze(-1)], dim=-1)
     tokens[rows, accepted] = own
     return _emitted(tokens, accepted)

@@ -17,6 +17,7 @@ from gates.report import render_reports
 from gates.runner import detect, environment, new_options
 from gates.status import GateResult, Status, worst
 from kernels.contract import load_contract
+from tests.gates.fixtures.helpers import timed
 
 REPO = Path(__file__).resolve().parents[2]
 # The minimum of the real tree that the attn_res contract's evidence covers.
@@ -54,10 +55,7 @@ def benchmarks(speedups: dict[int, float]) -> GateResult:
     rows = []
     for batch, speedup in speedups.items():
         point = Point(batch, 0, (("sources", 9), ("hidden", 7168)), "fp32")
-        raw = {"device_us": {"candidate": [10.0] * 5, "standard": [10.0 * speedup] * 5},
-               "host_us": {"candidate": [12.0] * 5, "standard": [12.0 + 10.0 * speedup] * 5},
-               "kernels": {"candidate": 1, "standard": 3}}
-        rows.append(judge_point(point, raw, None, 1.0, None)[0])
+        rows.append(judge_point(point, *timed([10.0] * 5, [10.0 * speedup] * 5), None, 1.0, None)[0])
     return GateResult(gate="benchmarks", title="Benchmarks", status=Status.PASSED, summary="synthetic",
                       details={"rows": rows, "required_speedup": 1.0, "min_roofline_fraction": None, "peaks": None,
                                "method": "made-up timings", "recheck_failures": []})
