@@ -21,6 +21,7 @@ import torch
 
 from gates.compare import digest as _tensor_digest
 from gates.trees import clone, copy_into, leaves
+from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, count_kernels
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -174,25 +175,22 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
-PAD_CYCLES = 200_000  # ~100 µs of GPU spin before each timed replay (see BenchSession.block)
-
-
 class BenchSession:
     """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
 
     Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
     the graph's buffers and a buffer of twice the L2 is written. Then a spin kernel holds the stream while the
     host enqueues the start event, the replay and the end event (NVBench's blocking kernel), so the events
-    time the GPU's work and never the host's enqueueing: without it a replay whose launch the host has not yet
-    submitted when the stream reaches the start event is charged the host's delay (up to 3x on a busy host).
+    time the GPU's work and never the host's enqueueing (a replay the host has not submitted when the stream
+    reaches the start event would be charged the host's delay). On the H200 this order gave the steadiest
+    times of the three tried (NOTES.md run 5): with the spin before the flush, or none, a 4-CTA-cluster kernel
+    at batch 1 swung between 7 and 15 us from block to block.
     Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
     hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
     streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
-        from kernels.timing import L2Flusher, capture_graph
-
         self.fns = {name: import_entry_point(entry) for name, entry in impls.items()}
         self.names, self.state = names, state
         self.sets = [clone(s, "cuda") for s in sets]
@@ -229,8 +227,6 @@ class BenchSession:
         return {"device_us": device_us}
 
     def finish(self, host_iters: int) -> dict:
-        from kernels.timing import count_kernels
-
         host_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for _ in range(host_iters):
             for name in self.fns:

@@ -6,6 +6,10 @@ Method (see spec/gate_practices.md):
 - before every timed replay the L2 is made cold, either by writing a buffer of 2x the L2 size
   (`flush="l2"`, the default) or by replaying graphs captured on `rotate` distinct input sets whose
   footprint together exceeds the L2 (`flush="rotate"`);
+- after the flush a spin kernel holds the stream while the host enqueues the start event, the replay and
+  the end event (NVBench's blocking kernel), so the events time the GPU's work, never the host's enqueueing
+  (a replay the host has not submitted when the stream reaches the start event would be charged the host's
+  delay);
 - each replay is bracketed by CUDA events on the capture stream: `device_us` statistics;
 - separately, host wall time of replay + full device synchronize: `host_us` statistics, which catch
   work hidden on other streams.
@@ -22,6 +26,9 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
+
+
+PAD_CYCLES = 200_000  # the spin before a timed replay: ~100 us at H200 clocks, longer than the host's enqueueing
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,7 @@ def time_graphs(graphs: Sequence, iters: int = 200, flush: str = "l2", host_iter
     for i in range(iters):
         if fl is not None:
             fl()
+        torch.cuda._sleep(PAD_CYCLES)
         starts[i].record(stream)
         graphs[i % len(graphs)].replay()
         ends[i].record(stream)

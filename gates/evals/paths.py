@@ -74,13 +74,18 @@ class DecodePath:
 
 @dataclass(frozen=True)
 class PathPair:
-    """The two paths an eval compares, over one model (shared weights) and the checkpoint's tokenizer."""
+    """The two paths an eval compares, over one model (shared weights) and the checkpoint's tokenizer.
+
+    `standard`, when set, is the yardstick: the standard path run beside them on the same tokens, whose own
+    distance from the reference bounds how far the candidate may be (where rounding, not a bug, sets the
+    distance: bf16 on random weights, where top-k routing flips amplify any rounding difference)."""
 
     reference: DecodePath
     candidate: DecodePath
     model: KimiK3Model
     tokenizer: Tokenizer
     notes: tuple[str, ...] = ()
+    standard: DecodePath | None = None
 
     @property
     def cfg(self) -> KimiK3Config:

@@ -40,6 +40,17 @@ class Check(BaseModel):
         return cls(name=name, passed=bool(value >= bound), value=float(value), bound=float(bound), detail=detail)
 
     @classmethod
+    def no_worse(cls, name: str, value: float, absolute: float, standard: float | None, slack: float,
+                 detail: str = "") -> "Check":
+        """value <= the absolute bound or, when the standard path's own value of the statistic (its distance from
+        the reference, measured in the same run) is known, <= slack x that if larger: a candidate is held to the
+        precision the shipped path has, never to a tighter one the dtype cannot give."""
+        bound = yardstick_bound(absolute, standard, slack)
+        if standard is not None:
+            detail = f"{detail}; standard path {standard:.3g} (bound: the larger of {absolute:g} and {slack:g}x that)"
+        return cls.at_most(name, value, bound, detail.lstrip("; "))
+
+    @classmethod
     def pending(cls, name: str, reason: str) -> "Check":
         return cls(name=name, passed=None, detail=reason)
 
@@ -91,6 +102,13 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return value
+
+
+def yardstick_bound(absolute: float, standard: float | None, slack: float) -> float:
+    """The larger of an absolute bound and slack x the standard path's own value (a NaN standard gives no room)."""
+    if standard is None or math.isnan(standard):
+        return absolute
+    return max(absolute, slack * standard)
 
 
 def badness(value: float) -> float:

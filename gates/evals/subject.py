@@ -50,9 +50,9 @@ def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torc
 
 def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
               seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-              perturb: float | None = None) -> PathPair:
+              perturb: float | None = None, yardstick: bool = False) -> PathPair:
     """The reference path and `candidate` (a decode backend name, or a function building the path over the
-    model), optionally with scaled logits, over one model."""
+    model), optionally with scaled logits, over one model; with `yardstick`, the standard path beside them."""
     device = torch.device(device)
     notes = []
     if ckpt is not None:
@@ -77,4 +77,5 @@ def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, ckpt: str
     cand = candidate(model) if callable(candidate) else backend_path(model, candidate)
     if perturb is not None:
         cand = perturbed(cand, perturb)
-    return PathPair(backend_path(model, "reference"), cand, model, tokenizer, tuple(notes))
+    standard = backend_path(model, "auto") if yardstick else None
+    return PathPair(backend_path(model, "reference"), cand, model, tokenizer, tuple(notes), standard)

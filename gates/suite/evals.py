@@ -2,9 +2,11 @@
 against the reference path, through every model-level eval (gates.evals: temperature sampling, structured
 output, long context).
 
-CPU: the tiny preset in fp32 with each eval's CPU budget. GPU: real `k3` layer shapes in bf16, cut to
-`GPU_LAYERS` layers, with smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits one GPU
-command; evals left when TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
+CPU: the tiny preset in fp32 with each eval's CPU budget and absolute bounds. GPU: real `k3` layer shapes in
+bf16, cut to `GPU_LAYERS` layers, with smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits
+one GPU command, and the standard path run beside as the yardstick: in bf16 on random weights the candidate is
+held to the standard's own distance from the reference (gates.evals.paths.PathPair). Evals left when
+TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
 never entered the kernel's envelope makes the gate NOT_RUN: it would compare the standard path with itself.
 
 The evals run the candidate in this process (numerics and benchmarks isolate it); their statistics are
@@ -32,11 +34,11 @@ from model.kimi_k3.ops.registry import Specialized, import_entry_point
 
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
-TIME_LIMIT_S = {"cpu": 600.0, "cuda": 150.0}
+TIME_LIMIT_S = {"cpu": 600.0, "cuda": 180.0}
 GPU_BUDGETS = {
-    "sampling": SamplingConfig().gpu.model_copy(update={"positions": 16, "samples": 4096}),
-    "structured": StructuredConfig().gpu.model_copy(update={"schemas": StructuredConfig().gpu.schemas[:2],
-                                                            "spec_tokens": (0,), "max_tokens": 96}),
+    "sampling": SamplingConfig().gpu.model_copy(update={"positions": 32, "samples": 4096}),
+    "structured": StructuredConfig().gpu.model_copy(update={"schemas": ("enum", "nested", "patterns"),
+                                                            "spec_tokens": (0, 3), "max_tokens": 96}),
     "long_context": LongContextConfig().gpu.model_copy(update={"lengths": (2048, 8192), "decode_steps": 8}),
 }
 
@@ -68,7 +70,7 @@ def run(ctx: GateContext) -> GateResult:
     gpu = ctx.device == "cuda"
     candidate = ContractPath(ctx)
     pair = load_pair(candidate, preset_name="k3" if gpu else "tiny", layers=GPU_LAYERS if gpu else None,
-                     device=ctx.device, dtype=torch.bfloat16 if gpu else torch.float32)
+                     device=ctx.device, dtype=torch.bfloat16 if gpu else torch.float32, yardstick=gpu)
     start, results = time.perf_counter(), {}
     with Progress(disable=True) as progress:
         for name, config in configs(ctx.device).items():

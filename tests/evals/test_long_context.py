@@ -38,7 +38,7 @@ def test_identical_path_passes_per_bucket_and_deterministically(make_pair, progr
     assert run(SMALL, make_pair(), progress).model_dump() == result.model_dump()
     rows = result.tables[0].rows
     assert [row[0] for row in rows] == [128, 320]
-    assert all(row[2] == 0 and row[3] == "4/4" and row[6] == 0 for row in rows)
+    assert all(row[2] == 0 and row[5] == "4/4" and row[8] == 0 and row[4] is None for row in rows)
     assert {"logit_drift@128", "logit_drift@320", "kda_state_rel_err@320", "retrieval_ref@128"} <= set(result.metrics)
     assert not any(k.startswith(("mean", "avg")) for k in result.metrics)
     assert "not recall" in result.notes[0]
@@ -96,3 +96,16 @@ def test_buckets_too_close_for_the_probe_are_refused(make_pair, progress):
     config = LongContextConfig(cpu=SMALL.cpu.model_copy(update={"lengths": (128, 130)}))
     with pytest.raises(ValueError, match="bucket 130 is not past the context so far"):
         run(config, make_pair(), progress)
+
+
+def test_a_drifting_standard_beside_widens_the_state_bound_per_bucket(make_pair, tiny_model, progress):
+    """The KDA state drift that fails beside nothing passes beside a standard that drifts as much."""
+    pair = make_pair()
+    drifting = DecodePath("drifting-kda", partial(DispatchedEngine, tiny_model, ops=DriftingKDA.for_model(tiny_model)))
+    twin = DecodePath("drifting-kda-2", partial(DispatchedEngine, tiny_model, ops=DriftingKDA.for_model(tiny_model)))
+    result = run(SMALL, replace(pair, candidate=drifting, standard=twin), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    state = checks(result)["KDA state relative error"]
+    assert state.value > SMALL.cpu.state_rtol and "standard path" in state.detail
+    for row in result.tables[0].rows:
+        assert row[9] == pytest.approx(SMALL.cpu.slack * row[10]) and row[8] == pytest.approx(row[10])

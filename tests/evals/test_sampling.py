@@ -69,3 +69,18 @@ def test_sampler_at_the_wrong_temperature_fails_on_draws_alone(make_pair, progre
     result = run(one_setting(1.0, 1.0), replace(pair, candidate=replace(pair.candidate, sampler=hotter)), progress)
     c = checks(result)
     assert c["exact TV"].passed and not c["empirical KS"].passed
+
+
+def test_a_standard_path_beside_sets_the_precision_the_candidate_is_held_to(make_pair, progress):
+    """With a yardstick, the bounds are the standard's own distance from the reference (x slack): a candidate as
+    far off as a sloppy standard passes; the same candidate beside an exact standard fails."""
+    pair = make_pair()
+    scaled = perturbed(pair.candidate)
+    beside_sloppy = run(SMALL, replace(pair, candidate=scaled, standard=perturbed(pair.candidate)), progress)
+    assert beside_sloppy.status == Status.PASSED, beside_sloppy.failed_checks
+    c = checks(beside_sloppy)
+    assert c["exact TV"].value == beside_sloppy.metrics["standard_tv_max"] > 20 * CPU.tv_bound
+    assert c["exact TV"].bound == CPU.slack * beside_sloppy.metrics["standard_tv_max"]
+    beside_exact = run(SMALL, replace(pair, candidate=scaled, standard=pair.candidate), progress)
+    assert beside_exact.status == Status.FAILED_EVAL
+    assert not checks(beside_exact)["mean exact TV"].passed and "standard path 0" in checks(beside_exact)["exact TV"].detail

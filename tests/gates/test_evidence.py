@@ -23,7 +23,7 @@ def test_gated_bundle_is_intact_and_fresh(gated):
 def test_bundle_records_what_and_where(gated):
     _, out = gated
     bundle = load_bundle(out / "kda_decode" / "cpu")
-    assert bundle.schema_version == 1 and bundle.op == "kda_decode" and bundle.arch == "cpu"
+    assert bundle.schema_version == 2 and bundle.op == "kda_decode" and bundle.arch == "cpu"
     assert bundle.options.seed == 7 and bundle.options.seed_given
     assert bundle.environment.torch and bundle.environment.gpu_count == 0
     assert [(g.gate, g.status.value) for g in bundle.gates] == [

@@ -6,7 +6,6 @@ hidden 64) on a synthetic target, with a spy kernel, so they run on CPU."""
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from dataclasses import replace

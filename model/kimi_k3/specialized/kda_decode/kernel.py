@@ -20,8 +20,6 @@ Work decomposition: one CTA of 256 threads (8 warps) per (head, sequence); grid 
   two full 256-byte f_b rows per instruction, same butterfly reduction.
 """
 
-import math
-import os
 from dataclasses import dataclass
 
 import torch
