@@ -13,8 +13,8 @@ recurrent state after the decode steps (worst layer); and whether each path's an
 code (the candidate's answer is its argmax at each position of the reference's answer). On random weights
 the answers are noise: the probe then measures agreement between the paths, not recall.
 
-With a standard path beside (the yardstick, on the GPU) it is fed the same tokens, and each bucket's drift
-and state bounds are the larger of the budget's and `slack` x the standard's own in that bucket.
+With a standard path beside (the yardstick, on the GPU) it is fed the same tokens, and the drift and state
+bounds are the larger of the budget's and `slack` x the standard's own worst bucket (see `_buckets`).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class LongContextBudget(BaseModel):
     score_bytes: int = Field(gt=0, description="cap on the MLA prefill's fp32 score tensors; the chunk shrinks to fit")
     logit_atol: float = Field(gt=0, description="largest allowed |logit difference| at an answer position")
     state_rtol: float = Field(gt=0, description="largest allowed ||S_cand - S_ref|| / ||S_ref|| of a KDA state")
-    slack: float = Field(1.5, ge=1, description="with a standard path beside: per bucket, the candidate's drift and "
-                                               "state error may reach slack x the standard's own")
+    slack: float = Field(1.5, ge=1, description="with a standard path beside: the candidate's drift and state error "
+                                               "may reach slack x the standard's own worst bucket")
 
     @model_validator(mode="after")
     def _ascending(self) -> "LongContextBudget":
@@ -151,7 +151,7 @@ def run(config: LongContextConfig, paths: PathPair, progress: Progress) -> EvalR
     others = [paths.candidate] + ([paths.standard] if paths.standard else [])  # the standard: the yardstick
     ref, sessions = paths.reference.session(max_len), [path.session(max_len) for path in others]
     task = progress.add_task(f"{NAME}: {paths.label}", total=budget.lengths[-1])
-    buckets = []
+    probes = []
     for length in budget.lengths:
         if length <= ref.length:
             raise ValueError(f"long context: bucket {length} is not past the context so far ({ref.length} tokens, "
@@ -164,8 +164,8 @@ def run(config: LongContextConfig, paths: PathPair, progress: Progress) -> EvalR
                 session.feed(tokens[:n])
             tokens = tokens[n:]
             progress.update(task, completed=ref.length)
-        buckets.append(_probe_and_answer(ref, sessions, haystack, budget, paths.tokenizer))
-    return _result(budget, buckets, config.seed)
+        probes.append(_probe_and_answer(ref, sessions, haystack, budget))
+    return _result(budget, _buckets(probes, budget, paths.tokenizer), config.seed)
 
 
 def _chunk(budget: LongContextBudget, heads: int, context: int) -> int:
@@ -174,40 +174,67 @@ def _chunk(budget: LongContextBudget, heads: int, context: int) -> int:
     return max(1, min(budget.prefill_chunk, budget.score_bytes // per_query))
 
 
-def _probe_and_answer(ref: Session, others: list[Session], haystack: _Haystack, budget: LongContextBudget,
-                      tokenizer: Tokenizer) -> _Bucket:
-    """Ask for one planted key and decode the reference's greedy answer on every path; compare the candidate
-    (others[0]) with the reference, against bounds widened by the standard (others[1]) when it is there."""
+@dataclass
+class _Probe:
+    """One bucket's probe: where it stands, the planted value asked for, and every path's answer."""
+
+    context: int
+    position: int
+    value: str
+    answers: list[_Answer]  # reference, candidate[, standard]
+
+    @property
+    def standard(self) -> _Answer | None:
+        return self.answers[2] if len(self.answers) > 2 else None
+
+
+def _probe_and_answer(ref: Session, others: list[Session], haystack: _Haystack, budget: LongContextBudget) -> _Probe:
+    """Ask for one planted key and decode the reference's greedy answer on every path."""
     context = ref.length
     key, value, position, question = haystack.probe()
     answers = [_Answer() for _ in range(1 + len(others))]
     tokens = question
-    for step in range(budget.decode_steps + 1):
+    for _ in range(budget.decode_steps + 1):
         for session, answer in zip((ref, *others), answers):
             answer.logits.append(session.feed(tokens))
         tokens = [int(answers[0].logits[-1].argmax())]
     for session, answer in zip((ref, *others), answers):
         answer.states = session.kda_states()
-    ref_answer, cand = answers[0], answers[1]
-    standard = answers[2] if len(answers) > 2 else None
-    std_drift = standard.drift(ref_answer) if standard else None
-    std_state = standard.state_rel_err(ref_answer) if standard else None
-    drift_bound = yardstick_bound(budget.logit_atol, std_drift, budget.slack)
+    return _Probe(context, position, value, answers)
+
+
+def _bucket(probe: _Probe, drift_bound: float, state_bound: float, tokenizer: Tokenizer) -> _Bucket:
+    """The candidate against the reference in one bucket, a differing argmax excused within 2 x drift_bound."""
+    ref, cand, standard = probe.answers[0], probe.answers[1], probe.standard
     agree = near_ties = 0
-    for r, c in zip(ref_answer.logits, cand.logits):
+    for r, c in zip(ref.logits, cand.logits):
         best, chosen = int(r.argmax()), int(c.argmax())
         if chosen == best:
             agree += 1
         elif r[chosen] >= r[best] - 2 * drift_bound:
             near_ties += 1
-    ref_text = tokenizer.decode([int(r.argmax()) for r in ref_answer.logits], skip_special_tokens=True)
+    ref_text = tokenizer.decode([int(r.argmax()) for r in ref.logits], skip_special_tokens=True)
     cand_text = tokenizer.decode([int(c.argmax()) for c in cand.logits], skip_special_tokens=True)
-    return _Bucket(context=context, key_depth=position / context, drift=cand.drift(ref_answer), drift_bound=drift_bound,
-                   agree=agree, near_ties=near_ties, disagree=len(cand.logits) - agree - near_ties,
-                   state_rel_err=cand.state_rel_err(ref_answer),
-                   state_bound=yardstick_bound(budget.state_rtol, std_state, budget.slack),
-                   standard_drift=std_drift, standard_state_rel_err=std_state, ref_answer=ref_text,
-                   ref_correct=ref_text.strip().startswith(value), cand_correct=cand_text.strip().startswith(value))
+    return _Bucket(context=probe.context, key_depth=probe.position / probe.context, drift=cand.drift(ref),
+                   drift_bound=drift_bound, agree=agree, near_ties=near_ties,
+                   disagree=len(cand.logits) - agree - near_ties, state_rel_err=cand.state_rel_err(ref),
+                   state_bound=state_bound, standard_drift=standard.drift(ref) if standard else None,
+                   standard_state_rel_err=standard.state_rel_err(ref) if standard else None,
+                   ref_answer=ref_text, ref_correct=ref_text.strip().startswith(probe.value),
+                   cand_correct=cand_text.strip().startswith(probe.value))
+
+
+def _buckets(probes: list[_Probe], budget: LongContextBudget, tokenizer: Tokenizer) -> list[_Bucket]:
+    """Every bucket against one pair of bounds: the budget's, or slack x the standard's worst bucket when it ran
+    beside. The run-wide worst, not each bucket's own: on random bf16 weights a top-k routing flip (a logit
+    drift of ~2 in one bucket, 0.1 in the next, on either path) is a discrete event, not a precision level."""
+    worst = {"drift": None, "state": None}
+    if probes and probes[0].standard is not None:
+        worst = {"drift": max(p.standard.drift(p.answers[0]) for p in probes),
+                 "state": max(p.standard.state_rel_err(p.answers[0]) for p in probes)}
+    drift_bound = yardstick_bound(budget.logit_atol, worst["drift"], budget.slack)
+    state_bound = yardstick_bound(budget.state_rtol, worst["state"], budget.slack)
+    return [_bucket(p, drift_bound, state_bound, tokenizer) for p in probes]
 
 
 def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> EvalResult:
@@ -248,4 +275,5 @@ def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> Eva
 
 
 def _standard(value: float | None) -> str:
-    return "" if value is None else f"; standard path {value:.3g} there (bound: the larger of the budget's and slack x that)"
+    return "" if value is None else (f"; standard path {value:.3g} there (bound: the larger of the budget's and "
+                                     "slack x the standard's worst bucket)")

@@ -9,7 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gates.evals.long_context import LongContextBudget, LongContextConfig, _chunk, _Haystack, run
+from gates.evals.long_context import (LongContextBudget, LongContextConfig, _Answer, _buckets, _chunk, _Haystack,
+                                      _Probe, run)
 from gates.evals.paths import DecodePath, DispatchedEngine, ReferenceDispatcher, perturbed
 from gates.evals.result import Status
 
@@ -98,7 +99,7 @@ def test_buckets_too_close_for_the_probe_are_refused(make_pair, progress):
         run(config, make_pair(), progress)
 
 
-def test_a_drifting_standard_beside_widens_the_state_bound_per_bucket(make_pair, tiny_model, progress):
+def test_a_drifting_standard_beside_widens_the_state_bound(make_pair, tiny_model, progress):
     """The KDA state drift that fails beside nothing passes beside a standard that drifts as much."""
     pair = make_pair()
     drifting = DecodePath("drifting-kda", partial(DispatchedEngine, tiny_model, ops=DriftingKDA.for_model(tiny_model)))
@@ -107,5 +108,23 @@ def test_a_drifting_standard_beside_widens_the_state_bound_per_bucket(make_pair,
     assert result.status == Status.PASSED, result.failed_checks
     state = checks(result)["KDA state relative error"]
     assert state.value > SMALL.cpu.state_rtol and "standard path" in state.detail
-    for row in result.tables[0].rows:
-        assert row[9] == pytest.approx(SMALL.cpu.slack * row[10]) and row[8] == pytest.approx(row[10])
+    rows = result.tables[0].rows
+    for row in rows:
+        assert row[9] == pytest.approx(SMALL.cpu.slack * max(r[10] for r in rows)) and row[8] == pytest.approx(row[10])
+
+
+def answer(drift: float) -> _Answer:
+    """Logits that differ from zeros by `drift` in one entry, and a state of norm 1."""
+    return _Answer(logits=[torch.zeros(8).index_fill(0, torch.tensor([3]), drift)], states={1: torch.ones(1)})
+
+
+@pytest.mark.parametrize("cand_drifts, passed", [((1.95, 2.0), True), ((1.95, 3.5), False)])
+def test_drift_bound_is_the_standards_worst_bucket(tiny_tokenizer, cand_drifts, passed):
+    """A routing flip (drift ~2) hit the standard in the first bucket only and the candidate in both: as precise
+    as the standard. Past slack x the standard's worst, it is not."""
+    budget = SMALL.cpu
+    probes = [_Probe(context, 0, "X", [answer(0.0), answer(c), answer(s)])
+              for context, c, s in zip((128, 320), cand_drifts, (1.9, 0.1))]
+    buckets = _buckets(probes, budget, tiny_tokenizer)
+    assert [b.drift_bound for b in buckets] == [pytest.approx(budget.slack * 1.9)] * 2
+    assert all(b.drift <= b.drift_bound for b in buckets) is passed
