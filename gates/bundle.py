@@ -105,16 +105,19 @@ def covered_sources(contract: Contract, contract_path: Path, problem_file: Path 
 
 
 def git_state(root: Path = REPO_ROOT) -> GitState:
-    """The checkout's state. Where the tree has no commit of its own (an exported tree, or a GPU runner's copy
-    in a fresh repository), the commit the runner names in K3FORGE_COMMIT, if any: informative only,
-    freshness rests on the sources' hashes."""
+    """The checkout's state, or the commit a runner names in K3FORGE_COMMIT (a GPU runner's copy of the working
+    tree, whose repository, if any, is not that tree's history: branch and dirty flag unknown). Informative
+    only: freshness rests on the sources' hashes."""
+    declared = os.environ.get("K3FORGE_COMMIT")
+    if declared:
+        return GitState(commit=declared, branch=None, dirty=None)
     try:
         import git
 
         repo = git.Repo(root, search_parent_directories=True)
     except Exception:  # not a checkout (an installed wheel, an exported tree)
-        return GitState(commit=os.environ.get("K3FORGE_COMMIT"), branch=None, dirty=None)
-    commit = repo.head.commit.hexsha if repo.head.is_valid() else os.environ.get("K3FORGE_COMMIT")
+        return GitState(commit=None, branch=None, dirty=None)
+    commit = repo.head.commit.hexsha if repo.head.is_valid() else None
     branch = None if repo.head.is_detached else repo.active_branch.name
     dirty = bool(repo.git.status("--porcelain", "--", ".", ":(exclude)evidence"))
     return GitState(commit=commit, branch=branch, dirty=dirty)

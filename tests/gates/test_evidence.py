@@ -96,3 +96,14 @@ def test_tree_and_index_skip_unfinished_writes(bundle_dir):
     (row,) = write_index(evidence)
     assert row["op"] == "kda_decode" and row["verdict"] == "PASSED" and row["report"] == "kda_decode/cpu/report.html"
     assert "| kda_decode | cpu | **PASSED** |" in (evidence / "index.md").read_text()
+
+
+def test_a_runner_names_the_commit_of_its_copy(monkeypatch):
+    """The GPU runner's copy has someone else's repository (or none): the commit it declares is recorded."""
+    from gates.bundle import git_state
+
+    monkeypatch.setenv("K3FORGE_COMMIT", "d98eea86e5c32548524dc9ef59d11de82b599a90")
+    assert git_state().model_dump() == {"commit": "d98eea86e5c32548524dc9ef59d11de82b599a90", "branch": None,
+                                        "dirty": None}
+    monkeypatch.delenv("K3FORGE_COMMIT")
+    assert git_state().commit and git_state().dirty is not None  # this checkout's own state
