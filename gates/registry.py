@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gates.machine import device_type
 from gates.problems import Problem, load_problem
@@ -44,6 +44,12 @@ class GateOptions(BaseModel):
                              description="stop once each bounded statistic's 95 % interval is this narrow (relative)")
     host_iters: int = Field(default=30, ge=5, description="replays timed by host wall clock")
     input_sets: int = Field(default=4, ge=2, description="distinct input sets rotated while timing")
+
+    @model_validator(mode="after")
+    def _blocks_ordered(self) -> "GateOptions":
+        if self.max_blocks < self.min_blocks:
+            raise ValueError(f"max_blocks {self.max_blocks} is below min_blocks {self.min_blocks}")
+        return self
 
 
 @dataclass

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
 
 import torch
 
@@ -25,24 +30,34 @@ class TamperError(SandboxError):
     """The candidate replaced a function the harness times or checks with."""
 
 
+STACK_LINES = 12  # innermost frames of a hung child quoted in the error
+
+
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {})), daemon=True,
+        fd, self._stacks = tempfile.mkstemp(prefix="k3forge-candidate-", suffix=".stacks")
+        os.close(fd)
+        self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {}), self._stacks), daemon=True,
                                  name="k3forge-candidate")
         self._proc.start()
         child.close()
         self.timeout_s = timeout_s
 
-    def request(self, kind: str, **payload) -> dict:
+    def request(self, kind: str, timeout_s: float | None = None, **payload) -> dict:
+        """Send one request and wait for its reply (`timeout_s`, default the sandbox's, bounds the wait)."""
         buf = io.BytesIO()
         torch.save({"kind": kind, **payload}, buf)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             self._conn.send_bytes(buf.getvalue())
-            if not self._conn.poll(self.timeout_s):
+            if not self._conn.poll(timeout_s):
+                where = self._stuck_at()
+                self._proc.kill()  # hung: it would not read the end marker
                 self.close()
-                raise SandboxError(f"{kind}: no reply from the candidate's process within {self.timeout_s:.0f} s")
+                raise SandboxError(f"{kind}: no reply from the candidate's process within {timeout_s:.0f} s; "
+                                   f"it was at:\n{where}")
             data = self._conn.recv_bytes()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(5)
@@ -59,6 +74,17 @@ class Sandbox:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply
 
+    def _stuck_at(self) -> str:
+        """The hung child's innermost Python frames: it dumps every thread's stack on SIGUSR1 (faulthandler, which
+        works even inside a C call that never returns)."""
+        try:
+            os.kill(self._proc.pid, signal.SIGUSR1)
+        except (OSError, TypeError):
+            return "(the process is gone)"
+        time.sleep(0.5)
+        lines = Path(self._stacks).read_text(errors="replace").strip().splitlines()
+        return "\n".join(lines[:STACK_LINES]) if lines else "(no stack dumped)"
+
     def close(self) -> None:
         if self._proc.is_alive():
             try:
@@ -70,6 +96,7 @@ class Sandbox:
                 self._proc.kill()
                 self._proc.join()
         self._conn.close()
+        Path(self._stacks).unlink(missing_ok=True)
 
     def __enter__(self) -> "Sandbox":
         return self

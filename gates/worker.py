@@ -10,9 +10,11 @@ every request: a candidate that replaces one is reported, whatever it returns.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import io
 import os
+import signal
 import time
 import traceback
 from typing import Any, Callable
@@ -337,9 +339,12 @@ HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": ben
             "compile": run_compile}
 
 
-def serve(conn, env: dict[str, str]) -> None:
-    """The child's loop: one request in, one reply out, until the gate closes the pipe."""
+def serve(conn, env: dict[str, str], stack_file: str) -> None:
+    """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
+    every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
     os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
+    stacks = open(stack_file, "w")  # noqa: SIM115 - open for the process's life: faulthandler writes on a signal
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(1)  # see gates.machine.one_thread
     while True:
         try:

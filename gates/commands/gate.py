@@ -56,14 +56,20 @@ class RichReporter(Reporter):
         self.progress.advance(self.task)
 
 
+def _option_error(err: dict) -> str:
+    """A pydantic error on GateOptions as the command line names it: `--max-blocks: ...`."""
+    option = "-".join(map(str, err["loc"])).replace("_", "-")
+    message = err["msg"].removeprefix("Value error, ")
+    return f"--{option}: {message}" if option else message
+
+
 def run(args) -> int:
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     try:
         options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
                               bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
     except ValidationError as e:
-        raise UsageError("; ".join(f"--{'-'.join(map(str, err['loc'])).replace('_', '-')}: {err['msg']}"
-                                   for err in e.errors())) from None
+        raise UsageError("; ".join(_option_error(err) for err in e.errors())) from None
     console = Console(stderr=True)
     n_ops = len(ops) if ops else len(contract_files(args.contracts))
     command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["gate"] else "k3forge gate"

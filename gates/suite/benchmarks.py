@@ -23,6 +23,7 @@ from gates.suite.numerics import Findings, compare_named, reference_run
 from kernels.roofline import floor
 
 NAME, TITLE = "benchmarks", "Benchmarks"
+BLOCK_TIMEOUT_S = 120.0  # one block of replays takes well under a second on a working GPU
 SUSPICIOUS_SPEEDUP = 10.0
 HIDDEN_WORK_US = 10.0  # host-over-device excess beyond the standard's that suggests work off the timed stream
 IMPLS = ("candidate", "standard")
@@ -48,7 +49,7 @@ def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required
     """Blocks of paired device times from the open bench session, until the bounded statistics are settled."""
     blocks: list[dict] = []
     while True:
-        blocks.append(box.request("bench_block", pairs=opts.bench_pairs)["device_us"])
+        blocks.append(box.request("bench_block", pairs=opts.bench_pairs, timeout_s=BLOCK_TIMEOUT_S)["device_us"])
         speedup, fraction = block_estimates(blocks, floor_us)
         bounded = [(speedup, required)] + ([(fraction, min_fraction)] if fraction is not None else [])
         progress(f"block {len(blocks)}: {speedup.mean:.2f}× ± {speedup.half_width:.2f}")

@@ -87,7 +87,7 @@ class ScriptedBox:
         self.blocks, self.served = list(blocks), 0
 
     def request(self, kind: str, **payload) -> dict:
-        assert kind == "bench_block" and payload == {"pairs": 50}
+        assert kind == "bench_block" and payload == {"pairs": 50, "timeout_s": benchmarks.BLOCK_TIMEOUT_S}
         self.served += 1
         return {"device_us": self.blocks.pop(0)}
 

@@ -47,7 +47,8 @@ def test_an_unimportable_implementation_is_a_contract_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--ops", "rope_fused"], "no valid contract for rope_fused"),
-    (["--trials", "0"], "greater than or equal to 1"),
+    (["--trials", "0"], "--trials: Input should be greater than or equal to 1"),
+    (["--max-blocks", "2"], "max_blocks 2 is below min_blocks 3"),
 ])
 def test_usage_errors_exit_2(tmp_path, capsys, args, message):
     write_contract(tmp_path)
