@@ -1,4 +1,4 @@
-"""MLA layer (spec §4): q-LoRA, NoPE, output gate; materialized prefill and weight-absorbed decode over a
+"""MLA layer (spec §4): q-LoRA, NoPE, output gate; weight-absorbed attention for prefill and decode over a
 latent cache of [normalized c_kv | k_pe] per token (576 wide in K3), with its checkpoint bindings."""
 
 from __future__ import annotations
@@ -17,6 +17,28 @@ from .weights import Binding, CkptTensor, Part, single
 LORA_NORM_EPS = 1e-6
 
 
+# fp32 scores (and their masked and softmaxed copies) a prefill holds at once; longer contexts take their queries
+# in smaller groups, so a 128K-token context needs no more memory than a short one.
+PREFILL_SCORE_BYTES = 1 << 30
+SCORE_COPIES = 3
+
+
+def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor,
+                       w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
+    """Attention in the latent space: q_nope [T, H, N] through W_UK [H, N, C] and q_pe [T, H, R] score the cached
+    [c_kv | k_pe] entries, [T, L, C + R] (one sequence per query) or [L, C + R] (one sequence shared by every
+    query: a single GEMM); query t sees the entries where valid [T, L]; values are the entries' c_kv through
+    W_UV [H, V, C]. Returns [T, H, V] fp32. Equals materialized attention with k_nope = W_UK c_kv and
+    v = W_UV c_kv (tests/model/test_layers.py)."""
+    c = w_uk.shape[-1]
+    q_lat = torch.einsum("thn,hnc->thc", q_nope.float(), w_uk.float())
+    query = torch.cat([q_lat, q_pe.float()], dim=-1)  # [T, H, C + R]
+    scores = query @ entries.transpose(-1, -2) * scale  # [T, H, L]
+    probs = torch.softmax(scores.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
+    latent = probs @ entries[..., :c]  # [T, H, C]
+    return torch.einsum("thc,hvc->thv", latent, w_uv.float())
+
+
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
                lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
     """Weight-absorbed decode attention, one query token per sequence.
@@ -25,15 +47,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     entries (the current token included); w_uk [H, N, C] maps c_kv to k_nope, w_uv [H, V, C] to v.
     Returns [B, H, V] fp32.
     """
-    c = w_uk.shape[-1]
     entries = kv_cache[slots].float()  # [B, L, C + R]
-    q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float())
-    query = torch.cat([q_lat, q_pe.float()], dim=-1)  # [B, H, C + R]
-    scores = torch.einsum("bhe,ble->bhl", query, entries) * scale
     valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
-    probs = torch.softmax(scores.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
-    latent = torch.einsum("bhl,blc->bhc", probs, entries[..., :c])
-    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
+    return absorbed_attention(q_nope, q_pe, entries, valid, w_uk, w_uv, scale)
 
 
 class KimiMLA(Weighted):
@@ -92,15 +108,15 @@ class KimiMLA(Weighted):
         return self.tp.all_reduce(gated @ self.o_proj.t())
 
     def _prefill(self, q_nope, q_pe, entries, w_uk, w_uv) -> torch.Tensor:
-        """Materialized causal attention of n new queries over a sequence's whole cached context [L, C + R]."""
+        """Causal attention of n new queries over a sequence's whole cached context [L, C + R], absorbed like
+        decode, in groups of queries whose scores fit PREFILL_SCORE_BYTES."""
         n, total = q_nope.shape[0], entries.shape[0]
-        c_kv, k_pe = entries.float().split([self.kv_lora, self.rope], dim=-1)
-        k_nope = torch.einsum("lc,hnc->lhn", c_kv, w_uk.float())
-        v = torch.einsum("lc,hvc->lhv", c_kv, w_uv.float())
-        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(-1, self.heads, -1)], dim=-1)
-        q = torch.cat([q_nope, q_pe], dim=-1).float()
-        scores = torch.einsum("thd,lhd->htl", q, k) * self.scale
-        query_pos = torch.arange(total - n, total, device=q.device).unsqueeze(-1)
-        causal = torch.arange(total, device=q.device) <= query_pos  # [n, L]
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
-        return torch.einsum("htl,lhv->thv", probs, v)
+        shared = entries.float()  # [L, C + R]: every query attends to the same sequence
+        group = max(1, PREFILL_SCORE_BYTES // (SCORE_COPIES * 4 * self.heads * total))
+        keys = torch.arange(total, device=entries.device)
+        out = []
+        for s in range(0, n, group):
+            positions = torch.arange(total - n + s, total - n + min(n, s + group), device=entries.device)
+            out.append(absorbed_attention(q_nope[s:s + group], q_pe[s:s + group], shared,
+                                          keys <= positions.unsqueeze(-1), w_uk, w_uv, self.scale))
+        return torch.cat(out)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gates.evals.long_context import (LongContextBudget, LongContextConfig, _Answer, _buckets, _chunk, _Haystack,
+from gates.evals.long_context import (LongContextBudget, LongContextConfig, _Answer, _buckets, _Haystack,
                                       _Probe, run)
 from gates.evals.paths import DecodePath, DispatchedEngine, ReferenceDispatcher, perturbed
 from gates.evals.result import Status
@@ -81,16 +81,9 @@ def test_haystack_stretches_are_exact_and_keys_findable(tiny_tokenizer):
     assert (key, value, position) in hay.keys and key in tiny_tokenizer.decode(question)
 
 
-def test_prefill_chunks_shrink_to_fit_the_score_budget():
-    budget = LongContextConfig().cpu.model_copy(update={"score_bytes": 3 * 4 * 4 * 4096 * 256})
-    assert _chunk(budget, heads=4, context=0) == 1024
-    assert _chunk(budget, heads=4, context=4096 * 256 - 1024) == 1
-    assert _chunk(budget, heads=4, context=7 * 1024) == 128
-
-
 def test_lengths_must_ascend():
     with pytest.raises(ValidationError, match="strictly ascending"):
-        LongContextBudget(lengths=(256, 128), prefill_chunk=64, score_bytes=1, logit_atol=1, state_rtol=1)
+        LongContextBudget(lengths=(256, 128), prefill_chunk=64, logit_atol=1, state_rtol=1)
 
 
 def test_buckets_too_close_for_the_probe_are_refused(make_pair, progress):

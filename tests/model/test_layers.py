@@ -1,10 +1,13 @@
-"""MLA absorbed decode vs materialized attention, the MoE block vs a per-token loop, AttnRes by hand."""
+"""MLA absorbed decode and prefill vs materialized attention, the MoE block vs a per-token loop, AttnRes by
+hand."""
 
 import math
 
+import pytest
 import torch
 
-from model.kimi_k3 import mxfp4
+from model.kimi_k3 import mla, mxfp4
+from model.kimi_k3.mla import absorbed_attention as absorbed
 from model.kimi_k3.attn_res import attn_res
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.cache import ModelCache
@@ -28,6 +31,37 @@ def test_absorbed_mla_decode_equals_materialized(tiny_model):
     y_dec = layer(x[8:], StepBatch((slot,), (1,), (8,)), inc, tiny_model.ops)
     torch.testing.assert_close(y_dec[0], y_full[8], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(inc.kv[layer.layer][slot, :9], full.kv[layer.layer][slot, :9])
+
+
+def materialized_attention(layer, q_nope, q_pe, entries):
+    """Causal MLA attention the textbook way: per-head keys [c_kv W_UK | k_pe] and values c_kv W_UV materialized
+    for every cached token, scores over them."""
+    w_uk, w_uv = layer.absorbed()
+    n, total = q_nope.shape[0], entries.shape[0]
+    c_kv, k_pe = entries.float().split([layer.kv_lora, layer.rope], dim=-1)
+    k = torch.cat([torch.einsum("lc,hnc->lhn", c_kv, w_uk.float()), k_pe.unsqueeze(1).expand(-1, layer.heads, -1)], -1)
+    v = torch.einsum("lc,hvc->lhv", c_kv, w_uv.float())
+    scores = torch.einsum("thd,lhd->htl", torch.cat([q_nope, q_pe], -1).float(), k) * layer.scale
+    causal = torch.arange(total) <= torch.arange(total - n, total).unsqueeze(-1)
+    return torch.einsum("htl,lhv->thv", torch.softmax(scores.masked_fill(~causal, float("-inf")), -1), v)
+
+
+@pytest.mark.parametrize("group, calls", [(None, 1), (3, 4)])  # every query at once; 11 queries in groups of 3
+def test_absorbed_prefill_equals_materialized_attention(tiny_model, monkeypatch, group, calls):
+    """Prefill of new queries over a cached context, absorbed and in query groups sized to the score budget,
+    equals the materialized causal attention."""
+    layer = first_layer(tiny_model, mla=True).self_attn
+    n, total = 11, 40
+    if group:
+        monkeypatch.setattr(mla, "PREFILL_SCORE_BYTES", mla.SCORE_COPIES * 4 * layer.heads * total * group)
+    seen = []
+    monkeypatch.setattr(mla, "absorbed_attention", lambda *a: seen.append(1) or absorbed(*a))
+    gen = torch.Generator().manual_seed(3)
+    q_nope, q_pe = (torch.randn(n, layer.heads, d, generator=gen) for d in (layer.nope, layer.rope))
+    entries = torch.randn(total, layer.kv_lora + layer.rope, generator=gen)
+    got = layer._prefill(q_nope, q_pe, entries, *layer.absorbed())
+    torch.testing.assert_close(got, materialized_attention(layer, q_nope, q_pe, entries), atol=1e-5, rtol=1e-5)
+    assert len(seen) == calls
 
 
 def test_moe_equals_per_token_loop(tiny_model):
