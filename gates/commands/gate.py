@@ -56,7 +56,7 @@ class RichReporter(Reporter):
         self.progress.advance(self.task)
 
 
-def _option_error(err: dict) -> str:
+def option_error(err: dict) -> str:
     """A pydantic error on GateOptions as the command line names it: `--max-blocks: ...`."""
     option = "-".join(map(str, err["loc"])).replace("_", "-")
     message = err["msg"].removeprefix("Value error, ")
@@ -69,7 +69,7 @@ def run(args) -> int:
         options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
                               bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
     except ValidationError as e:
-        raise UsageError("; ".join(_option_error(err) for err in e.errors())) from None
+        raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     console = Console(stderr=True)
     n_ops = len(ops) if ops else len(contract_files(args.contracts))
     command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["gate"] else "k3forge gate"

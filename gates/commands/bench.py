@@ -1,0 +1,82 @@
+"""`k3forge bench`: the benchmark gate alone, for a kernel engineer's loop: every contracted op (or --ops)
+against its standard at the contract's benchmark points, side by side in one run, with 95 % intervals and the
+fraction of the roofline. Writes no evidence (`k3forge gate` does); `--json` keeps the rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from gates.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from gates.commands.gate import option_error
+from gates.runner import new_options, run_gates
+from gates.sources import REPO_ROOT
+from gates.status import Status
+from gates.suite import benchmarks
+from kernels.arch import detect
+from gates.contracts import load_contracts
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="time contracted kernels against their standards (no evidence written)",
+                       description="Run the benchmark gate for every contract (or --ops) on this machine's GPU.")
+    p.add_argument("--ops", help="comma-separated op names (default: every contract)")
+    p.add_argument("--contracts", type=Path, default=REPO_ROOT / "contracts", help="contracts directory")
+    p.add_argument("--bench-pairs", type=int, default=50, help="interleaved candidate/standard replay pairs per block")
+    p.add_argument("--max-blocks", type=int, default=12, help="timed blocks per benchmark point at most")
+    p.add_argument("--json", type=Path, help="also write every result (rows, flags, reasons) to this file")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    try:
+        options = new_options(bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
+    except ValidationError as e:
+        raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
+    contracts, problems = load_contracts(args.contracts)
+    by_op = {c.op: (path, c) for path, c in contracts.items()}
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else sorted(by_op)
+    unknown = sorted(set(ops) - set(by_op))
+    if unknown:
+        raise UsageError(f"--ops: no valid contract for {', '.join(unknown)} (valid: {', '.join(sorted(by_op))})")
+    console, machine = Console(), detect()
+    results = {}
+    with console.status("timing") as status:
+        for op in ops:
+            path, contract = by_op[op]
+            status.update(f"timing {op}")
+            (results[op],) = run_gates(contract, path, machine, options, gates=[benchmarks.GATE])
+    for op, result in results.items():
+        console.print(_table(op, result) if result.details.get("rows") else
+                      f"{op}: {result.status.value}: {result.reason or result.summary}", soft_wrap=True)
+        for flag in result.flags:
+            console.print(f"  [yellow]flag:[/] {flag}", soft_wrap=True, highlight=False)
+    for problem in problems:
+        console.print(f"[bold red]contract:[/] {problem}", soft_wrap=True, highlight=False)
+    if args.json:
+        args.json.write_text(json.dumps({op: r.model_dump(mode="json") for op, r in results.items()}, indent=1))
+    if problems:
+        return EXIT_USAGE
+    ran = [r for r in results.values() if r.status is not Status.NOT_RUN]
+    return EXIT_FAILED if any(r.status.failed for r in ran) else EXIT_OK
+
+
+def _table(op: str, result) -> Table:
+    table = Table(title=f"{op}: {result.status.value} ({result.summary if result.status is Status.PASSED else result.reason})")
+    for col in ("point", "candidate µs", "standard µs", "speedup [95 %]", "blocks", "required", "of roofline",
+                "kernels"):
+        table.add_column(col, overflow="fold")
+    for r in result.details["rows"]:
+        low, high = r["speedup_ci"]
+        interval = f" [{low:.2f}, {high:.2f}]" if low is not None else ""
+        fraction = f"{r['roofline_fraction']:.0%}" if r["roofline_fraction"] is not None else "-"
+        required = f"{r['required_speedup']:g}×" + (f", {r['min_roofline_fraction']:.0%}"
+                                                    if r["min_roofline_fraction"] else "")
+        table.add_row(r["point"], f"{r['candidate']['median_us']:.2f}", f"{r['standard']['median_us']:.2f}",
+                      f"{r['speedup']:.2f}×{interval}", str(r["blocks"]), required, fraction,
+                      f"{r['kernels']['candidate']} / {r['kernels']['standard']}")
+    return table
