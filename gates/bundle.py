@@ -60,6 +60,8 @@ class Bundle(BaseModel):
     sources: list[SourceFile]
     environment: Environment
     options: GateOptions
+    harness: str | None = Field(default=None, description="sha256 of the gate code that judged (gates.sources."
+                                                        "harness_digest); None in bundles made before it was recorded")
     gates: list[GateResult]
     verdict: Status = Field(description="the worst status of any gate that ran (NOT_RUN when none ran)")
 

@@ -19,7 +19,7 @@ from gates.machine import Environment, environment, one_thread
 from gates.problems import ProblemError, load_problem
 from gates.registry import Gate, GateContext, GateOptions, registered
 from gates.report import render_reports
-from gates.sources import relative
+from gates.sources import harness_digest, relative
 from gates.status import GateResult, Status, worst
 from kernels.arch import ArchInfo, detect
 from kernels.contract import Contract
@@ -87,7 +87,8 @@ def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env:
     return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
                   contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
                   owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
-                  environment=env, options=options, gates=results, verdict=worst(r.status for r in results))
+                  environment=env, options=options, harness=harness_digest(), gates=results,
+                  verdict=worst(r.status for r in results))
 
 
 def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,

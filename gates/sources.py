@@ -19,6 +19,21 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+HARNESS_DIRS = ("gates", "kernels")  # the judge: gate runner, gates, evals, problems, timing, roofline, contracts
+
+
+def harness_digest(root: Path = REPO_ROOT) -> str:
+    """sha256 over the gate code (every file under HARNESS_DIRS but caches): which version of the judge produced
+    a bundle. Not part of freshness (a gate fix would stale every GPU bundle at once); `evidence verify` says when
+    it differs."""
+    h = hashlib.sha256()
+    for d in HARNESS_DIRS:
+        for path in sorted((root / d).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
+    return h.hexdigest()
+
+
 def module_file(module: str, root: Path) -> Path | None:
     """The file of a dotted module inside `root` (a package's __init__.py), or None outside it."""
     base = root.joinpath(*module.split("."))

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from gates.bundle import load_bundle
 from gates.cli import UsageError
-from gates.evidence import find_bundles, verify_bundle, verify_tree
+from gates.evidence import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
 from gates.sources import REPO_ROOT, relative
 from gates.status import Status
 
@@ -49,6 +49,8 @@ def run_verify(args) -> int:
                 out.print(f"    {problem}", soft_wrap=True)
         else:
             out.print(f"[green]✓[/] {relative(directory)}: intact and fresh")
+            if note := judged_by_other_gate_code(directory):
+                out.print(f"    [dim]note: {note}[/]", soft_wrap=True)
     bad = sum(1 for p in results.values() if p)
     out.print(f"{len(results) - bad} of {len(results)} bundle(s) intact and fresh")
     return 1 if bad else 0

@@ -107,3 +107,13 @@ def test_a_runner_names_the_commit_of_its_copy(monkeypatch):
                                         "dirty": None}
     monkeypatch.delenv("K3FORGE_COMMIT")
     assert git_state().commit and git_state().dirty is not None  # this checkout's own state
+
+
+def test_a_bundle_judged_by_other_gate_code_is_noted_not_distrusted(bundle_dir, monkeypatch):
+    from gates import evidence
+
+    assert load_bundle(bundle_dir).harness == evidence.harness_digest()
+    assert evidence.judged_by_other_gate_code(bundle_dir) is None
+    monkeypatch.setattr(evidence, "harness_digest", lambda root=None: "0" * 64)  # the gate code changed since
+    assert "differs from this tree's" in evidence.judged_by_other_gate_code(bundle_dir)
+    assert verify_bundle(bundle_dir) == []
