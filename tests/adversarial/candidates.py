@@ -105,6 +105,15 @@ def reuses_freed_buffer(proj, conv_state, ssm_state, slots, w):
     return torch.empty(proj.shape[0], KDAColumns.of(ssm_state, w).p, dtype=proj.dtype, device=proj.device)
 
 
+def accumulates_into_its_output(proj, conv_state, ssm_state, slots, w):
+    """Uses its fresh output buffer as an accumulator (out += ...), as if new memory were zeroed: right wherever
+    the allocator happens to hand back zeros, wrong over anything else."""
+    ref = kda_decode(proj, conv_state, ssm_state, slots, w)
+    out = torch.empty_like(ref)
+    out += ref
+    return out
+
+
 class _Deferred(torch.Tensor):
     """A tensor subclass: the kind of object that can defer work past the timed call."""
 

@@ -30,6 +30,7 @@ REJECTED = [
     ("nan_on_large_inputs", {"finite"}),
     ("fails_at_batch_edge", {"tolerance"}),
     ("reuses_freed_buffer", {"tolerance", "determinism"}),
+    ("accumulates_into_its_output", {"finite", "tolerance", "determinism"}),
     ("returns_subclass", {"plain"}),
 ]
 
