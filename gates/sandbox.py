@@ -30,6 +30,7 @@ class TamperError(SandboxError):
     """The candidate replaced a function the harness times or checks with."""
 
 
+KILL_WAIT_S = 30.0
 STACK_LINES = 12  # innermost frames of a hung child quoted in the error
 
 
@@ -94,7 +95,8 @@ class Sandbox:
             self._proc.join(10)
             if self._proc.is_alive():
                 self._proc.kill()
-                self._proc.join()
+                # a process stuck inside the GPU driver may outlive SIGKILL for a while: never wait on it forever
+                self._proc.join(KILL_WAIT_S)
         self._conn.close()
         Path(self._stacks).unlink(missing_ok=True)
 
