@@ -78,7 +78,7 @@ def _accepted(name: str, t: Any, device: str, problems: list[str]) -> bool:
     return True
 
 
-def _plain(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
+def plain_copy(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
     """A detached CPU copy of a candidate's tensor, or None with the reason in `problems`."""
     return _ORIGINAL["torch.Tensor.clone"](t.detach()).to("cpu") if _accepted(name, t, device, problems) else None
 
@@ -103,7 +103,7 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
         return {"raised": f"{type(e).__name__}: {e}"}
     keep.append(out)
     problems: list[str] = []
-    record = _plain if full else _digest
+    record = plain_copy if full else _digest
     result = {
         "outputs": [(n, v) for n, t in leaves(out, "out") if (v := record(n, t, device, problems)) is not None],
         "states": [(n, v) for i in state for n, t in leaves(args[i], names[i])
@@ -173,7 +173,7 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
             break
         keep.clear()
     problems: list[str] = []
-    final = [(n, _plain(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])]
+    final = [(n, plain_copy(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])]
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
@@ -248,8 +248,8 @@ class BenchSession:
                 problems: list[str] = []
                 recheck[name].append({
                     "outputs": [(n, c) for n, t in leaves(self.outs[name], "out")
-                                if (c := _plain(n, t, "cuda", problems)) is not None],
-                    "states": [(n, _plain(n, t, "cuda", problems)) for i in self.state
+                                if (c := plain_copy(n, t, "cuda", problems)) is not None],
+                    "states": [(n, plain_copy(n, t, "cuda", problems)) for i in self.state
                                for n, t in leaves(self.buffers[name][i], self.names[i])],
                     "problems": problems})
         kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name]: fn(*args))
@@ -339,6 +339,15 @@ HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": ben
             "compile": run_compile}
 
 
+def handler(kind: str) -> Callable[..., dict]:
+    """The function serving a request kind; the evals' candidate handlers load only when an eval asks."""
+    if kind.startswith("eval_"):
+        from gates.evals.remote import CHILD_HANDLERS
+
+        return CHILD_HANDLERS[kind]
+    return HANDLERS[kind]
+
+
 def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
@@ -356,7 +365,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
             return
         kind = request.pop("kind")
         try:
-            reply = HANDLERS[kind](**request)
+            reply = handler(kind)(**request)
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
         reply["tampered"] = tampered()

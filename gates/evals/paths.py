@@ -131,27 +131,31 @@ class Session:
 
     def feed(self, tokens: list[int]) -> torch.Tensor:
         """Run the tokens as one step (prefill for several, decode for one); fp32 logits [V] after the last."""
-        batch = StepBatch((self.slot,), (len(tokens),), (self.length,))
-        logits = self.engine.step(list(tokens), batch)[0]
-        for transform in self.path.logit_transforms:
-            logits = transform(logits)
-        return logits
+        return self._transformed(self._run(list(tokens), verify=False))
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
         """A speculative verification step: the last emitted token then len(tokens) - 1 drafts, scored at once;
         logits [len(tokens), V], row j predicting the token after tokens[:j + 1]. Follow with `keep`."""
-        k = len(tokens) - 1
-        self.engine.cache.reserve_spec(k)
-        batch = StepBatch((self.slot,), (len(tokens),), (self.length,), spec_tokens=k)
-        logits = self.engine.step(list(tokens), batch, every_token=True)
-        for transform in self.path.logit_transforms:
-            logits = transform(logits)
-        return logits
+        return self._transformed(self._run(list(tokens), verify=True))
 
     def keep(self, n: int) -> None:
         """After `verify`: keep its first n tokens (the last emitted one and the accepted drafts)."""
         self.engine.cache.commit([self.slot], [n])
 
     def kda_states(self) -> dict[int, torch.Tensor]:
-        """Each KDA layer's recurrent state [H, V, K] (fp32) for this sequence."""
-        return {layer: ssm[self.slot] for layer, ssm in self.engine.cache.ssm.items()}
+        """A copy of each KDA layer's recurrent state [H, V, K] (fp32) for this sequence, as it is now."""
+        return {layer: ssm[self.slot].clone() for layer, ssm in self.engine.cache.ssm.items()}
+
+    def _run(self, tokens: list[int], verify: bool) -> torch.Tensor:
+        """The engine's logits for one step: [V] after the last token, or [T, V] for a verification step."""
+        if verify:
+            k = len(tokens) - 1
+            self.engine.cache.reserve_spec(k)
+            batch = StepBatch((self.slot,), (len(tokens),), (self.length,), spec_tokens=k)
+            return self.engine.step(tokens, batch, every_token=True)
+        return self.engine.step(tokens, StepBatch((self.slot,), (len(tokens),), (self.length,)))[0]
+
+    def _transformed(self, logits: torch.Tensor) -> torch.Tensor:
+        for transform in self.path.logit_transforms:
+            logits = transform(logits)
+        return logits

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tokenizers import Tokenizer
 
 from model.kimi_k3.checkpoint import RandomSource, checkpoint_tensors
 from model.kimi_k3.config import ConfigError, KimiK3Config, preset
@@ -48,11 +49,11 @@ def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torc
     return model.eval()
 
 
-def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
-              seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-              perturb: float | None = None, yardstick: bool = False) -> PathPair:
-    """The reference path and `candidate` (a decode backend name, or a function building the path over the
-    model), optionally with scaled logits, over one model; with `yardstick`, the standard path beside them."""
+def load_subject(*, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
+                 seed: int = 0, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[KimiK3Model, Tokenizer, list[str]]:
+    """The model an eval runs on (a checkpoint, or a preset's seeded random weights, cut to `layers`), its
+    tokenizer, and notes for the report. The same arguments give the same weights in any process."""
     device = torch.device(device)
     notes = []
     if ckpt is not None:
@@ -63,17 +64,24 @@ def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, ckpt: str
             tokenizer = build_tokenizer(model.cfg)
             notes.append(f"{ckpt}: no {TOKENIZER_FILE}; using the built-in byte-level BPE for this config")
             log.warning(notes[-1])
-    else:
-        cfg = preset(preset_name)
-        if preset_name == "k3":
-            if device.type != "cuda":
-                raise ConfigError("--preset k3: real K3 layer shapes need a GPU (one MoE layer is ~15 GB)")
-            cfg = first_layers(cfg, layers or K3_EVAL_LAYERS)
-        elif layers is not None:
-            cfg = first_layers(cfg, layers)
-        model = random_model(cfg, seed, device, dtype)
-        tokenizer = build_tokenizer(cfg)
-        notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}")
+        return model, tokenizer, notes
+    cfg = preset(preset_name)
+    if preset_name == "k3":
+        if device.type != "cuda":
+            raise ConfigError("--preset k3: real K3 layer shapes need a GPU (one MoE layer is ~15 GB)")
+        cfg = first_layers(cfg, layers or K3_EVAL_LAYERS)
+    elif layers is not None:
+        cfg = first_layers(cfg, layers)
+    notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}")
+    return random_model(cfg, seed, device, dtype), build_tokenizer(cfg), notes
+
+
+def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, perturb: float | None = None,
+              yardstick: bool = False, **subject) -> PathPair:
+    """The reference path and `candidate` (a decode backend name, or a function building the path over the
+    model), optionally with scaled logits, over one model (`load_subject`'s arguments); with `yardstick`, the
+    standard path beside them."""
+    model, tokenizer, notes = load_subject(**subject)
     cand = candidate(model) if callable(candidate) else backend_path(model, candidate)
     if perturb is not None:
         cand = perturbed(cand, perturb)

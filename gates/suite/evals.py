@@ -9,28 +9,26 @@ held to the standard's own distance from the reference (gates.evals.paths.PathPa
 TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
 never entered the kernel's envelope makes the gate NOT_RUN: it would compare the standard path with itself.
 
-The evals run the candidate in this process (numerics and benchmarks isolate it); their statistics are
-therefore not protected from a kernel that tampers with the interpreter.
+The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the
+reference and standard paths here; only logits and states come back, and every statistic is computed here.
 """
 
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import torch
 from rich.progress import Progress
 
 from gates.evals import EVALS, run_eval
 from gates.evals.long_context import LongContextConfig
-from gates.evals.paths import DecodePath, DispatchedEngine
+from gates.evals.remote import RemoteCandidate
 from gates.evals.sampling import SamplingConfig
 from gates.evals.structured import StructuredConfig
 from gates.evals.subject import load_pair
 from gates.registry import Gate, GateContext
+from gates.sandbox import Sandbox, SandboxError
 from gates.status import GateResult, Status, worst
-from model.kimi_k3.dispatch import Dispatcher, Target
-from model.kimi_k3.ops.registry import Specialized, import_entry_point
 
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
@@ -41,20 +39,6 @@ GPU_BUDGETS = {
                                                             "spec_tokens": (0, 3), "max_tokens": 96}),
     "long_context": LongContextConfig().gpu.model_copy(update={"lengths": (2048, 8192), "decode_steps": 8}),
 }
-
-
-class ContractPath:
-    """Builds the candidate path over a model: only this contract's kernel is specialized, every other op
-    runs its standard; `ops` is the path's dispatcher, which counts the kernel's calls."""
-
-    def __init__(self, ctx: GateContext):
-        self.op = ctx.contract.op
-        self.spec = Specialized(ctx.contract, str(ctx.contract_path), import_entry_point(ctx.contract.implementation))
-        self.ops: Dispatcher | None = None
-
-    def __call__(self, model) -> DecodePath:
-        self.ops = Dispatcher(Target.of(model), "latency_specialized", {self.op: self.spec})
-        return DecodePath(f"latency_specialized[{self.op}]", partial(DispatchedEngine, model, ops=self.ops))
 
 
 def configs(device: str) -> dict:
@@ -68,19 +52,25 @@ def run(ctx: GateContext) -> GateResult:
     if reason is not None:
         return GateResult.not_run(NAME, TITLE, reason)
     gpu = ctx.device == "cuda"
-    candidate = ContractPath(ctx)
-    pair = load_pair(candidate, preset_name="k3" if gpu else "tiny", layers=GPU_LAYERS if gpu else None,
-                     device=ctx.device, dtype=torch.bfloat16 if gpu else torch.float32, yardstick=gpu)
+    subject = {"preset_name": "k3" if gpu else "tiny", "layers": GPU_LAYERS if gpu else None, "device": ctx.device,
+               "dtype": torch.bfloat16 if gpu else torch.float32}
     start, results = time.perf_counter(), {}
-    with Progress(disable=True) as progress:
-        for name, config in configs(ctx.device).items():
-            if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
-                results[name] = {"name": name, "status": "NOT_RUN",
-                                 "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
-                continue
-            ctx.progress(f"eval {name}")
-            results[name] = run_eval(name, pair, progress, config).model_dump(mode="json")
-    ops = candidate.ops.report()["ops"].get(ctx.contract.op, {})
+    try:
+        with Sandbox() as box, Progress(disable=True) as progress:
+            candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject)
+            pair = load_pair(lambda model: candidate.path, yardstick=gpu, **subject)
+            for name, config in configs(ctx.device).items():
+                if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
+                    results[name] = {"name": name, "status": "NOT_RUN",
+                                     "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
+                    continue
+                ctx.progress(f"eval {name}")
+                results[name] = run_eval(name, pair, progress, config).model_dump(mode="json")
+            ops = candidate.report()["ops"].get(ctx.contract.op, {})
+    except SandboxError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the candidate's process failed during the evals",
+                          details={"evals": results})
     details = {"model": list(pair.notes), "paths": pair.label, "kernel_calls": ops, "evals": results}
     if not ops.get("specialized"):
         return GateResult(gate=NAME, title=TITLE, status=Status.NOT_RUN, details=details,

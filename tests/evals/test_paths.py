@@ -62,6 +62,10 @@ def test_kda_states_are_the_sessions(make_pair, tiny_cfg):
     assert sorted(states) == [i for i in range(tiny_cfg.num_hidden_layers) if not tiny_cfg.is_mla_layer(i)]
     assert all(s.shape == (4, 32, 32) and s.abs().sum() > 0 for s in states.values())
     assert session.length == len(PROMPT)
+    before = {layer: s.clone() for layer, s in states.items()}
+    session.feed([5])
+    assert all(torch.equal(states[layer], before[layer]) for layer in states)  # a snapshot, not a live view
+    assert not all(torch.equal(s, before[layer]) for layer, s in session.kda_states().items())
 
 
 def test_backends(tiny_model):
