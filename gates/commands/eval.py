@@ -26,6 +26,10 @@ STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN:
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="run the model-level eval gates (candidate vs reference decode path)",
+                       description="Run the model-level evals, the candidate decode path against the reference. "
+                                   "On a GPU the standard path runs beside as the yardstick: in bf16 each bound is "
+                                   "the larger of the budget's and 1.5x the standard's own distance from the "
+                                   "reference.",
                        epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in EVALS.values()))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json)")
@@ -60,7 +64,8 @@ def run(args) -> int:
 
     with err.status(f"loading {args.ckpt or args.preset}"):
         paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
-                          seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits)
+                          seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits,
+                          yardstick=device.type == "cuda")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err)
     with progress:
