@@ -145,12 +145,11 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
     return first
 
 
-def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool, state_names: set[str]) -> dict:
+def _errors(checks: list[list[TensorCheck]], state_names: set[str]) -> dict:
+    """The worst errors over a distribution's inputs: outputs, and the states updated in place."""
     outs = [c for cs in checks for c in cs if c.name not in state_names and c.numel]
     states = [c for cs in checks for c in cs if c.name in state_names and c.numel]
     return {
-        "point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks),
-        "passed": not failed,
         "max_abs": max((c.max_abs for c in outs), default=0.0),
         "mean_abs": max((c.mean_abs for c in outs), default=0.0),
         "max_units": max((c.max_units for c in outs), default=0.0),
@@ -160,8 +159,32 @@ def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool,
     }
 
 
+def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool, state_names: set[str],
+         standard: list[list[TensorCheck]] | None) -> dict:
+    return {"point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks),
+            "passed": not failed, **_errors(checks, state_names),
+            "standard": _errors(standard, state_names) if standard else None}
+
+
+def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: list, expected: list, names: list[str],
+                    specs: list) -> tuple[list[list[TensorCheck]] | None, str | None]:
+    """The standard implementation's errors on the same inputs, for the reviewer's comparison (never judged):
+    per case its checks against the reference, or None and why it could not run here."""
+    c = ctx.contract
+    reply = box.request("cases", candidate=c.standard, reference=c.reference, device=ctx.device, names=names,
+                        cases=cases, runs=1, output_specs=specs)
+    checks = []
+    for exp, (run,) in zip(expected, reply["cases"]):
+        if "raised" in run:
+            return None, run["raised"]
+        ignored = Findings()
+        checks.append(compare_named(problem, run["outputs"], exp.outputs, c.tolerance, "tolerance", "", ignored)
+                      + compare_named(problem, run["states"], exp.states, c.tolerance, "state", "", ignored))
+    return checks, None
+
+
 def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[Point], names: list[str],
-                 findings: Findings) -> list[dict]:
+                 findings: Findings, standard_errors: dict[str, None]) -> list[dict]:
     c, opts, device = ctx.contract, ctx.options, ctx.device
     rows = []
     for point in points:
@@ -178,16 +201,23 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[
         specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
         reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=device, names=names,
                             cases=cases, runs=opts.runs, output_specs=specs)
+        std, why = standard_checks(ctx, problem, box, cases, expected, names, specs)
+        if why:
+            standard_errors.setdefault(f"{point.label}: {why}", None)
         per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+        std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
         failed_dists = set()
-        for case, exp, (dist, t), runs in zip(cases, expected, labels, reply["cases"]):
+        for k, (case, exp, (dist, t), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
             before = sum(findings.counts.values())
             per_dist[dist].append(judge_case(problem, case, exp, runs, names, c.tolerance,
                                              f"{point.label}, {dist} #{t + 1}", findings))
+            if std:
+                std_per_dist[dist].append(std[k])
             if sum(findings.counts.values()) > before:
                 failed_dists.add(dist)
         state_names = {n for n, _ in expected[0].states}
-        rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names) for dist in DISTRIBUTIONS]
+        rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
+                 for dist in DISTRIBUTIONS]
     return rows
 
 
@@ -235,9 +265,9 @@ def run(ctx: GateContext) -> GateResult:
         problem = ctx.problem()
         points = envelope_points(ctx.contract, problem)
         names = arg_names(problem.reference)
-        findings = Findings()
+        findings, standard_errors = Findings(), {}
         with Sandbox() as box:
-            rows = check_points(ctx, problem, box, points, names, findings)
+            rows = check_points(ctx, problem, box, points, names, findings, standard_errors)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
     except ProblemError as e:
@@ -254,7 +284,8 @@ def run(ctx: GateContext) -> GateResult:
         "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
         "tolerance": tol.model_dump(), "problem": problem.source.name, "checks": checks, "rows": rows,
-        "trajectories": trajectories,
+        "trajectories": trajectories, "standard": ctx.contract.standard,
+        "standard_not_run": list(standard_errors)[:3],
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:

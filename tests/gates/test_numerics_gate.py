@@ -16,6 +16,18 @@ def test_the_reference_as_candidate_passes_every_check():
     assert [t["steps"] for t in result.details["trajectories"]] == [8, 8, 8]
 
 
+def test_the_standard_is_measured_beside_for_comparison_never_judged():
+    """The standard's errors on the same inputs sit next to the candidate's; one that cannot run here (FLA needs
+    CUDA) is said so, and neither changes the verdict."""
+    beside_fla = run_gate(numerics.GATE, kda_contract())
+    assert all(r["standard"] is None for r in beside_fla.details["rows"])
+    assert "CUDA" in beside_fla.details["standard_not_run"][0] and beside_fla.status is Status.PASSED
+    wrong = run_gate(numerics.GATE, kda_contract(standard="tests.adversarial.candidates:normal_inputs_only"))
+    assert wrong.status is Status.PASSED  # the standard's own misses are context, not the candidate's failure
+    by_dist = {r["dist"]: r["standard"] for r in wrong.details["rows"] if r["batch"] == 1}
+    assert by_dist["normal"]["close_fraction"] == 1.0 and by_dist["large"]["close_fraction"] < 1.0
+
+
 def test_a_gpu_only_candidate_is_not_run_on_cpu():
     result = run_gate(numerics.GATE, kda_contract(backend="cutedsl"))
     assert result.status is Status.NOT_RUN
