@@ -129,3 +129,9 @@ def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
         assert 0 < row["speedup"] < 2 and 0 < row["roofline_fraction"] < 1
         assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
         assert row["kernels"]["candidate"] > row["kernels"]["standard"] >= 1  # many small ops vs FLA's fused ones
+
+
+def test_summary_names_a_points_shape_only_where_it_differs():
+    rows = [{"batch": 1, "series": "heads 12", "speedup": 2.791}, {"batch": 4, "series": "heads 12", "speedup": 3.69},
+            {"batch": 1, "series": "heads 6", "speedup": 2.73}]
+    assert benchmarks.speedup_summary(rows) == "batch 1: 2.79×, batch 4: 3.69×, batch 1 (heads 6): 2.73×"
