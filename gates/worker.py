@@ -55,6 +55,19 @@ def tampered() -> list[str]:
     return [name for name, (owner, attr) in GUARDED.items() if getattr(owner, attr) is not _ORIGINAL[name]]
 
 
+class Tampered(RuntimeError):
+    """Importing candidate code replaced a guarded function: nothing more runs in this process's request."""
+
+
+def load(entry: str) -> Callable:
+    """Import a `module:function` entry point and stop at once if that replaced a guarded function (the gate
+    reports tampering from the reply), before it can run anything else, e.g. a standard that takes minutes."""
+    fn = import_entry_point(entry)
+    if patched := tampered():
+        raise Tampered(f"importing {entry} replaced {', '.join(patched)}")
+    return fn
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         _synchronize()
@@ -136,7 +149,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
     freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
     match run 0's bit for bit."""
-    fn, ref = import_entry_point(candidate), import_entry_point(reference)
+    fn, ref = load(candidate), load(reference)
     buffers = None
     results = []
     for case in cases:
@@ -159,7 +172,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
 def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tuple, state: tuple[int, ...],
                    steps: list) -> dict:
     """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
-    fn = import_entry_point(candidate)
+    fn = load(candidate)
     args = clone(initial, device)
     keep: list = []
     outputs = []
@@ -193,7 +206,7 @@ class BenchSession:
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
-        self.fns = {name: import_entry_point(entry) for name, entry in impls.items()}
+        self.fns = {name: load(entry) for name, entry in impls.items()}
         self.names, self.state = names, state
         self.sets = [clone(s, "cuda") for s in sets]
         self.flush = L2Flusher()

@@ -19,7 +19,7 @@ import torch
 from gates.sandbox import Sandbox
 from kernels.contract import Contract
 from model.kimi_k3.dispatch import Dispatcher, Target
-from model.kimi_k3.ops.registry import Specialized, import_entry_point
+from model.kimi_k3.ops.registry import Specialized
 from model.kimi_k3.sampling import sample
 
 from .paths import DecodePath, DispatchedEngine, LogitTransform, Sampler, Session
@@ -98,9 +98,11 @@ def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:
     """Build the model and the candidate path: this contract's kernel specialized, every other op standard."""
+    from gates.worker import load
+
     _child.clear()
     contract = Contract.model_validate(contract)
-    spec = Specialized(contract, contract_path, import_entry_point(contract.implementation))
+    spec = Specialized(contract, contract_path, load(contract.implementation))
     model, _, _ = load_subject(**subject)
     ops = Dispatcher(Target.of(model), "latency_specialized", {contract.op: spec})
     path = DecodePath(f"latency_specialized[{contract.op}]", partial(DispatchedEngine, model, ops=ops))

@@ -24,6 +24,7 @@ from kernels.roofline import floor
 
 NAME, TITLE = "benchmarks", "Benchmarks"
 BLOCK_TIMEOUT_S = 120.0  # one block of replays takes well under a second on a working GPU
+START_TIMEOUT_S = 300.0  # compiling, autotuning and capturing both implementations: a minute at most so far
 SUSPICIOUS_SPEEDUP = 10.0
 HIDDEN_WORK_US = 10.0  # host-over-device excess beyond the standard's that suggests work off the timed stream
 IMPLS = ("candidate", "standard")
@@ -124,7 +125,7 @@ def run(ctx: GateContext) -> GateResult:
                 floor_us = floor(cost.bytes, cost.flops, m).floor_us if peaks else None
                 required, min_fraction = c.benchmark.requirement(bp)
                 box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
-                            names=names, state=sets[0].state, sets=[s.args for s in sets])
+                            names=names, state=sets[0].state, sets=[s.args for s in sets], timeout_s=START_TIMEOUT_S)
                 blocks = time_point(box, opts, floor_us, required, min_fraction,
                                     lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"))
                 finish = box.request("bench_finish", host_iters=opts.host_iters)
