@@ -166,13 +166,20 @@ def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool,
             "standard": _errors(standard, state_names) if standard else None}
 
 
+STANDARD_TIMEOUT_S = 300.0
+
+
 def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: list, expected: list, names: list[str],
                     specs: list) -> tuple[list[list[TensorCheck]] | None, str | None]:
     """The standard implementation's errors on the same inputs, for the reviewer's comparison (never judged):
-    per case its checks against the reference, or None and why it could not run here."""
+    per case its checks against the reference, or None and why it could not run here. It runs in its own
+    process (`box`), so it can neither disturb the candidate's nor, by hanging, sink the gate."""
     c = ctx.contract
-    reply = box.request("cases", candidate=c.standard, reference=c.reference, device=ctx.device, names=names,
-                        cases=cases, runs=1, output_specs=specs)
+    try:
+        reply = box.request("cases", candidate=c.standard, reference=c.reference, device=ctx.device, names=names,
+                            cases=cases, runs=1, output_specs=specs, timeout_s=STANDARD_TIMEOUT_S)
+    except SandboxError as e:
+        return None, str(e).splitlines()[0]
     checks = []
     for exp, (run,) in zip(expected, reply["cases"]):
         if "raised" in run:
@@ -183,8 +190,8 @@ def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: lis
     return checks, None
 
 
-def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[Point], names: list[str],
-                 findings: Findings, standard_errors: dict[str, None]) -> list[dict]:
+def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sandbox, points: list[Point],
+                 names: list[str], findings: Findings, standard_errors: dict[str, None]) -> list[dict]:
     c, opts, device = ctx.contract, ctx.options, ctx.device
     rows = []
     for point in points:
@@ -201,8 +208,9 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, points: list[
         specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
         reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=device, names=names,
                             cases=cases, runs=opts.runs, output_specs=specs)
-        std, why = standard_checks(ctx, problem, box, cases, expected, names, specs)
-        if why:
+        std, why = (None, None) if standard_errors else standard_checks(ctx, problem, std_box, cases, expected,
+                                                                          names, specs)
+        if why:  # said once; the standard is not tried again
             standard_errors.setdefault(f"{point.label}: {why}", None)
         per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
         std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
@@ -266,8 +274,8 @@ def run(ctx: GateContext) -> GateResult:
         points = envelope_points(ctx.contract, problem)
         names = arg_names(problem.reference)
         findings, standard_errors = Findings(), {}
-        with Sandbox() as box:
-            rows = check_points(ctx, problem, box, points, names, findings, standard_errors)
+        with Sandbox() as box, Sandbox() as std_box:
+            rows = check_points(ctx, problem, box, std_box, points, names, findings, standard_errors)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
     except ProblemError as e:
