@@ -95,7 +95,9 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
              reporter: Reporter = Reporter(), command: str = "k3forge gate") -> Outcome:
     """Check the contracts, gate each op this run covers, write its bundle and the index."""
     machine = detect()
-    problems = check_contracts(contracts_dir, out_dir, producing_arch=machine.arch)
+    # other archs' evidence is where the contracts say (evidence/<op>/<arch> beside contracts/), wherever --out writes
+    problems = check_contracts(contracts_dir, Path(contracts_dir).resolve().parent / "evidence",
+                               producing_arch=machine.arch)
     contracts, _ = load_contracts(contracts_dir)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
     if ops:

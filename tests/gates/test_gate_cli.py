@@ -67,3 +67,17 @@ def test_show_refuses_a_directory_of_bundles(gated, capsys):
     _, out = gated
     assert main(["evidence", "show", str(out)]) == 2
     assert "not a bundle directory" in capsys.readouterr().err
+
+
+def test_a_scratch_out_directory_still_finds_other_archs_evidence(tmp_path, monkeypatch):
+    """kda_decode is validated on sm_90 by a bundle in the repository's evidence/: gating it on this CPU into a
+    scratch directory must still find that bundle (where the contract says), not look for it in the scratch."""
+    from gates import runner
+    from gates.registry import registered
+    from gates.sources import REPO_ROOT
+
+    monkeypatch.setattr(runner, "registered", lambda: [g for g in registered() if g.name == "contracts"])
+    outcome = runner.gate_all(REPO_ROOT / "contracts", tmp_path / "scratch", ["kda_decode"])
+    assert outcome.contract_problems == []
+    (_, bundle), = outcome.bundles
+    assert [(g.gate, g.status.value) for g in bundle.gates] == [("contracts", "PASSED")]
