@@ -72,10 +72,6 @@ class Estimate:
     def settled(self, bound: float | None, precision: float) -> bool:
         return self.precise(precision) or (bound is not None and self.decided(bound))
 
-    def as_dict(self) -> dict:
-        return {"mean": self.mean, "low": self.low if self.n > 1 else None,
-                "high": self.high if self.n > 1 else None, "blocks": list(self.values)}
-
 
 def enough(bounded: list[tuple[Estimate, float | None]], precision: float, min_blocks: int, max_blocks: int) -> bool:
     """Stop timing: every (estimate, bound) settled after at least min_blocks, or max_blocks reached."""

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, load_bundle
 from gates.report import render_index
-from gates.sources import REPO_ROOT, harness_digest, relative, resolve, sha256_file
+from gates.sources import REPO_ROOT, relative, resolve, sha256_file
 
 INDEX_JSON, INDEX_MD = "index.json", "index.md"
 
@@ -76,13 +76,14 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT) -> list[str]:
     return problems + [f"{directory}: {p}" for p in check_freshness(bundle, root)]
 
 
-def judged_by_other_gate_code(directory: Path, root: Path = REPO_ROOT) -> str | None:
-    """A note when the bundle was judged by gate code other than this tree's (not a reason to distrust it)."""
+def judged_by_other_gate_code(directory: Path, current: str) -> str | None:
+    """A note when the bundle was judged by gate code other than `current` (this tree's harness_digest); not a
+    reason to distrust it."""
     try:
         recorded = load_bundle(directory).harness
     except (FileNotFoundError, ValidationError):
         return None
-    if recorded == harness_digest(root):
+    if recorded == current:
         return None
     return ("judged by gate code that differs from this tree's (gates/, kernels/)" if recorded else
             "made before bundles recorded the gate code that judged them") + "; `k3forge gate` re-judges it"

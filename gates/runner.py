@@ -78,7 +78,7 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
     return list(ctx.results.values())
 
 
-def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState,
+def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState, harness: str,
                 options: GateOptions, results: list[GateResult], command: str) -> Bundle:
     try:
         problem_file = load_problem(contract.op).source
@@ -87,8 +87,16 @@ def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env:
     return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
                   contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
                   owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
-                  environment=env, options=options, harness=harness_digest(), gates=results,
+                  environment=env, options=options, harness=harness, gates=results,
                   verdict=worst(r.status for r in results))
+
+
+def unknown_ops(ops: list[str], known: dict) -> str | None:
+    """`--ops: no valid contract for X (valid: ...)` when some of `ops` name no contract in `known`."""
+    unknown = sorted(set(ops) - set(known))
+    if not unknown:
+        return None
+    return f"--ops: no valid contract for {', '.join(unknown)} (valid: {', '.join(sorted(known)) or 'none'})"
 
 
 def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,
@@ -101,20 +109,17 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     contracts, _ = load_contracts(contracts_dir)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
     if ops:
-        unknown = sorted(set(ops) - set(by_op))
-        if unknown:
-            known = ", ".join(sorted(by_op)) or "none"
-            return Outcome(contract_problems=problems + [f"{contracts_dir}: --ops: no valid contract for "
-                                                         f"{', '.join(unknown)} (valid: {known})"])
+        if unknown := unknown_ops(ops, by_op):
+            return Outcome(contract_problems=problems + [f"{contracts_dir}: {unknown}"])
     selected = [by_op[op] for op in (ops or sorted(by_op))]
     if problems:
         reporter.note(f"{len(problems)} contract problem(s)")
-    env, git = environment(machine), git_state()
+    env, git, harness = environment(machine), git_state(), harness_digest()
     options = options or new_options()
     outcome = Outcome(contract_problems=problems)
     for path, contract in selected:
         results = run_gates(contract, path, machine, options, problems, reporter)
-        bundle = make_bundle(contract, path, machine, env, git, options, results, command)
+        bundle = make_bundle(contract, path, machine, env, git, harness, options, results, command)
         directory = write_bundle(Path(out_dir) / contract.op / machine.arch, bundle, render_reports(bundle))
         outcome.bundles.append((directory, bundle))
     if selected:

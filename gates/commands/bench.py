@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.table import Table
 
 from gates.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from gates.commands.gate import option_error
-from gates.runner import new_options, run_gates
+from gates.commands.gate import option_error, parse_ops
+from gates.contracts import load_contracts
+from gates.runner import new_options, run_gates, unknown_ops
 from gates.sources import REPO_ROOT
 from gates.status import Status
 from gates.suite import benchmarks
 from kernels.arch import detect
-from gates.contracts import load_contracts
 
 
 def register(sub) -> None:
@@ -39,10 +39,9 @@ def run(args) -> int:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     contracts, problems = load_contracts(args.contracts)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else sorted(by_op)
-    unknown = sorted(set(ops) - set(by_op))
-    if unknown:
-        raise UsageError(f"--ops: no valid contract for {', '.join(unknown)} (valid: {', '.join(sorted(by_op))})")
+    ops = parse_ops(args.ops) or sorted(by_op)
+    if unknown := unknown_ops(ops, by_op):
+        raise UsageError(unknown)
     console, machine = Console(), detect()
     results = {}
     with console.status("timing") as status:

@@ -11,7 +11,7 @@ from rich.table import Table
 from gates.bundle import load_bundle
 from gates.cli import UsageError
 from gates.evidence import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
-from gates.sources import REPO_ROOT, relative
+from gates.sources import REPO_ROOT, harness_digest, relative
 from gates.status import Status
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
@@ -38,7 +38,7 @@ def _existing(path: Path) -> Path:
 def run_verify(args) -> int:
     path = _existing(args.path) if args.path else REPO_ROOT / "evidence"  # no evidence/ yet: nothing to verify
     results = verify_tree(path)
-    out = Console(highlight=False)
+    out, harness = Console(highlight=False), harness_digest()
     if not results:
         out.print(f"no evidence bundles under {relative(path)}")
         return 0
@@ -49,7 +49,7 @@ def run_verify(args) -> int:
                 out.print(f"    {problem}", soft_wrap=True)
         else:
             out.print(f"[green]✓[/] {relative(directory)}: intact and fresh")
-            if note := judged_by_other_gate_code(directory):
+            if note := judged_by_other_gate_code(directory, harness):
                 out.print(f"    [dim]note: {note}[/]", soft_wrap=True)
     bad = sum(1 for p in results.values() if p)
     out.print(f"{len(results) - bad} of {len(results)} bundle(s) intact and fresh")

@@ -63,8 +63,13 @@ def option_error(err: dict) -> str:
     return f"--{option}: {message}" if option else message
 
 
+def parse_ops(text: str | None) -> list[str] | None:
+    """--ops as a list of op names, None when not given (every contract)."""
+    return [o.strip() for o in text.split(",") if o.strip()] if text else None
+
+
 def run(args) -> int:
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    ops = parse_ops(args.ops)
     try:
         options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
                               bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)

@@ -194,9 +194,11 @@ def _probe_and_answer(ref: Session, others: list[Session], haystack: _Haystack, 
     return _Probe(context, position, value, answers)
 
 
-def _bucket(probe: _Probe, drift_bound: float, state_bound: float, tokenizer: Tokenizer) -> _Bucket:
-    """The candidate against the reference in one bucket, a differing argmax excused within 2 x drift_bound."""
-    ref, cand, standard = probe.answers[0], probe.answers[1], probe.standard
+def _bucket(probe: _Probe, drift_bound: float, state_bound: float, standard: tuple[float | None, float | None],
+            tokenizer: Tokenizer) -> _Bucket:
+    """The candidate against the reference in one bucket, a differing argmax excused within 2 x drift_bound;
+    `standard` is the standard path's (drift, state error) there, or Nones."""
+    ref, cand = probe.answers[0], probe.answers[1]
     agree = near_ties = 0
     for r, c in zip(ref.logits, cand.logits):
         best, chosen = int(r.argmax()), int(c.argmax())
@@ -209,8 +211,7 @@ def _bucket(probe: _Probe, drift_bound: float, state_bound: float, tokenizer: To
     return _Bucket(context=probe.context, key_depth=probe.position / probe.context, drift=cand.drift(ref),
                    drift_bound=drift_bound, agree=agree, near_ties=near_ties,
                    disagree=len(cand.logits) - agree - near_ties, state_rel_err=cand.state_rel_err(ref),
-                   state_bound=state_bound, standard_drift=standard.drift(ref) if standard else None,
-                   standard_state_rel_err=standard.state_rel_err(ref) if standard else None,
+                   state_bound=state_bound, standard_drift=standard[0], standard_state_rel_err=standard[1],
                    ref_answer=ref_text, ref_correct=ref_text.strip().startswith(probe.value),
                    cand_correct=cand_text.strip().startswith(probe.value))
 
@@ -219,13 +220,13 @@ def _buckets(probes: list[_Probe], budget: LongContextBudget, tokenizer: Tokeniz
     """Every bucket against one pair of bounds: the budget's, or slack x the standard's worst bucket when it ran
     beside. The run-wide worst, not each bucket's own: on random bf16 weights a top-k routing flip (a logit
     drift of ~2 in one bucket, 0.1 in the next, on either path) is a discrete event, not a precision level."""
-    worst = {"drift": None, "state": None}
-    if probes and probes[0].standard is not None:
-        worst = {"drift": max(p.standard.drift(p.answers[0]) for p in probes),
-                 "state": max(p.standard.state_rel_err(p.answers[0]) for p in probes)}
-    drift_bound = yardstick_bound(budget.logit_atol, worst["drift"], budget.slack)
-    state_bound = yardstick_bound(budget.state_rtol, worst["state"], budget.slack)
-    return [_bucket(p, drift_bound, state_bound, tokenizer) for p in probes]
+    standard = [(p.standard.drift(p.answers[0]), p.standard.state_rel_err(p.answers[0])) if p.standard else
+                (None, None) for p in probes]
+    beside = [s for s in standard if s[0] is not None]
+    worst_drift, worst_state = (max(d for d, _ in beside), max(e for _, e in beside)) if beside else (None, None)
+    drift_bound = yardstick_bound(budget.logit_atol, worst_drift, budget.slack)
+    state_bound = yardstick_bound(budget.state_rtol, worst_state, budget.slack)
+    return [_bucket(p, drift_bound, state_bound, s, tokenizer) for p, s in zip(probes, standard)]
 
 
 def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> EvalResult:

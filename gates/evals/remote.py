@@ -57,9 +57,8 @@ class RemoteSession(Session):
     """A Session whose engine runs in the child: the same calls, each one request."""
 
     def __init__(self, path: RemotePath, max_len: int):
-        self.path, self._remote = path, path.remote
-        reply = self._request("eval_session", max_len=max_len)
-        self.id, self._length = reply["id"], reply["length"]
+        self.path, self._remote, self._length = path, path.remote, 0
+        self.id = self._request("eval_session", max_len=max_len)["id"]
 
     @property
     def length(self) -> int:
@@ -77,7 +76,7 @@ class RemoteSession(Session):
 
     def _request(self, kind: str, **payload) -> dict:
         reply = self._remote.box.request(kind, **payload)
-        self._length = reply.get("length", getattr(self, "_length", 0))
+        self._length = reply.get("length", self._length)
         return reply
 
 

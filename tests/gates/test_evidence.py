@@ -109,11 +109,11 @@ def test_a_runner_names_the_commit_of_its_copy(monkeypatch):
     assert git_state().commit and git_state().dirty is not None  # this checkout's own state
 
 
-def test_a_bundle_judged_by_other_gate_code_is_noted_not_distrusted(bundle_dir, monkeypatch):
-    from gates import evidence
+def test_a_bundle_judged_by_other_gate_code_is_noted_not_distrusted(bundle_dir):
+    from gates.evidence import judged_by_other_gate_code
+    from gates.sources import harness_digest
 
-    assert load_bundle(bundle_dir).harness == evidence.harness_digest()
-    assert evidence.judged_by_other_gate_code(bundle_dir) is None
-    monkeypatch.setattr(evidence, "harness_digest", lambda root=None: "0" * 64)  # the gate code changed since
-    assert "differs from this tree's" in evidence.judged_by_other_gate_code(bundle_dir)
+    assert load_bundle(bundle_dir).harness == harness_digest()
+    assert judged_by_other_gate_code(bundle_dir, harness_digest()) is None
+    assert "differs from this tree's" in judged_by_other_gate_code(bundle_dir, "0" * 64)  # the gate code changed
     assert verify_bundle(bundle_dir) == []
