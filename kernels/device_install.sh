@@ -15,7 +15,11 @@ if ls "$WH"/*.part00 >/dev/null 2>&1 && ls "$WH"/*.part01 >/dev/null 2>&1; then
     cat "$p0" "${whl}.part01" > "$whl" && rm -f "$p0" "${whl}.part01"
   done
 fi
-# complete wheels only (a lone .part00 is not matched by *.whl); --upgrade replaces an earlier install
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl
+# complete wheels only (a lone .part00 is not matched by *.whl); --upgrade replaces an earlier install;
+# a later call on the same warm machine with the same wheels skips the install
+if [ "$(ls "$WH"/*.whl 2>/dev/null)" != "$(cat "$SITE/.k3forge-wheels" 2>/dev/null)" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl &&
+    ls "$WH"/*.whl > "$SITE/.k3forge-wheels"
+fi
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import cutlass, fla; print('cutlass', cutlass.__version__, 'fla', fla.__version__)" 2>&1 | tail -1

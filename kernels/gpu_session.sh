@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One GPU session's work in three device calls, so a 30-minute budget buys the most evidence.
+# One GPU session's work in a few device calls, so a 30-minute budget buys the most evidence.
 # The machine stays warm only ~30 s between calls, so make them back to back:
 #   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
 #   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests gate COMMIT
-#   call 3 (no carry):             bash kernels/gpu_session.sh collect
+#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect long_context
+#   call 4 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
-# verbose logs; `gate COMMIT` starts `k3forge gate` for the GPU contracts in the background (it outlives the
-# call; nothing else may use the GPU while it times) and waits while the call has time; `collect` waits for
-# the gate and copies its bundles and logs to $OUT. Logs: $OUT/*.log; bundles: $OUT/evidence/<op>/<arch>/.
+# verbose logs. `gate COMMIT` and `long_context` start a background job that outlives the call (the gate's
+# benchmarks need the GPU to themselves, so start nothing else until it is done) and wait while the call has
+# time; `collect` waits for the jobs still running and copies what they wrote to $OUT: bundles under
+# $OUT/evidence/<op>/<arch>/, the full-budget long-context eval (k3 shapes, up to 128K tokens) as
+# $OUT/long_context.json, every log as $OUT/*.log.
 set -u
 OUT=${OUT:-/tmp/out}
 RUN=/root/k3forge-gpu
@@ -37,30 +40,56 @@ run_tests() {
   done
 }
 
-start_gate() {
-  K3FORGE_COMMIT=$1 setsid nohup python3 -m gates.cli gate --ops "${OPS:-kda_decode}" --out "$RUN/evidence" \
-    --trials 1 --runs 3 --steps 16 > "$RUN/gate.log" 2>&1 &
-  echo $! > "$RUN/gate.pid"
-  echo "== gate started (pid $(cat "$RUN/gate.pid"), commit $1)"
+alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+start_job() {
+  # job name, file for its stdout (its log when empty), command...; stderr goes to its log
+  local name=$1 stdout=${2:-$RUN/$1.log}
+  shift 2
+  if [ "$stdout" = "$RUN/$name.log" ]; then
+    setsid nohup "$@" > "$stdout" 2>&1 &
+  else
+    setsid nohup "$@" > "$stdout" 2> "$RUN/$name.log" &
+  fi
+  echo $! > "$RUN/$name.pid"
+  echo "== $name started (pid $!)"
 }
 
-wait_gate() {
-  while kill -0 "$(cat "$RUN/gate.pid")" 2>/dev/null && [ "$(left)" -gt 15 ]; do sleep 5; done
-  grep -v -i warn "$RUN/gate.log" | tail -25
-  cp "$RUN/gate.log" "$OUT/gate.log"
-  if kill -0 "$(cat "$RUN/gate.pid")" 2>/dev/null; then
-    echo "== gate still running: call again with 'collect' within 30 s"
-  else
-    cp -r "$RUN/evidence" "$OUT/" 2>/dev/null
-    echo "== gate done; bundles under \$OUT/evidence"
-  fi
+collect() {
+  local jobs=(gate long_context)
+  while [ "$(left)" -gt 15 ]; do
+    local running=0
+    for j in "${jobs[@]}"; do alive "$j" && running=1; done
+    [ $running = 0 ] && break
+    sleep 5
+  done
+  for j in "${jobs[@]}"; do
+    [ -f "$RUN/$j.pid" ] || continue
+    grep -v -i warn "$RUN/$j.log" | tail -15
+    cp "$RUN/$j.log" "$OUT/$j.log"
+    if alive "$j"; then
+      echo "== $j still running: call again with 'collect' within 30 s"
+    else
+      echo "== $j done"
+    fi
+  done
+  [ -d "$RUN/evidence" ] && ! alive gate && cp -r "$RUN/evidence" "$OUT/"
+  [ -s "$RUN/long_context.json" ] && ! alive long_context && cp "$RUN/long_context.json" "$OUT/"
+  return 0
 }
 
 while [ $# -gt 0 ]; do
   case $1 in
     tests) run_tests; shift ;;
-    gate) start_gate "$2"; wait_gate; shift 2 ;;
-    collect) wait_gate; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [collect]" >&2; exit 2 ;;
+    gate)
+      K3FORGE_COMMIT=$2 start_job gate "" python3 -m gates.cli gate --ops "${OPS:-kda_decode}" \
+        --out "$RUN/evidence" --trials 1 --runs 3 --steps 16
+      collect; shift 2 ;;
+    long_context)
+      if alive gate; then echo "== long_context not started: the gate is still timing"; shift; continue; fi
+      start_job long_context "$RUN/long_context.json" python3 -m gates.cli eval --preset k3 --only long_context --json
+      collect; shift ;;
+    collect) collect; shift ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [long_context] [collect]" >&2; exit 2 ;;
   esac
 done
