@@ -24,7 +24,7 @@ left() { echo $((CALL_LIMIT - ($(date +%s) - CALL_START))); }
 run_tests() {
   # group name, seconds, pytest targets
   local groups=(
-    "kernel 150 tests/specialized tests/kernels"
+    "kernel 210 tests/specialized tests/kernels"
     "adversarial 120 tests/adversarial tests/gates/test_benchmarks.py"
     "dispatch 90 tests/model/test_dispatch.py"
     "evals 150 tests/evals/test_gpu.py"

@@ -66,7 +66,7 @@ class LongContextConfig(EvalConfig[LongContextBudget]):
     # k3 layer shapes in bf16 up to 128K: the MLA prefill attends in the latent space in query groups whose scores
     # fit 1 GiB (model.kimi_k3.mla), so 8K-token chunks cost the same memory at any depth; each chunk dequantizes
     # most experts of the MoE layers. The bounds are floors under the standard path's own drift (the yardstick).
-    # The 64K and 128K buckets have not run on the H200 yet.
+    # On the H200 the whole budget takes ~6 minutes at 4 layers (NOTES.md of kda_decode, run 6).
     gpu: LongContextBudget = LongContextBudget(lengths=(4096, 16384, 65536, 131072), decode_steps=16,
                                                prefill_chunk=8192, logit_atol=0.25, state_rtol=2e-2)
 
