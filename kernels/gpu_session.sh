@@ -3,14 +3,15 @@
 # The machine stays warm only ~30 s between calls, so make them back to back:
 #   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
 #   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests gate COMMIT
-#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect long_context
+#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect evals
 #   call 4 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
-# verbose logs. `gate COMMIT` and `long_context` start a background job that outlives the call (the gate's
+# verbose logs. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
 # benchmarks need the GPU to themselves, so start nothing else until it is done) and wait while the call has
 # time; `collect` waits for the jobs still running and copies what they wrote to $OUT: bundles under
-# $OUT/evidence/<op>/<arch>/, the full-budget long-context eval (k3 shapes, up to 128K tokens) as
-# $OUT/long_context.json, every log as $OUT/*.log.
+# $OUT/evidence/<op>/<arch>/, the model-level evals at their full GPU budgets (k3 shapes, 4 layers: every
+# structured-output schema, long context up to 128K tokens; ~8 minutes) as $OUT/evals.json, every log as
+# $OUT/*.log.
 set -u
 OUT=${OUT:-/tmp/out}
 RUN=/root/k3forge-gpu
@@ -56,7 +57,7 @@ start_job() {
 }
 
 collect() {
-  local jobs=(gate long_context)
+  local jobs=(gate evals)
   while [ "$(left)" -gt 15 ]; do
     local running=0
     for j in "${jobs[@]}"; do alive "$j" && running=1; done
@@ -74,7 +75,7 @@ collect() {
     fi
   done
   [ -d "$RUN/evidence" ] && ! alive gate && cp -r "$RUN/evidence" "$OUT/"
-  [ -s "$RUN/long_context.json" ] && ! alive long_context && cp "$RUN/long_context.json" "$OUT/"
+  [ -s "$RUN/evals.json" ] && ! alive evals && cp "$RUN/evals.json" "$OUT/"
   return 0
 }
 
@@ -85,11 +86,11 @@ while [ $# -gt 0 ]; do
       K3FORGE_COMMIT=$2 start_job gate "" python3 -m gates.cli gate --ops "${OPS:-kda_decode}" \
         --out "$RUN/evidence" --trials 1 --runs 3 --steps 16
       collect; shift 2 ;;
-    long_context)
-      if alive gate; then echo "== long_context not started: the gate is still timing"; shift; continue; fi
-      start_job long_context "$RUN/long_context.json" python3 -m gates.cli eval --preset k3 --only long_context --json
+    evals)
+      if alive gate; then echo "== evals not started: the gate is still timing"; shift; continue; fi
+      start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json
       collect; shift ;;
     collect) collect; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [long_context] [collect]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect]" >&2; exit 2 ;;
   esac
 done
