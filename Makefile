@@ -32,16 +32,18 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
-# GPU runners have no package index. Where `make wheelhouse` left wheels (.wheelhouse/all), the gate installs
-# them, and nothing else, into a venv that sees the runner's own CUDA torch, and runs from the checkout.
+# GPU runners have no package index. On a runner (its own Python has CUDA torch) where `make wheelhouse` left
+# wheels (.wheelhouse/all), the gate installs them, and nothing else, into a venv that sees the runner's torch,
+# and runs from the checkout; everywhere else it runs from the installed venv.
 GATE_WHEELS := $(wildcard $(WHEELHOUSE)/all/*.whl)
-ifneq ($(GATE_WHEELS),)
-gate: $(VENV)/.installed-wheelhouse
-	$(BIN)/python -m gates.cli gate
-else
-gate: $(STAMP)
-	$(BIN)/k3forge gate
-endif
+CUDA_TORCH := $(PYTHON) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null
+
+gate:
+	@if [ -n "$(GATE_WHEELS)" ] && $(CUDA_TORCH); then \
+		$(MAKE) --no-print-directory $(VENV)/.installed-wheelhouse && $(BIN)/python -m gates.cli gate; \
+	else \
+		$(MAKE) --no-print-directory install && $(BIN)/k3forge gate; \
+	fi
 
 $(VENV)/.installed-wheelhouse: $(GATE_WHEELS)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
