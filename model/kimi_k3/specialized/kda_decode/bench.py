@@ -20,7 +20,7 @@ import sys
 import torch
 
 
-def _check(impl, heads, batch, seed):
+def check_against_reference(impl, heads, batch, seed):
     from model.kimi_k3.ops.kda import kda_decode
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
 
@@ -66,7 +66,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
             row["bytes"] = f.bytes_moved
             for name, impl in impls.items():
                 if check:
-                    rel, srel, conv_eq = _check(impl, heads, batch, seed=heads * 1000 + batch)
+                    rel, srel, conv_eq = check_against_reference(impl, heads, batch, seed=heads * 1000 + batch)
                     row[f"{name}_out_rel_l2"], row[f"{name}_state_rel_l2"], row[f"{name}_conv_equal"] = rel, srel, conv_eq
                 case = make_case(heads, batch, device="cuda", seed=heads + batch)
                 args = case.args()
@@ -77,7 +77,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
                 row[f"{name}_kernels"] = count_kernels(lambda: impl(*args))
                 row[f"{name}_frac_floor"] = f.fraction(r.median_us)
                 if check:  # outputs produced while timing: re-check on fresh inputs
-                    rel2, _, _ = _check(impl, heads, batch, seed=heads * 1000 + batch + 1)
+                    rel2, _, _ = check_against_reference(impl, heads, batch, seed=heads * 1000 + batch + 1)
                     row[f"{name}_recheck_rel_l2"] = rel2
             if "standard_us" in row and "specialized_us" in row:
                 row["speedup"] = row["standard_us"] / row["specialized_us"]
