@@ -321,8 +321,9 @@ def _kernels(report) -> list[dict]:
             for k in report.kernels]
 
 
-def run_compile(*, module: str, contract: dict, archs: list[str]) -> dict:
-    """Compile every key the module lists for every target: per-kernel resources or the error, per key and arch."""
+def run_compile(*, module: str, contract: dict, archs: list[str], shard: tuple[int, int] = (0, 1)) -> dict:
+    """Compile every key the module lists (or, for `shard` (i, n), keys i, i + n, ...) for every target:
+    per-kernel resources or the error, per key and arch."""
     from kernels.arch import cute_arch_for
     from kernels.contract import Contract
 
@@ -331,7 +332,8 @@ def run_compile(*, module: str, contract: dict, archs: list[str]) -> dict:
     if missing:
         return {"protocol": f"{module} defines no {' or '.join(missing)}()"}
     results = []
-    for key in mod.compile_keys(Contract.model_validate(contract)):
+    index, shards = shard
+    for key in mod.compile_keys(Contract.model_validate(contract))[index::shards]:
         for arch in archs:
             entry: dict[str, Any] = {"key": repr(key), "arch": arch, "target": cute_arch_for(arch)}
             t0 = _perf_counter()

@@ -16,22 +16,24 @@ FIXTURES = "tests.gates.fixtures"
 H200 = {"arch": "sm_90", "devices": ["NVIDIA H200"]}
 
 
-def cute_contract(implementation: str, archs: list[dict]):
-    return kda_contract(op="reverse_scale", backend="cutedsl", implementation=implementation, shapes={"block": [128, 256]},
+def cute_contract(implementation: str, archs: list[dict], blocks=(128, 256)):
+    return kda_contract(op="reverse_scale", backend="cutedsl", implementation=implementation, shapes={"block": list(blocks)},
                         benchmark={"points": [{"batch": 1}], "required_speedup": 1.0}, hardware={"declared": archs})
 
 
 @needs_cutlass
-def test_every_key_compiles_for_every_arch_with_its_resources():
+def test_every_key_compiles_for_every_arch_with_its_resources(monkeypatch):
+    # two processes per arch for three keys (keys 0 and 2 in one, 1 in the other): results still in key order
+    monkeypatch.setattr(compile_gate.os, "cpu_count", lambda: 2)
     contract = cute_contract(f"{FIXTURES}.cute_reverse_scale:reverse_scale",
-                             [H200, {"arch": "sm_100", "devices": ["NVIDIA GB300"]}])
+                             [H200, {"arch": "sm_100", "devices": ["NVIDIA GB300"]}], blocks=(128, 256, 512))
     result = run_gate(compile_gate.GATE, contract)
     assert result.status is Status.PASSED, result.reason
     compiles = result.details["compiles"]
-    assert {(c["key"], c["arch"], c["target"]) for c in compiles} == {
-        (f"('bf16', {b})", a, f"{a}a") for b in (128, 256) for a in ("sm_90", "sm_100")}
+    assert [(c["key"], c["arch"], c["target"]) for c in compiles] == [
+        (f"('bf16', {b})", a, f"{a}a") for a in ("sm_90", "sm_100") for b in (128, 256, 512)]
     kernels = [k for c in compiles for k in c["kernels"]]
-    assert len(kernels) == 4
+    assert len(kernels) == 6
     assert all(0 < k["registers"] <= 255 and k["shared_bytes"] >= 2 * 128 and k["spill_bytes"] == 0 for k in kernels)
 
 
