@@ -14,6 +14,7 @@ input (a result cached on the input would be stale).
 from __future__ import annotations
 
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -190,44 +191,54 @@ def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: lis
     return checks, None
 
 
+def draw_cases(ctx: GateContext, problem: Problem, point: Point, names: list[str]) -> tuple[list, list, list]:
+    """The point's seeded inputs (every distribution x trials), the reference's results on them, their labels."""
+    cases, expected, labels = [], [], []
+    for dist in DISTRIBUTIONS:
+        for t in range(ctx.options.trials):
+            case = problem.generate_input(point, seed_for(ctx.options.seed, NAME, point.label, dist, t), dist)
+            exp = reference_run(problem, case, names, ctx.device)
+            if (bad := _nonfinite_reference(exp)) is not None:
+                raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
+                                   f"the problem {problem.source.name} drew inputs outside the op's domain")
+            cases.append(case), expected.append(exp), labels.append((dist, t))
+    return cases, expected, labels
+
+
 def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sandbox, points: list[Point],
                  names: list[str], findings: Findings) -> tuple[list[dict], str | None]:
     """Every envelope point's rows, and why the standard could not run beside the candidate (then it is not
-    tried at later points), or None."""
-    c, opts, device = ctx.contract, ctx.options, ctx.device
+    tried at later points), or None. The standard runs on the same inputs at the same time as the candidate,
+    each in its own process."""
+    c = ctx.contract
     rows, standard_failure = [], None
-    for point in points:
-        ctx.progress(f"numerics: {point.label}")
-        cases, expected, labels = [], [], []
-        for dist in DISTRIBUTIONS:
-            for t in range(opts.trials):
-                case = problem.generate_input(point, seed_for(opts.seed, NAME, point.label, dist, t), dist)
-                exp = reference_run(problem, case, names, device)
-                if (bad := _nonfinite_reference(exp)) is not None:
-                    raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
-                                       f"the problem {problem.source.name} drew inputs outside the op's domain")
-                cases.append(case), expected.append(exp), labels.append((dist, t))
-        specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
-        reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=device, names=names,
-                            cases=cases, runs=opts.runs, output_specs=specs)
-        std = None
-        if standard_failure is None:
-            std, why = standard_checks(ctx, problem, std_box, cases, expected, names, specs)
-            standard_failure = f"{point.label}: {why}" if why else None
-        per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
-        std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
-        failed_dists = set()
-        for k, (case, exp, (dist, t), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
-            before = sum(findings.counts.values())
-            per_dist[dist].append(judge_case(problem, case, exp, runs, names, c.tolerance,
-                                             f"{point.label}, {dist} #{t + 1}", findings))
-            if std:
-                std_per_dist[dist].append(std[k])
-            if sum(findings.counts.values()) > before:
-                failed_dists.add(dist)
-        state_names = {n for n, _ in expected[0].states}
-        rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
-                 for dist in DISTRIBUTIONS]
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        for point in points:
+            ctx.progress(f"numerics: {point.label}")
+            cases, expected, labels = draw_cases(ctx, problem, point, names)
+            specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
+            std_run = None if standard_failure else beside.submit(
+                standard_checks, ctx, problem, std_box, cases, expected, names, specs)
+            reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=ctx.device,
+                                names=names, cases=cases, runs=ctx.options.runs, output_specs=specs)
+            std = None
+            if std_run is not None:
+                std, why = std_run.result()
+                standard_failure = f"{point.label}: {why}" if why else None
+            per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+            std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+            failed_dists = set()
+            for k, (case, exp, (dist, t), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
+                before = sum(findings.counts.values())
+                per_dist[dist].append(judge_case(problem, case, exp, runs, names, c.tolerance,
+                                                 f"{point.label}, {dist} #{t + 1}", findings))
+                if std:
+                    std_per_dist[dist].append(std[k])
+                if sum(findings.counts.values()) > before:
+                    failed_dists.add(dist)
+            state_names = {n for n, _ in expected[0].states}
+            rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
+                     for dist in DISTRIBUTIONS]
     return rows, standard_failure
 
 
