@@ -1,12 +1,13 @@
 """Render a bundle as report.md and report.html (jinja2 templates in gates/templates/), and the evidence index.
 
-Each gate's section comes from `templates/gates/<gate>.{md,html}.j2`; a gate without one (a model-level eval
-plugged in later) is shown by `_generic`, a table of its details.
+Each gate's section comes from `templates/gates/<gate>.{md,html}.j2`; a gate without one is shown by `_generic`,
+a table of its details.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
@@ -33,12 +34,25 @@ def _env() -> Environment:
         status_class=lambda s: STATUS_CLASS.get(Status(s), "fail"),
         pretty=lambda v: json.dumps(v, indent=2, default=str),
         md_cell=lambda v: str(v).replace("|", "\\|").replace("\n", " "),
+        cell=_cell,
     )
     return env
 
 
+def _cell(value) -> str:
+    """A table cell of an eval: 4 significant digits, ✓/✗ for booleans, – for nothing."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "✓" if value else "✗"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
 def _plots(bundle: Bundle) -> dict[str, list[Markup]]:
-    """SVG plots per gate: speedup and fraction of the roofline per batch size, one bar per shape."""
+    """SVG plots per gate: speedup and fraction of the roofline per batch size, one bar per shape; per eval
+    (key "eval:<name>") the plots it declared."""
     plots: dict[str, list[Markup]] = {}
     bench = next((g for g in bundle.gates if g.gate == "benchmarks" and g.details.get("rows")), None)
     if bench is not None:
@@ -53,7 +67,19 @@ def _plots(bundle: Bundle) -> dict[str, list[Markup]]:
             charts.append(bar_chart("Fraction of the roofline", categories, fractions, y_label="floor / measured",
                                     lines=lines, value_format="{:.0%}"))
         plots["benchmarks"] = [Markup(c) for c in charts]
+    evals = next((g for g in bundle.gates if g.gate == "evals"), None)
+    for name, result in (evals.details.get("evals", {}) if evals else {}).items():
+        plots[f"eval:{name}"] = [Markup(_eval_chart(p)) for p in result.get("plots", [])]
     return plots
+
+
+def _eval_chart(plot: dict) -> str:
+    """An eval's Plot (gates.evals.result) as bars; a NaN or infinite value (a string in the JSON) leaves a gap."""
+    series = {name: [v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in values]
+              for name, values in plot["series"].items()}
+    lines = [(plot["bound"], "bound")] if plot.get("bound") is not None else []
+    return bar_chart(plot["title"], plot["categories"], series, y_label=plot["y_label"], x_label=plot["x_label"],
+                     lines=lines, value_format="{:.3g}")
 
 
 def _context(bundle: Bundle) -> dict:

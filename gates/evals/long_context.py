@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 from .config import EvalConfig
 from .paths import PathPair, Session
-from .result import Check, EvalResult, Table, badness, yardstick_bound
+from .result import Check, EvalResult, Plot, Table, badness, yardstick_bound
 
 NAME = "long_context"
 QUESTION_ROOM = 128  # cache room for a probe's question (about 40 tokens)
@@ -262,8 +262,21 @@ def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> Eva
     ]
     notes = ["The retrieval probe's accuracy means something only for trained weights; on random weights (every "
              "preset and `ckpt make` checkpoint) it measures agreement between the paths, not recall."]
-    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table], notes=notes,
+    plots = [_plot("max logit drift from the reference", "max |dlogit|", buckets, "drift", drift.drift_bound),
+             _plot("KDA state relative error", "relative error (worst layer)", buckets, "state_rel_err",
+                   state.state_bound)]
+    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table], plots=plots, notes=notes,
                                   budget={"seed": seed, **budget.model_dump()})
+
+
+def _plot(title: str, y_label: str, buckets: list[_Bucket], stat: str, bound: float) -> Plot:
+    """One statistic per context-length bucket, the candidate's beside the standard path's where it ran."""
+    series = {"candidate": [getattr(b, stat) for b in buckets]}
+    standard = [getattr(b, f"standard_{stat}") for b in buckets]
+    if any(v is not None for v in standard):
+        series["standard"] = standard
+    return Plot(title=title, x_label="context tokens", y_label=y_label, categories=[str(b.context) for b in buckets],
+                series=series, bound=bound)
 
 
 def _standard(value: float | None) -> str:

@@ -70,6 +70,20 @@ class Table(BaseModel):
         self.rows.append([_plain(v) for v in values])
 
 
+class Plot(BaseModel):
+    """Numbers that compare, drawn as grouped bars in the HTML report: a group per category (e.g. a context
+    length), a bar per series (the candidate, the standard path beside it), the bound as a dashed line."""
+
+    model_config = JSON_FLOATS
+
+    title: str
+    x_label: str
+    y_label: str
+    categories: list[str]
+    series: dict[str, list[float | None]]
+    bound: float | None = None
+
+
 class EvalResult(BaseModel):
     model_config = JSON_FLOATS
 
@@ -79,6 +93,7 @@ class EvalResult(BaseModel):
     metrics: dict[str, float | int | str | bool] = Field(default_factory=dict)
     checks: list[Check] = Field(default_factory=list)
     tables: list[Table] = Field(default_factory=list)
+    plots: list[Plot] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     budget: dict[str, Any] = Field(default_factory=dict)
     seconds: float = 0.0

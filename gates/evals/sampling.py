@@ -32,7 +32,7 @@ from model.kimi_k3.sampling import top_p_probs
 
 from .config import EvalConfig
 from .paths import DecodePath, PathPair
-from .result import Check, EvalResult, Table, badness, yardstick_bound
+from .result import Check, EvalResult, Plot, Table, badness, yardstick_bound
 from .stats import dkw_bound, empirical, kl_divergence, rank_cdf_distance, tv_distance, tv_noise_bound
 
 NAME = "sampling"
@@ -190,7 +190,13 @@ def _result(budget: SamplingBudget, settings, tv: torch.Tensor, kl: torch.Tensor
     if yardstick:
         metrics.update({"standard_tv_max": tv_std.max().item(), "standard_tv_mean": tv_std.mean().item(),
                         "standard_kl_max": kl_std.max().item(), "standard_kl_mean": kl_std.mean().item()})
-    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[exact, draws],
+    series = {"candidate": tv.max(0).values.tolist()}
+    if yardstick:
+        series["standard"] = tv_std.max(0).values.tolist()
+    plot = Plot(title="exact TV from the reference's sampling distribution, worst position",
+                x_label="temperature, top-p", y_label="max TV", categories=[f"T={t}, p={p}" for t, p in settings],
+                series=series, bound=checks[0].bound)
+    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[exact, draws], plots=[plot],
                                   budget={"seed": seed, **budget.model_dump()})
 
 

@@ -104,6 +104,10 @@ def test_a_drifting_standard_beside_widens_the_state_bound(make_pair, tiny_model
     rows = result.tables[0].rows
     for row in rows:
         assert row[9] == pytest.approx(SMALL.cpu.slack * max(r[10] for r in rows)) and row[8] == pytest.approx(row[10])
+    drift_plot, state_plot = result.plots  # per bucket, candidate beside standard, the bound drawn
+    assert state_plot.categories == [str(r[0]) for r in rows] and state_plot.bound == state.bound
+    assert state_plot.series == {"candidate": [r[8] for r in rows], "standard": [r[10] for r in rows]}
+    assert drift_plot.series["standard"] == [r[4] for r in rows]
 
 
 def answer(drift: float) -> _Answer:

@@ -81,6 +81,9 @@ def test_a_standard_path_beside_sets_the_precision_the_candidate_is_held_to(make
     c = checks(beside_sloppy)
     assert c["exact TV"].value == beside_sloppy.metrics["standard_tv_max"] > 20 * CPU.tv_bound
     assert c["exact TV"].bound == CPU.slack * beside_sloppy.metrics["standard_tv_max"]
+    (plot,) = beside_sloppy.plots  # worst position per (temperature, top-p), the candidate beside the standard
+    assert plot.bound == c["exact TV"].bound and max(plot.series["candidate"]) == c["exact TV"].value
+    assert [max(plot.series[s]) for s in ("candidate", "standard")] == [c["exact TV"].value] * 2
     beside_exact = run(SMALL, replace(pair, candidate=scaled, standard=pair.candidate), progress)
     assert beside_exact.status == Status.FAILED_EVAL
     assert not checks(beside_exact)["mean exact TV"].passed and "standard path 0" in checks(beside_exact)["exact TV"].detail
