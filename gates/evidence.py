@@ -3,6 +3,7 @@
     verify_bundle(path) -> list[str]      every problem with one bundle; [] when intact and fresh
     verify_tree(path) -> dict[Path, list]  the same for every bundle under a directory
     write_index(evidence_dir)              evidence/index.json and index.md, one row per bundle
+    rerender(path) -> list[str]            a bundle's reports again from its bundle.json, with this tree's templates
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, load_bundle
-from gates.report import render_index
+from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, load_bundle, write_bundle
+from gates.report import render_index, render_reports
 from gates.sources import REPO_ROOT, relative, resolve, sha256_file
 
 INDEX_JSON, INDEX_MD = "index.json", "index.md"
@@ -74,6 +75,25 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT) -> list[str]:
         found = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:3])
         return problems + [f"{directory / BUNDLE_FILE}: does not follow the bundle schema ({found})"]
     return problems + [f"{directory}: {p}" for p in check_freshness(bundle, root)]
+
+
+def rerender(directory: Path) -> list[str]:
+    """Render the reports of the bundle at `directory` again from its bundle.json with this tree's templates,
+    atomically; nothing measured or judged changes. Refused (the reasons returned, nothing written) unless the
+    bundle is intact and this schema writes its bundle.json back byte for byte."""
+    directory = Path(directory)
+    if problems := check_integrity(directory):
+        return problems
+    path = directory / BUNDLE_FILE
+    text = path.read_text()
+    try:
+        bundle = Bundle.model_validate_json(text)
+    except ValidationError as e:
+        return [f"{path}: does not follow the bundle schema ({e.errors()[0]['msg']})"]
+    if bundle.model_dump_json(indent=2) + "\n" != text:
+        return [f"{path}: this tree's bundle schema would not write it back unchanged; re-run the gate instead"]
+    write_bundle(directory, bundle, render_reports(bundle))
+    return []
 
 
 def judged_by_other_gate_code(directory: Path, current: str) -> str | None:

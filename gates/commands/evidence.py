@@ -1,4 +1,5 @@
-"""`k3forge evidence verify [PATH]` and `k3forge evidence show PATH`: is the evidence intact, fresh, and what it says."""
+"""`k3forge evidence verify [PATH]`, `show PATH` and `render [PATH]`: is the evidence intact, fresh, what it says,
+and its reports rendered again with this tree's templates."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from gates.bundle import load_bundle
 from gates.cli import UsageError
-from gates.evidence import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
+from gates.evidence import find_bundles, judged_by_other_gate_code, rerender, verify_bundle, verify_tree
 from gates.sources import REPO_ROOT, harness_digest, relative
 from gates.status import Status
 
@@ -27,6 +28,13 @@ def register(sub) -> None:
     show = verbs.add_parser("show", help="print a bundle's summary")
     show.add_argument("path", type=Path, help="a bundle directory (evidence/<op>/<arch>)")
     show.set_defaults(func=run_show)
+    render = verbs.add_parser("render", help="render bundles' reports again with this tree's templates",
+                              description="Render report.md and report.html again from each bundle.json (nothing "
+                                          "measured or judged changes) and rewrite the manifest. Refused for a "
+                                          "bundle that is not intact.")
+    render.add_argument("path", nargs="?", type=Path,
+                        help="a bundle directory or a directory of bundles (default: evidence/)")
+    render.set_defaults(func=run_render)
 
 
 def _existing(path: Path) -> Path:
@@ -85,3 +93,17 @@ def run_show(args) -> int:
               soft_wrap=True)
     out.print(f"report: {relative(directory / 'report.html')}")
     return 0
+
+
+def run_render(args) -> int:
+    path = _existing(args.path) if args.path else REPO_ROOT / "evidence"
+    out, refused = Console(highlight=False), 0
+    for directory in find_bundles(path):
+        if problems := rerender(directory):
+            refused += 1
+            out.print(f"[red]✗[/] {relative(directory)}: not rendered")
+            for problem in problems:
+                out.print(f"    {problem}", soft_wrap=True)
+        else:
+            out.print(f"[green]✓[/] {relative(directory)}: reports rendered again")
+    return 1 if refused else 0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gates.bundle import load_bundle, write_bundle
-from gates.evidence import find_bundles, verify_bundle, verify_tree, write_index
+from gates.evidence import find_bundles, rerender, verify_bundle, verify_tree, write_index
 from gates.report import render_reports
 from gates.sources import sha256_file
 
@@ -117,3 +117,40 @@ def test_a_bundle_judged_by_other_gate_code_is_noted_not_distrusted(bundle_dir):
     assert judged_by_other_gate_code(bundle_dir, harness_digest()) is None
     assert "differs from this tree's" in judged_by_other_gate_code(bundle_dir, "0" * 64)  # the gate code changed
     assert verify_bundle(bundle_dir) == []
+
+
+def test_reports_render_again_from_the_bundle_and_nothing_else_changes(bundle_dir):
+    """New templates can be applied to old evidence: the reports come back from bundle.json, byte for byte the
+    bundle.json stays, and the manifest matches again."""
+    judged = (bundle_dir / "bundle.json").read_bytes()
+    report = (bundle_dir / "report.html").read_text()
+    (bundle_dir / "report.html").write_text(report.replace("PASSED", "FAILED"))
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    manifest["files"]["report.html"] = sha256_file(bundle_dir / "report.html")
+    (bundle_dir / "manifest.json").write_text(json.dumps(manifest))  # a report edited by hand, manifest to match
+    assert rerender(bundle_dir) == []
+    assert (bundle_dir / "report.html").read_text() == report and (bundle_dir / "bundle.json").read_bytes() == judged
+    assert verify_bundle(bundle_dir) == []
+
+
+@pytest.mark.parametrize("tamper, expected", [
+    (lambda d: (d / "bundle.json").write_text((d / "bundle.json").read_text().replace('"PASSED"', '"ERROR"', 1)),
+     "bundle.json: modified after the bundle was written"),
+    (lambda d: _rewrite_with_manifest(d, json.dumps(json.loads((d / "bundle.json").read_text()))),
+     "would not write it back unchanged"),
+])
+def test_a_bundle_that_is_not_intact_is_not_rendered_again(bundle_dir, tamper, expected):
+    tamper(bundle_dir)
+    before = {p.name: p.read_bytes() for p in bundle_dir.iterdir()}
+    (problem,) = rerender(bundle_dir)
+    assert expected in problem
+    assert {p.name: p.read_bytes() for p in bundle_dir.iterdir()} == before
+
+
+def _rewrite_with_manifest(directory, bundle_text: str) -> None:
+    """bundle.json rewritten (same content, other formatting) with a manifest that matches it."""
+    (directory / "bundle.json").write_text(bundle_text)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    manifest["files"]["bundle.json"] = sha256_file(directory / "bundle.json")
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+

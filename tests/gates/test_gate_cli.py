@@ -20,6 +20,14 @@ def test_gate_passes_on_cpu_and_evidence_verifies(gated, capsys):
     assert "kda_decode" in shown and "PASSED" in shown and "needs a CUDA GPU" in shown and "intact and fresh" in shown
 
 
+def test_render_says_which_bundles_it_rendered_and_refuses_a_tampered_one(bundle_dir, capsys):
+    assert main(["evidence", "render", str(bundle_dir)]) == 0
+    assert "reports rendered again" in capsys.readouterr().out
+    (bundle_dir / "report.md").write_text("# all good")
+    assert main(["evidence", "render", str(bundle_dir)]) == 1
+    assert "report.md: modified after the bundle was written" in capsys.readouterr().out
+
+
 def test_verify_fails_on_a_tampered_bundle(bundle_dir, capsys):
     (bundle_dir / "bundle.json").write_text((bundle_dir / "bundle.json").read_text().replace("PASSED", "PASSED "))
     assert main(["evidence", "verify", str(bundle_dir)]) == 1
