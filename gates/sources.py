@@ -23,13 +23,14 @@ HARNESS_DIRS = ("gates", "kernels")  # the judge: gate runner, gates, evals, pro
 
 
 def harness_digest(root: Path = REPO_ROOT) -> str:
-    """sha256 over the gate code (every file under HARNESS_DIRS but caches): which version of the judge produced
-    a bundle. Not part of freshness (a gate fix would stale every GPU bundle at once); `evidence verify` says when
-    it differs."""
+    """sha256 over the gate code (every Python file under HARNESS_DIRS): which version of the judge produced a
+    bundle. Report templates (`k3forge evidence render` applies them to old bundles) and session scripts judge
+    nothing, so they are not in it. Not part of freshness (a gate fix would stale every GPU bundle at once);
+    `evidence verify` says when it differs."""
     h = hashlib.sha256()
     for d in HARNESS_DIRS:
-        for path in sorted((root / d).rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
+        for path in sorted((root / d).rglob("*.py")):
+            if path.is_file():
                 h.update(f"{path.relative_to(root).as_posix()}\0{sha256_file(path)}\n".encode())
     return h.hexdigest()
 

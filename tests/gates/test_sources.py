@@ -32,3 +32,18 @@ def test_one_file_in_two_roles():
     roles = {s.path: s.roles for s in sources}
     assert roles["model/kimi_k3/attn_res.py"] == ["reference", "standard"]
     assert roles["model/kimi_k3/specialized/attn_res_fused.py"] == ["implementation"]
+
+
+def test_the_harness_digest_follows_the_gate_code_only(tmp_path):
+    from gates.sources import harness_digest
+
+    for name, text in {"gates/suite/numerics.py": "TOL = 1\n", "gates/templates/report.html.j2": "<p>\n",
+                       "kernels/timing.py": "FLUSH = 2\n", "kernels/gpu_session.sh": "echo\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    before = harness_digest(tmp_path)
+    (tmp_path / "gates/templates/report.html.j2").write_text("<div>\n")
+    (tmp_path / "kernels/gpu_session.sh").write_text("echo again\n")
+    assert harness_digest(tmp_path) == before  # rendering and session scripts judge nothing
+    (tmp_path / "kernels/timing.py").write_text("FLUSH = 3\n")
+    assert harness_digest(tmp_path) != before
