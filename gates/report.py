@@ -15,10 +15,11 @@ from markupsafe import Markup
 
 from gates.bundle import Bundle
 from gates.plots import bar_chart, by_batch
-from gates.status import Status
+from gates.status import Status, worst
 
 TEMPLATES = Path(__file__).with_name("templates")
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
+EVAL_REPORT_MD, EVAL_REPORT_HTML = "eval_report.md", "eval_report.html"
 STATUS_CLASS = {Status.PASSED: "pass", Status.NOT_RUN: "skip", Status.SLOWER: "warn"}
 
 
@@ -68,9 +69,12 @@ def _plots(bundle: Bundle) -> dict[str, list[Markup]]:
                                     lines=lines, value_format="{:.0%}"))
         plots["benchmarks"] = [Markup(c) for c in charts]
     evals = next((g for g in bundle.gates if g.gate == "evals"), None)
-    for name, result in (evals.details.get("evals", {}) if evals else {}).items():
-        plots[f"eval:{name}"] = [Markup(_eval_chart(p)) for p in result.get("plots", [])]
-    return plots
+    return plots | (_eval_plots(evals.details.get("evals", {})) if evals else {})
+
+
+def _eval_plots(evals: dict[str, dict]) -> dict[str, list[Markup]]:
+    """Each eval's declared plots, keyed "eval:<name>", from its JSON result."""
+    return {f"eval:{name}": [Markup(_eval_chart(p)) for p in result.get("plots", [])] for name, result in evals.items()}
 
 
 def _eval_chart(plot: dict) -> str:
@@ -96,6 +100,19 @@ def render_html(bundle: Bundle) -> str:
 
 def render_reports(bundle: Bundle) -> dict[str, str]:
     return {REPORT_MD: render_markdown(bundle), REPORT_HTML: render_html(bundle)}
+
+
+def render_eval_report(subject: dict, results: list[dict], command: str) -> dict[str, str]:
+    """`k3forge eval --report`: {file name: text} of the evals run on `subject` (its JSON results), laid out as
+    the evals gate's section of an evidence report."""
+    status = worst(Status(r["status"]) for r in results)
+    evals = {r["name"]: r for r in results}
+    g = {"details": {"model": subject["notes"], "paths": f"{subject['candidate']} vs {subject['reference']}",
+                     "kernel_calls": {}, "evals": evals}}
+    context = {"subject": subject, "verdict": status.value, "g": g, "plots": _eval_plots(evals), "command": command}
+    env = _env()
+    return {name: env.get_template(f"eval_report.{kind}.j2").render(**context)
+            for name, kind in ((EVAL_REPORT_MD, "md"), (EVAL_REPORT_HTML, "html"))}
 
 
 def render_index(rows: list[dict]) -> str:

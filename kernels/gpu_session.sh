@@ -8,10 +8,10 @@
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
 # benchmarks need the GPU to themselves, so start nothing else until it is done) and wait while the call has
-# time; `collect` waits for the jobs still running and copies what they wrote to $OUT: bundles under
-# $OUT/evidence/<op>/<arch>/, the model-level evals at their full GPU budgets (k3 shapes, 4 layers: every
-# structured-output schema, long context up to 128K tokens; ~8 minutes) as $OUT/evals.json, every log as
-# $OUT/*.log.
+# time; `collect` waits for the jobs still running and copies what they wrote to $OUT: the bundles as
+# $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
+# budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
+# as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
 set -u
 OUT=${OUT:-/tmp/out}
 RUN=/root/k3forge-gpu
@@ -74,8 +74,9 @@ collect() {
       echo "== $j done"
     fi
   done
-  [ -d "$RUN/evidence" ] && ! alive gate && cp -r "$RUN/evidence" "$OUT/"
-  [ -s "$RUN/evals.json" ] && ! alive evals && cp "$RUN/evals.json" "$OUT/"
+  # the device tool brings back no folder three levels deep (evidence/<op>/<arch>): the bundles travel as a tar
+  [ -d "$RUN/evidence" ] && ! alive gate && tar -C "$RUN" -cf "$OUT/evidence.tar" evidence
+  [ -s "$RUN/evals.json" ] && ! alive evals && cp -r "$RUN/evals.json" "$RUN/evals_report" "$OUT/"
   return 0
 }
 
@@ -88,7 +89,7 @@ while [ $# -gt 0 ]; do
       collect; shift 2 ;;
     evals)
       if alive gate; then echo "== evals not started: the gate is still timing"; shift; continue; fi
-      start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json
+      start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report"
       collect; shift ;;
     collect) collect; shift ;;
     *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect]" >&2; exit 2 ;;

@@ -8,6 +8,9 @@ reported with its reason and does not fail the command.
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -19,6 +22,7 @@ from gates.evals import EVALS, run_eval
 from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
+from gates.report import EVAL_REPORT_HTML, render_eval_report
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}
@@ -46,6 +50,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every eval's draws, prompts and haystacks")
     p.add_argument("--weights-seed", type=int, default=0, help="seed of a preset's random weights")
     p.add_argument("--json", action="store_true", help="print one JSON object: the subject and every EvalResult")
+    p.add_argument("--report", type=Path, metavar="DIR",
+                   help="also write DIR/eval_report.html and eval_report.md: checks, tables and plots per eval")
     p.set_defaults(func=run)
 
 
@@ -73,9 +79,17 @@ def run(args) -> int:
     subject = {"candidate": paths.candidate.name, "reference": paths.reference.name, "device": str(device),
                "dtype": str(dtype).removeprefix("torch."), "config": paths.cfg.to_hf_dict(nested=False)}
     subject["source"] = args.ckpt or f"preset {args.preset}"
+    subject["notes"] = list(paths.notes)
 
+    dumped = [json.loads(r.model_dump_json()) for r in results]
+    if args.report:
+        command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["eval"] else "k3forge eval"
+        args.report.mkdir(parents=True, exist_ok=True)
+        for name, text in render_eval_report(subject, dumped, command).items():
+            (args.report / name).write_text(text)
+        err.print(f"report: {args.report / EVAL_REPORT_HTML}", soft_wrap=True)
     if args.json:
-        print(json.dumps({"subject": subject, "results": [json.loads(r.model_dump_json()) for r in results]}))
+        print(json.dumps({"subject": subject, "results": dumped}))
     else:
         out = Console(highlight=False)
         for result in results:

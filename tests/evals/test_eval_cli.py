@@ -38,6 +38,18 @@ def test_known_bad_candidate_fails_the_command(capsys, tiny_ckpt):
     assert code == 1 and "sampling: FAILED_EVAL" in out and "exact TV" in out
 
 
+def test_a_failing_run_reports_as_html_and_markdown(capsys, tiny_ckpt, tmp_path):
+    code, _, err = run(capsys, "--ckpt", str(tiny_ckpt), "--candidate", "auto", "--perturb-logits", "1.05",
+                       "--only", "sampling", "--report", str(tmp_path / "report"))
+    html = (tmp_path / "report" / "eval_report.html").read_text()
+    assert code == 1 and "eval_report.html" in err
+    assert 'data-status="FAILED_EVAL"' in html and '<tr data-check="mean exact TV">' in html
+    assert html.count("<svg") == 1 and ">bound<" in html  # sampling's TV per setting against its bound
+    md = (tmp_path / "report" / "eval_report.md").read_text()
+    assert md.startswith("# k3forge eval: FAILED_EVAL") and "### sampling: FAILED_EVAL" in md
+    assert "| mean exact TV | ✗ |" in md
+
+
 def test_k3_shapes_refused_on_cpu(capsys):
     code, _, err = run(capsys, "--preset", "k3", "--device", "cpu")
     assert code == 2 and "need a GPU" in err
