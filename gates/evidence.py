@@ -72,9 +72,13 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT) -> list[str]:
     except FileNotFoundError:
         return problems + [f"{directory / BUNDLE_FILE}: missing"]
     except ValidationError as e:
-        found = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:3])
-        return problems + [f"{directory / BUNDLE_FILE}: does not follow the bundle schema ({found})"]
+        return problems + [_off_schema(directory / BUNDLE_FILE, e)]
     return problems + [f"{directory}: {p}" for p in check_freshness(bundle, root)]
+
+
+def _off_schema(path: Path, e: ValidationError) -> str:
+    found = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<root>'}: {err['msg']}" for err in e.errors()[:3])
+    return f"{path}: does not follow the bundle schema ({found})"
 
 
 def rerender(directory: Path) -> list[str]:
@@ -89,7 +93,7 @@ def rerender(directory: Path) -> list[str]:
     try:
         bundle = Bundle.model_validate_json(text)
     except ValidationError as e:
-        return [f"{path}: does not follow the bundle schema ({e.errors()[0]['msg']})"]
+        return [_off_schema(path, e)]
     if bundle.model_dump_json(indent=2) + "\n" != text:
         return [f"{path}: this tree's bundle schema would not write it back unchanged; re-run the gate instead"]
     write_bundle(directory, bundle, render_reports(bundle))
