@@ -52,7 +52,7 @@ class DispatchedEngine(Engine):
         model.ops = shared
         self.ops = ops
 
-    def step(self, token_ids: list[int], batch: StepBatch, every_token: bool = False) -> torch.Tensor:
+    def step(self, token_ids: list[int] | torch.Tensor, batch: StepBatch, every_token: bool = False) -> torch.Tensor:
         shared = self.model.ops
         self.model.ops = self.ops
         try:

@@ -47,9 +47,9 @@ class Engine:
         self.device = device
         self.cache = ModelCache(model.cfg, model.tp, num_slots, max_len, model.act_dtype, device)
 
-    def step(self, token_ids: list[int], batch: StepBatch, every_token: bool = False) -> torch.Tensor:
+    def step(self, token_ids: list[int] | torch.Tensor, batch: StepBatch, every_token: bool = False) -> torch.Tensor:
         """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V]."""
-        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         hidden = self.model(ids, batch, self.cache)
         if every_token:
             return self.model.logits(hidden)
@@ -115,7 +115,7 @@ class Engine:
         drafts = draft.tokens.to(self.device)
         last = torch.tensor([[gens[i].tokens[-1]] for i in active], dtype=torch.long, device=self.device)
         batch = StepBatch(tuple(slots), (1 + k,) * b, tuple(self.cache.lengths[s] for s in slots), spec_tokens=k)
-        logits = self.step(torch.cat([last, drafts], dim=1).flatten().tolist(), batch, every_token=True).view(b, 1 + k, -1)
+        logits = self.step(torch.cat([last, drafts], dim=1).flatten(), batch, every_token=True).view(b, 1 + k, -1)
         if params.temperature == 0:
             emitted = greedy_accept(logits, drafts)
         else:
