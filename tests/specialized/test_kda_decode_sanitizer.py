@@ -5,7 +5,7 @@ kernel's launches (the reference runs unchecked).
 racecheck is not here: on the H200 (CUDA 13.0's sanitizer) it stops with "Internal Sanitizer Error: failed to
 handle a hardware exception" on this kernel, with and without a cluster, while memcheck is clean. Before
 stopping, on the cluster path it reported writes into a peer CTA's shared memory that "might not have entered
-yet"; branch `kda-cluster-start-sync` adds the cluster barrier that rules this out (NOTES.md, run 7)."""
+yet", which the cluster barrier at the kernel's start now rules out (NOTES.md, run 7)."""
 
 from __future__ import annotations
 

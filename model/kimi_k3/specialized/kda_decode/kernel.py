@@ -263,6 +263,10 @@ if _IMPORT_ERROR is None:
             rank = bx % S
             if cutlass.const_expr(S > 1):
                 rank = cute.arch.block_idx_in_cluster()
+                # A peer's shared memory may be written only once that peer has started (CUDA's rule for
+                # distributed shared memory; compute-sanitizer's racecheck flags the write otherwise): arrive
+                # now, wait just before the first remote store, by when every peer has long arrived.
+                cute.arch.cluster_arrive_relaxed()
             row0 = rank * ROWS
 
             smem = cutlass.memory.SmemAllocator()
@@ -419,6 +423,7 @@ if _IMPORT_ERROR is None:
                 tot = tot + sRed[NUM_WARPS + wi]
             if cutlass.const_expr(S > 1):
                 # Every CTA sends its partial to every CTA of the cluster (slot = its rank), then all wait.
+                cute.arch.cluster_wait()
                 if tidx < S:
                     _dsmem_store_f32(sClu.iterator + rank, tidx, tot)
                 cute.arch.cluster_arrive()
