@@ -81,6 +81,7 @@ class Tolerance(_Strict):
     rtol: float = Field(ge=0)
     min_close_fraction: float = Field(default=0.99999, gt=0, le=1, description="elements within atol + rtol*|ref|")
     max_rel_l2: float = Field(gt=0, description="||out - ref|| / ||ref|| bound")
+    max_units: float = Field(default=3.0, gt=0, description="largest error of any element, in tolerance units")
 
 
 class BenchPoint(_Strict):
@@ -125,9 +126,15 @@ class Contract(_Strict):
     shapes: dict[str, list[int]] = Field(default_factory=dict, description="rank-local shape constraints")
     fallback: Literal["standard"]
     tolerance: Tolerance
+    state_tolerance: Tolerance | None = Field(
+        default=None, description="for the state an op updates in place, where it differs from `tolerance`")
     benchmark: Benchmark
     resources: Resources = Resources()
     owners: list[str] = Field(min_length=1)
+
+    @property
+    def tolerance_for_states(self) -> Tolerance:
+        return self.state_tolerance or self.tolerance
 
     @field_validator("tp_sizes")
     @classmethod

@@ -25,7 +25,7 @@ from gates.registry import Gate, GateContext, arg_names
 from gates.sandbox import Sandbox, SandboxError
 from gates.status import GateResult, Status
 from gates.trees import clone, leaves
-from kernels.contract import Tolerance
+from kernels.contract import Contract, Tolerance
 
 NAME, TITLE = "numerics", "Numerics"
 CHECKS = {
@@ -116,7 +116,7 @@ def _overlaps(outputs: list, inputs: list) -> list[str]:
 
 
 def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict], names: list[str],
-               tol: Tolerance, where: str, findings: Findings) -> list[TensorCheck]:
+               contract: Contract, where: str, findings: Findings) -> list[TensorCheck]:
     """Every check on one input's runs: the first run's tensors against the reference, the later runs' digests
     against the first's, every run's input digests against the inputs sent. Returns the first run's checks."""
     pristine = {n: digest(t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])}
@@ -130,8 +130,10 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
         for message in run["problems"]:
             findings.add("plain", f"{at}: {message}")
         if r == 0:
-            first = compare_named(problem, run["outputs"], expected.outputs, tol, "tolerance", at, findings)
-            first += compare_named(problem, run["states"], expected.states, tol, "state", at, findings)
+            first = compare_named(problem, run["outputs"], expected.outputs, contract.tolerance, "tolerance", at,
+                                  findings)
+            first += compare_named(problem, run["states"], expected.states, contract.tolerance_for_states, "state",
+                                   at, findings)
             base = {n: digest(t) for n, t in run["outputs"] + run["states"]}
         else:
             for name, d in run["outputs"] + run["states"]:
@@ -187,7 +189,8 @@ def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: lis
             return None, run["raised"]
         ignored = Findings()
         checks.append(compare_named(problem, run["outputs"], exp.outputs, c.tolerance, "tolerance", "", ignored)
-                      + compare_named(problem, run["states"], exp.states, c.tolerance, "state", "", ignored))
+                      + compare_named(problem, run["states"], exp.states, c.tolerance_for_states, "state", "",
+                                      ignored))
     return checks, None
 
 
@@ -230,7 +233,7 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sand
             failed_dists = set()
             for k, (case, exp, (dist, t), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
                 before = sum(findings.counts.values())
-                per_dist[dist].append(judge_case(problem, case, exp, runs, names, c.tolerance,
+                per_dist[dist].append(judge_case(problem, case, exp, runs, names, c,
                                                  f"{point.label}, {dist} #{t + 1}", findings))
                 if std:
                     std_per_dist[dist].append(std[k])
@@ -273,7 +276,7 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
         worst = max([worst] + [ch.rel_l2 for ch in checks])
     for message in reply["problems"]:
         findings.add("plain", f"{point.label}, final state: {message}")
-    state_checks = compare_named(problem, reply["final_state"], final, tol, "trajectory",
+    state_checks = compare_named(problem, reply["final_state"], final, ctx.contract.tolerance_for_states, "trajectory",
                                  f"{point.label}, state after {opts.steps} steps", findings)
     return {"point": point.label, "steps": opts.steps, "repeated_step": opts.steps // 2 + 1, "out_rel_l2": worst,
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
@@ -304,7 +307,9 @@ def run(ctx: GateContext) -> GateResult:
     details = {
         "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
-        "tolerance": tol.model_dump(), "problem": problem.source.name, "checks": checks, "rows": rows,
+        "tolerance": tol.model_dump(),
+        "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,
+        "problem": problem.source.name, "checks": checks, "rows": rows,
         "trajectories": trajectories, "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
     }
