@@ -128,3 +128,12 @@ def side_stream(proj, conv_state, ssm_state, slots, w):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         return kda_decode(proj, conv_state, ssm_state, slots, w)
+
+
+def one_state_element_off(proj, conv_state, ssm_state, slots, w):
+    """Right output; one element of the first sequence's new state 8 % off, as a bf16 rounding flip upstream of
+    a decay moves it (about 5 tolerance units at rtol 1.6e-2)."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    rows = ssm_state[slots[0]]
+    rows.view(-1)[rows.abs().argmax()] *= 1.08
+    return out

@@ -65,3 +65,10 @@ def test_digest_is_bitwise_identity():
     assert digest(a) != digest(torch.tensor([-0.0, float("nan"), 1.0]))  # equal as numbers, not as bits
     assert digest(a) != digest(a.double()) and digest(a) != digest(a.reshape(3, 1))
     assert digest(torch.ones(2, 3).t()) == digest(torch.ones(3, 2))  # layout is not content
+
+
+def test_max_units_comes_from_the_tolerance():
+    ref = _ref()
+    got = ref.index_add(0, torch.tensor([7]), torch.tensor([5e-3]))  # one element 5 units off
+    assert "(limit 3)" in check_tensor("out", got, ref, TOL).problems[0]
+    assert check_tensor("out", got, ref, TOL.model_copy(update={"max_units": 10.0})).passed

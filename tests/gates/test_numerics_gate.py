@@ -43,3 +43,19 @@ def test_an_op_without_a_problem_is_an_error():
 def test_an_envelope_the_problem_cannot_check_is_an_error():
     result = run_gate(numerics.GATE, kda_contract(spec_tokens={"min": 0, "max": 7}))
     assert result.status is Status.ERROR and "spec_tokens 7" in result.reason
+
+
+def test_the_state_may_have_its_own_tolerance():
+    """The state's largest error is judged by the contract's state_tolerance where it sets one, else by the
+    outputs' tolerance (3 units by default); the outputs keep theirs."""
+    off = "tests.adversarial.candidates:one_state_element_off"
+    strict = run_gate(numerics.GATE, kda_contract(implementation=off))
+    assert strict.status is Status.FAILED_NUMERICS and "state" in failed_checks(strict)
+    assert "tolerance units (limit 3)" in next(c for c in strict.details["checks"] if c["check"] == "state")["examples"][0]
+    # the fixture's state is small (512 elements a sequence): one element is 0.2 % of it and of its norm
+    state_tol = {"atol": 1e-3, "rtol": 1.6e-2, "max_rel_l2": 5e-2, "min_close_fraction": 0.99, "max_units": 10}
+    loose = run_gate(numerics.GATE, kda_contract(implementation=off, state_tolerance=state_tol))
+    assert {"state", "tolerance"}.isdisjoint(failed_checks(loose)), loose.reason
+    assert loose.details["state_tolerance"]["max_units"] == 10 and strict.details["state_tolerance"] is None
+    outputs_loose = run_gate(numerics.GATE, kda_contract(implementation=off, tolerance=state_tol))
+    assert "state" not in failed_checks(outputs_loose)  # without a state_tolerance the outputs' bound applies
