@@ -387,15 +387,18 @@ def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]
     out = []
     bounds = task.success.numerics
     for k in (k for k in touched if k.op in task.ops):
-        tol = k.contract.tolerance
-        for name in ("atol", "rtol", "max_rel_l2"):
-            bound = getattr(bounds, name)
-            if bound is not None and getattr(tol, name) > bound:
-                out.append(Violation(k.contract_path, "thresholds", f"tolerance.{name} {getattr(tol, name):g} is "
-                                                                    f"looser than the task's {bound:g}"))
-        if bounds.min_close_fraction is not None and tol.min_close_fraction < bounds.min_close_fraction:
-            out.append(Violation(k.contract_path, "thresholds", f"tolerance.min_close_fraction "
-                                 f"{tol.min_close_fraction:g} is looser than the task's {bounds.min_close_fraction:g}"))
+        for field in ("tolerance", "state_tolerance"):
+            if (tol := getattr(k.contract, field)) is None:
+                continue
+            for name in ("atol", "rtol", "max_rel_l2", "max_units"):
+                bound = getattr(bounds, name)
+                if bound is not None and getattr(tol, name) > bound:
+                    out.append(Violation(k.contract_path, "thresholds", f"{field}.{name} {getattr(tol, name):g} is "
+                                                                        f"looser than the task's {bound:g}"))
+            if bounds.min_close_fraction is not None and tol.min_close_fraction < bounds.min_close_fraction:
+                out.append(Violation(k.contract_path, "thresholds", f"{field}.min_close_fraction "
+                                     f"{tol.min_close_fraction:g} is looser than the task's "
+                                     f"{bounds.min_close_fraction:g}"))
     for ev in evidence:
         if ev.bundle is None or ev.op not in task.ops:
             continue

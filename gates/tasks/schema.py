@@ -105,12 +105,14 @@ class Speedup(_Strict):
 
 
 class Numerics(_Strict):
-    """Bounds on the contract's tolerance: it may be stricter, never looser (the numerics gate enforces it)."""
+    """Bounds on the contract's tolerances (the outputs' and the state's own, where it sets one): they may be
+    stricter, never looser (the numerics gate enforces them)."""
 
     atol: float | None = Field(default=None, gt=0)
     rtol: float | None = Field(default=None, ge=0)
     max_rel_l2: float | None = Field(default=None, gt=0)
     min_close_fraction: float | None = Field(default=None, gt=0, le=1)
+    max_units: float | None = Field(default=None, gt=0, description="largest error of any element, tolerance units")
 
 
 class Success(_Strict):

@@ -128,11 +128,12 @@ def test_gates_thresholds_and_envelope(task_repo):
     """A task asking for benchmarks and speedups, a contract claiming TP 2 and a looser tolerance."""
     task_repo.write_task({**TASK, "required_gates": ["contracts", "numerics", "benchmarks"],
                           "success": {"speedup": [{"batch": 1, "min": 1.5}, {"batch": 8, "min": 1.2}],
-                                      "numerics": {"max_rel_l2": 1e-6}}})
+                                      "numerics": {"max_rel_l2": 1e-6, "max_units": 3}}})
     task_repo.commit("core: tighter task")
     task_repo.repo.git.checkout("-q", "-b", "task2")
     task_repo.edit(KERNEL)
-    task_repo.edit_contract(tp_sizes=[1, 2])
+    task_repo.edit_contract(tp_sizes=[1, 2], state_tolerance={"atol": 1e-6, "rtol": 0.0, "max_rel_l2": 1e-7,
+                                                               "max_units": 10})
     task_repo.gate(gates=(passed("contracts"), not_run("compile"), passed("numerics"), benchmarks({1: 1.3})))
     task_repo.commit("kernel", *TRAILERS)
     found = violations(task_repo, base="task")
@@ -141,6 +142,8 @@ def test_gates_thresholds_and_envelope(task_repo):
     assert any(p == "evidence/attn_res/cpu" and r == "thresholds" and m.startswith("batch 8: no speedup measured")
                for p, r, m in found)
     assert (CONTRACT, "thresholds", "tolerance.max_rel_l2 1e-05 is looser than the task's 1e-06") in found
+    assert (CONTRACT, "thresholds", "state_tolerance.max_units 10 is looser than the task's 3") in found
+    assert not any("state_tolerance.max_rel_l2" in m for _, _, m in found)  # the state's own bound is stricter
     assert (CONTRACT, "envelope", "claims TP size 2, outside the task's envelope") in found
     task_repo.edit_contract(tp_sizes=[1])
     task_repo.gate()  # benchmarks NOT_RUN
