@@ -1,6 +1,15 @@
-"""Time kernel variants (v_split, smem carveout) across batch sizes; pick the heuristic from this.
+"""Time kernel variants side by side in one process: kernel source files and tuning knobs, across batch sizes.
 
     python -m model.kimi_k3.specialized.kda_decode.explore --heads 12 --batches 1 4 16 64 --json out.json
+    python -m model.kimi_k3.specialized.kda_decode.explore --batches 1 4 --sources variants/a.py variants/b.py
+    python -m model.kimi_k3.specialized.kda_decode.explore --batches 1 --tunings v_split=1 v_split=2 v_split=4
+
+A variant is (source, tuning). A source is a file with kernel.py's interface (`kda_decode_cute`), loaded as its
+own module, so an edited copy of the kernel (a branch's kernel.py) runs beside this tree's; a tuning overrides
+KDADecodeConfig fields ('default': the entry point's choice). Each variant's output and state are checked
+against the reference first. Timing is the gate's (CUDA-graph replay, L2 flushed before every replay), split
+into --rounds rounds that visit the variants in turn, so drift over the run hits every variant alike; each
+variant's ratio to the first one is the median of the per-round ratios, with their range.
 
 Also times a one-kernel graph (a 4-byte fill) with the same method: the floor of the measurement itself
 (graph launch + events) on this machine.
@@ -9,55 +18,123 @@ Also times a one-kernel graph (a 4-byte fill) with the same method: the floor of
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import statistics
+from pathlib import Path
 
 import torch
+
+THIS_KERNEL = Path(__file__).with_name("kernel.py")
+
+
+def load_source(path: Path, index: int):
+    """The kernel module at `path`: this tree's own module for kernel.py, else the file loaded under a name
+    of its own (its compile cache is its own too)."""
+    if path.resolve() == THIS_KERNEL.resolve():
+        from model.kimi_k3.specialized.kda_decode import kernel
+
+        return kernel
+    spec = importlib.util.spec_from_file_location(f"kda_decode_variant_{index}", path)
+    if spec is None:
+        raise SystemExit(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "kda_decode_cute"):
+        raise SystemExit(f"{path}: has no kda_decode_cute (not a kernel.py variant)")
+    return module
+
+
+def parse_tuning(text: str) -> dict | None:
+    """'v_split=4,chunk_rows=0' -> {'v_split': 4, 'chunk_rows': 0}; 'default' -> None."""
+    if text == "default":
+        return None
+    try:
+        return {k: int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    except ValueError:
+        raise SystemExit(f"--tunings {text!r}: expected name=int[,name=int...] or 'default'") from None
+
+
+def check(impl, heads: int, batch: int) -> tuple[float, float]:
+    """Output and state relative L2 errors against the reference on one seeded case."""
+    from model.kimi_k3.ops.kda import kda_decode
+    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+
+    case = make_case(heads, batch, device="cuda", seed=batch, exact_gemm=True)
+    ref_case = case.clone_caches()
+    ref = kda_decode(*ref_case.args())
+    out = impl(*case.args())
+    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    serr = ((case.ssm_state - ref_case.ssm_state).norm() / ref_case.ssm_state.norm()).item()
+    return err, serr
 
 
 def main(argv=None):
     from kernels.timing import time_op
-    from model.kimi_k3.ops.kda import kda_decode
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved
 
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64])
-    ap.add_argument("--splits", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--carveouts", type=int, nargs="+", default=[100])
-    ap.add_argument("--chunks", type=int, nargs="+", default=[0, 4])
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--sources", type=Path, nargs="+", default=[THIS_KERNEL],
+                    help="kernel.py variants to compare (default: this tree's); the first is the baseline")
+    ap.add_argument("--tunings", nargs="+", default=["default"],
+                    help="config overrides per variant, e.g. v_split=1 v_split=4,chunk_rows=2 (default: 'default')")
+    ap.add_argument("--standard", action="store_true", help="time the standard path (FLA + cuBLAS) beside them")
+    ap.add_argument("--iters", type=int, default=300, help="timed replays per variant and point, over all rounds")
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("explore needs a CUDA GPU")
+
+    variants = []
+    for i, path in enumerate(a.sources):
+        module = load_source(path, i)
+        for text in a.tunings:
+            tuning = parse_tuning(text)
+            name = f"{path.stem}[{text}]" if len(a.tunings) > 1 else path.stem
+            variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t)))
+    if a.standard:
+        from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
+
+        ok, why = standard_available()
+        if not ok:
+            raise SystemExit(f"--standard: {why}")
+        variants.append(("standard", kda_decode_standard))
 
     tiny = torch.zeros(1, device="cuda")
     empty = time_op(lambda: tiny.fill_(1.0), iters=a.iters)
-    print(f"one-kernel graph (fill of 4 B), cold L2: {empty.median_us:.2f} us (IQR {empty.iqr_us:.2f})")
     warm_empty = time_op(lambda: tiny.fill_(1.0), iters=a.iters, flush="none")
-    print(f"one-kernel graph, warm: {warm_empty.median_us:.2f} us")
+    print(f"one-kernel graph (fill of 4 B): cold L2 {empty.median_us:.2f} us (IQR {empty.iqr_us:.2f}), "
+          f"warm {warm_empty.median_us:.2f} us")
     rows = [dict(kind="empty", us=empty.median_us, warm_us=warm_empty.median_us)]
+    per_round = max(1, a.iters // a.rounds)
     for heads in a.heads:
         for batch in a.batches:
             floor_us = bytes_moved(heads, batch) / 4.3e12 * 1e6
-            line = [f"H={heads:3d} B={batch:3d} floor {floor_us:6.2f} |"]
-            for split, car, chunk in [(sp, ca, ck) for sp in a.splits for ca in a.carveouts for ck in a.chunks]:
-                if chunk and chunk >= 16 // split:
-                    continue
-                if True:
-                    tuning = dict(v_split=split, smem_carveout=car, chunk_rows=chunk)
-                    case = make_case(heads, batch, device="cuda", seed=batch, exact_gemm=True)
-                    ref_case = case.clone_caches()
-                    ref = kda_decode(*ref_case.args())
-                    out = kda_decode_cute(*case.args(), tuning=tuning)
-                    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-                    serr = ((case.ssm_state - ref_case.ssm_state).norm() / ref_case.ssm_state.norm()).item()
-                    args = case.args()
-                    r = time_op(lambda: kda_decode_cute(*args, tuning=tuning), iters=a.iters)
-                    rows.append(dict(kind="variant", heads=heads, batch=batch, v_split=split, carveout=car, chunk_rows=chunk,
-                                     us=r.median_us, iqr_us=r.iqr_us, out_rel=err, state_rel=serr,
-                                     floor_us=floor_us))
-                    line.append(f"s{split}k{chunk}c{car}: {r.median_us:6.2f}{'' if err < 1e-2 and serr < 1e-4 else ' BAD'}")
-            print(" ".join(line), flush=True)
+            args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
+            errors = {name: check(impl, heads, batch) for name, impl in variants}
+            samples = {name: [] for name, _ in variants}
+            round_medians = {name: [] for name, _ in variants}
+            for r in range(a.rounds):
+                order = variants[r % len(variants):] + variants[:r % len(variants)]
+                for name, impl in order:
+                    res = time_op(lambda impl=impl: impl(*args), iters=per_round, host_iters=0)
+                    samples[name].extend(res.samples_us)
+                    round_medians[name].append(res.median_us)
+            base = variants[0][0]
+            print(f"H={heads} B={batch} floor {floor_us:.2f} us")
+            for name, _ in variants:
+                ratios = [b / v for b, v in zip(round_medians[base], round_medians[name])]
+                med = statistics.median(samples[name])
+                err, serr = errors[name]
+                print(f"  {name:<32} {med:7.2f} us  x{statistics.median(ratios):.3f} vs {base} "
+                      f"[{min(ratios):.3f}, {max(ratios):.3f}]  out {err:.1e} state {serr:.1e}", flush=True)
+                rows.append(dict(kind="variant", heads=heads, batch=batch, variant=name, us=med,
+                                 round_medians_us=round_medians[name], ratio_to_first=statistics.median(ratios),
+                                 out_rel=err, state_rel=serr, floor_us=floor_us))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

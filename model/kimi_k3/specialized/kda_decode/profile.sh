@@ -5,8 +5,9 @@
 #   - the duration with every cache flushed (ncu --cache-control all) and with the caches as a first launch on the
 #     same inputs left them (none): what cold code, data and TLB cost the kernel;
 #   - a stall profile per SASS instruction (warp-state sampling) as CSV, to see which dependency each warp
-#     waits on: $OUT/ncu_b<B>_s<S>.{txt,sass.csv,ncu-rep,log}.
+#     waits on: $OUT/ncu_b<B>_s<S>.{txt,sass.csv,ncu-rep,log}. STALLS=0 skips it (durations only).
 set -u
+STALLS=${STALLS:-1}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LAUNCH="python3 tests/specialized/kda_launch.py --heads 12"
@@ -22,6 +23,7 @@ for point in "${@:-1:4 1:1}"; do
       $NCU --cache-control $cache -s 1 -c 1 --metrics gpu__time_duration.sum,sm__cycles_active.avg,smsp__inst_executed.sum \
         $LAUNCH --batch "$b" --v-split "$s" --repeat 1 2>&1 | grep -E "gpu__|sm__|smsp__" | sed "s/^/$tag cache=$cache /"
     done
+    [ "$STALLS" = 0 ] && continue
     # these sections as run on the H200 (2025.3.1); adding --sampling-interval 0 and more sections there wrote no report
     $NCU --cache-control all -s 1 -c 1 --import-source no \
       --section WarpStateStats --section SourceCounters --section SchedulerStats \
