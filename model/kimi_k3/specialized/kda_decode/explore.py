@@ -12,7 +12,8 @@ into --rounds rounds that visit the variants in turn, so drift over the run hits
 variant's ratio to the first one is the median of the per-round ratios, with their range.
 
 Also times a one-kernel graph (a 4-byte fill) with the same method: the floor of the measurement itself
-(graph launch + events) on this machine.
+(graph launch + events) on this machine; --probe adds the dependency-chain probe (probe.py: the step's bytes in
+its dependency order, no math), a measured lower bound for any one-kernel step.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def main(argv=None):
     ap.add_argument("--tunings", nargs="+", default=["default"],
                     help="config overrides per variant, e.g. v_split=1 v_split=4,chunk_rows=2 (default: 'default')")
     ap.add_argument("--standard", action="store_true", help="time the standard path (FLA + cuBLAS) beside them")
+    ap.add_argument("--probe", action="store_true", help="time the dependency-chain probe beside them")
     ap.add_argument("--iters", type=int, default=300, help="timed replays per variant and point, over all rounds")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
@@ -95,14 +97,21 @@ def main(argv=None):
         for text in a.tunings:
             tuning = parse_tuning(text)
             name = f"{path.stem}[{text}]" if len(a.tunings) > 1 else path.stem
-            variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t)))
+            variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t), True))
     if a.standard:
         from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
 
         ok, why = standard_available()
         if not ok:
             raise SystemExit(f"--standard: {why}")
-        variants.append(("standard", kda_decode_standard))
+        variants.append(("standard", kda_decode_standard, True))
+    if a.probe:
+        from model.kimi_k3.specialized.kda_decode.probe import available, chain_probe
+
+        ok, why = available()
+        if not ok:
+            raise SystemExit(f"--probe: {why}")
+        variants.append(("chain probe (no math)", chain_probe, False))
 
     tiny = torch.zeros(1, device="cuda")
     empty = time_op(lambda: tiny.fill_(1.0), iters=a.iters)
@@ -115,23 +124,24 @@ def main(argv=None):
         for batch in a.batches:
             floor_us = bytes_moved(heads, batch) / 4.3e12 * 1e6
             args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
-            errors = {name: check(impl, heads, batch) for name, impl in variants}
-            samples = {name: [] for name, _ in variants}
-            round_medians = {name: [] for name, _ in variants}
+            errors = {name: check(impl, heads, batch) if checked else None for name, impl, checked in variants}
+            samples = {name: [] for name, _, _ in variants}
+            round_medians = {name: [] for name, _, _ in variants}
             for r in range(a.rounds):
                 order = variants[r % len(variants):] + variants[:r % len(variants)]
-                for name, impl in order:
+                for name, impl, _ in order:
                     res = time_op(lambda impl=impl: impl(*args), iters=per_round, host_iters=0)
                     samples[name].extend(res.samples_us)
                     round_medians[name].append(res.median_us)
             base = variants[0][0]
             print(f"H={heads} B={batch} floor {floor_us:.2f} us")
-            for name, _ in variants:
+            for name, _, _ in variants:
                 ratios = [b / v for b, v in zip(round_medians[base], round_medians[name])]
                 med = statistics.median(samples[name])
-                err, serr = errors[name]
+                err, serr = errors[name] or (None, None)
+                checked = f"out {err:.1e} state {serr:.1e}" if errors[name] else "not checked"
                 print(f"  {name:<32} {med:7.2f} us  x{statistics.median(ratios):.3f} vs {base} "
-                      f"[{min(ratios):.3f}, {max(ratios):.3f}]  out {err:.1e} state {serr:.1e}", flush=True)
+                      f"[{min(ratios):.3f}, {max(ratios):.3f}]  {checked}", flush=True)
                 rows.append(dict(kind="variant", heads=heads, batch=batch, variant=name, us=med,
                                  round_medians_us=round_medians[name], ratio_to_first=statistics.median(ratios),
                                  out_rel=err, state_rel=serr, floor_us=floor_us))
