@@ -108,9 +108,11 @@ class KDADecodeConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch, cluster partials."""
+        """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch; with a cluster, the
+        CTAs' partials and the barrier their arrival completes."""
         k = self.head_dim
-        return self.rows * k * 4 + 2 * k * 4 + self.rows * 4 + k * 4 + 16 * 4 + 16
+        cluster = self.v_split * 4 + 8 if self.v_split > 1 else 0
+        return self.rows * k * 4 + 2 * k * 4 + self.rows * 4 + k * 4 + 16 * 4 + cluster
 
 
 def _sigmoid(x):
@@ -156,12 +158,15 @@ def _reduce_plan(rows_per_warp: int):
     return offsets, final, shift
 
 
-def _dsmem_store_f32(smem_ptr, peer_rank, val):
-    """st.shared::cluster of an f32 to the same shared-memory offset in CTA `peer_rank` of the cluster."""
-    from cutlass._mlir.dialects import llvm, nvvm
+def _send_f32(smem_ptr, val, mbar_ptr, peer_rank):
+    """st.async of an f32 to the same shared-memory offset in CTA `peer_rank` of the cluster; its arrival
+    completes 4 bytes of the transaction count of the peer's barrier at `mbar_ptr`. The sender waits for
+    nothing (a release cluster barrier would first wait for all of this CTA's global stores)."""
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import T
 
-    dptr = nvvm.mapa(llvm.PointerType.get(7), smem_ptr.to_llvm_ptr(), Int32(peer_rank).ir_value())
-    llvm.store(Float32(val).ir_value(), dptr)
+    bits = Int32(llvm.bitcast(T.i32(), Float32(val).ir_value()))
+    cute.arch.store_async_dsmem(smem_ptr, bits, mbar_ptr, peer_rank)
 
 
 def _conv_load(gConv, mConvW, mProj, b, c, wc: int):
@@ -263,10 +268,6 @@ if _IMPORT_ERROR is None:
             rank = bx % S
             if cutlass.const_expr(S > 1):
                 rank = cute.arch.block_idx_in_cluster()
-                # A peer's shared memory may be written only once that peer has started (CUDA's rule for
-                # distributed shared memory; compute-sanitizer's racecheck flags the write otherwise): arrive
-                # now, wait just before the first remote store, by when every peer has long arrived.
-                cute.arch.cluster_arrive_relaxed()
             row0 = rank * ROWS
 
             smem = cutlass.memory.SmemAllocator()
@@ -275,7 +276,19 @@ if _IMPORT_ERROR is None:
             sV = smem.allocate_tensor(Float32, cute.make_layout((ROWS,)), byte_alignment=16)
             sDecay = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
             sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
-            sClu = smem.allocate_tensor(Float32, cute.make_layout((4,)), byte_alignment=16)
+            sClu = mbar = None
+            if cutlass.const_expr(S > 1):
+                # The CTAs' RMSNorm partials (slot = sender's rank) arrive by st.async; their 4 x S bytes
+                # complete this barrier's transaction count.
+                sClu = smem.allocate_tensor(Float32, cute.make_layout((S,)), byte_alignment=16)
+                mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
+                if tidx == 0:
+                    cute.arch.mbarrier_init(mbar, 1)
+                    cute.arch.mbarrier_init_fence()
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar, S * 4)
+                # A peer's shared memory may be written only once that peer has started and initialised its
+                # barrier (CUDA's rule for distributed shared memory): arrive now, wait before the send.
+                cute.arch.cluster_arrive_relaxed()
 
             slot = Int64(mSlots[b])
 
@@ -425,9 +438,9 @@ if _IMPORT_ERROR is None:
                 # Every CTA sends its partial to every CTA of the cluster (slot = its rank), then all wait.
                 cute.arch.cluster_wait()
                 if tidx < S:
-                    _dsmem_store_f32(sClu.iterator + rank, tidx, tot)
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
+                    _send_f32(sClu.iterator + rank, tot, mbar, tidx)
+                while not cute.arch.mbarrier_test_wait(mbar, 0):  # spin: try_wait's suspend hint may wake late
+                    pass
                 tot = sClu[0]
                 for ri in cutlass.range_constexpr(1, S):
                     tot = tot + sClu[ri]
