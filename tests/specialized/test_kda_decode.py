@@ -60,7 +60,8 @@ def assert_state_close(got, want, *, max_rel, atol=1e-4, rtol=1e-3, min_frac=0.9
 
 @needs_cutlass
 @pytest.mark.parametrize("heads,slot_dtype,v_split,chunk", [(12, "int64", 1, 0), (96, "int32", 1, 4),
-                                                            (6, "int64", 2, 0), (12, "int64", 4, 2)])
+                                                            (6, "int64", 2, 0), (12, "int64", 4, 2),
+                                                            (12, "int64", 8, 0)])
 def test_compiles_for_sm90a_without_gpu(heads, slot_dtype, v_split, chunk):
     """The kernel compiles for sm_90a on a CPU-only machine: no spills, no local memory, 16-byte I/O."""
     from kernels.cute import ptx_instruction_counts
@@ -95,7 +96,8 @@ def test_config_rejects_outside_envelope():
 
     for bad in (dict(heads=12, head_dim=64), dict(heads=12, rank=64), dict(heads=12, conv_width=3),
                 dict(heads=12, slot_dtype="int16"), dict(heads=12, proj_stride=100), dict(heads=12, v_split=3),
-                dict(heads=12, chunk_rows=3), dict(heads=12, v_split=4, chunk_rows=8)):
+                dict(heads=12, chunk_rows=3), dict(heads=12, v_split=4, chunk_rows=8), dict(heads=12, v_split=16),
+                dict(heads=12, v_split=8, chunk_rows=4)):
         with pytest.raises(ValueError):
             KDADecodeConfig(**bad)
     a, b = KDADecodeConfig(heads=12), KDADecodeConfig(heads=12, proj_stride=KDAColumns(12, 128, 128).width)
@@ -184,8 +186,7 @@ def test_one_step_general(heads, batch, dist, slot_dtype):
 @gpu
 @needs_cuda
 @needs_cutlass
-@pytest.mark.parametrize("v_split", [1, 2, 4])
-@pytest.mark.parametrize("chunk", [0, 2, 4])
+@pytest.mark.parametrize("v_split,chunk", [(v, c) for v in (1, 2, 4, 8) for c in (0, 2, 4) if c < 16 // v or c == 0])
 @pytest.mark.parametrize("heads,batch", [(6, 1), (12, 5), (96, 3), (12, 64)])
 def test_every_v_split(v_split, chunk, heads, batch):
     """Each cluster split and pipeline chunking (whatever the heuristic would pick) against the reference."""
@@ -202,8 +203,8 @@ def test_every_v_split(v_split, chunk, heads, batch):
 def test_default_v_split_heuristic():
     from model.kimi_k3.specialized.kda_decode.kernel import default_v_split
 
-    assert default_v_split(12, 1) == 4 and default_v_split(12, 64) == 1
-    assert all(default_v_split(h, b) in (1, 2, 4) for h in (6, 12, 24, 48, 96) for b in range(1, 65))
+    assert default_v_split(12, 1) == 8 and default_v_split(12, 4) == 4 and default_v_split(12, 64) == 1
+    assert all(default_v_split(h, b) in (1, 2, 4, 8) for h in (6, 12, 24, 48, 96) for b in range(1, 65))
 
 
 @gpu

@@ -33,7 +33,7 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("tool", ["memcheck", "synccheck"])
-@pytest.mark.parametrize("v_split", [1, 4])  # 4: the cluster path, whose CTAs write into each other's shared memory
+@pytest.mark.parametrize("v_split", [1, 4, 8])  # 4, 8: clusters, whose CTAs write into each other's shared memory
 def test_kernel_is_clean_under_compute_sanitizer(tool, v_split):
     cmd = [SANITIZER, "--tool", tool, "--kernel-name", "kns=KDADecodeKernel", "--report-api-errors", "no",
            "--error-exitcode", "99", sys.executable, str(Path(__file__).with_name("kda_launch.py")),

@@ -77,8 +77,8 @@ class KDADecodeConfig:
             raise ValueError(f"conv_width {self.conv_width}: only 4 is supported (one 8-byte window per channel)")
         if self.heads < 1:
             raise ValueError("heads must be >= 1")
-        if self.v_split not in (1, 2, 4):
-            raise ValueError(f"v_split {self.v_split}: 1, 2 or 4")
+        if self.v_split not in (1, 2, 4, 8):
+            raise ValueError(f"v_split {self.v_split}: 1, 2, 4 or 8 (8 is the largest portable cluster)")
         rpw = self.head_dim // self.v_split // 8
         if self.chunk_rows == rpw:
             object.__setattr__(self, "chunk_rows", 0)
@@ -256,7 +256,7 @@ if _IMPORT_ERROR is None:
             H, K, R, Wc, S = c.heads, c.head_dim, c.rank, c.conv_width, c.v_split
             P = H * K
             ROWS = c.rows  # state rows of this CTA
-            RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4
+            RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4, 2
             CH = c.chunk_rows if c.chunk_rows else RPW  # rows per warp per pipeline chunk
             NCH = RPW // CH
             offsets, final, shift = _reduce_plan(CH)
@@ -524,8 +524,10 @@ def _check(name, t: torch.Tensor, dtype, shape=None):
 
 def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
     """CTAs per (head, sequence): split the state rows over a cluster while (head, sequence) pairs are
-    too few to give every SM work; whole tiles once they are plenty."""
+    too few to give every SM work (8 while that is still one CTA per SM); whole tiles once they are plenty."""
     pairs = heads * batch
+    if pairs * 8 <= sm_count:
+        return 8
     if pairs * 4 <= 2 * sm_count:
         return 4
     if pairs * 2 <= 3 * sm_count:
