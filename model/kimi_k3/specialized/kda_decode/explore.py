@@ -36,6 +36,8 @@ def load_source(path: Path, index: int):
         from model.kimi_k3.specialized.kda_decode import kernel
 
         return kernel
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file")
     spec = importlib.util.spec_from_file_location(f"kda_decode_variant_{index}", path)
     if spec is None:
         raise SystemExit(f"{path}: not a Python file")
