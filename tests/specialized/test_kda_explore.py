@@ -3,7 +3,6 @@ is refused with a message naming it (timing itself needs a GPU)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from model.kimi_k3.specialized.kda_decode import explore, kernel
