@@ -195,16 +195,18 @@ def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: lis
 
 
 def draw_cases(ctx: GateContext, problem: Problem, point: Point, names: list[str]) -> tuple[list, list, list]:
-    """The point's seeded inputs (every distribution x trials), the reference's results on them, their labels."""
+    """The point's seeded inputs (every distribution x trials), the reference's results on them, their labels
+    (distribution, trial, the input's seed: `problem.generate_input(point, seed, dist)` draws it again)."""
     cases, expected, labels = [], [], []
     for dist in DISTRIBUTIONS:
         for t in range(ctx.options.trials):
-            case = problem.generate_input(point, seed_for(ctx.options.seed, NAME, point.label, dist, t), dist)
+            seed = seed_for(ctx.options.seed, NAME, point.label, dist, t)
+            case = problem.generate_input(point, seed, dist)
             exp = reference_run(problem, case, names, ctx.device)
             if (bad := _nonfinite_reference(exp)) is not None:
                 raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
                                    f"the problem {problem.source.name} drew inputs outside the op's domain")
-            cases.append(case), expected.append(exp), labels.append((dist, t))
+            cases.append(case), expected.append(exp), labels.append((dist, t, seed))
     return cases, expected, labels
 
 
@@ -231,10 +233,10 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sand
             per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
             std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
             failed_dists = set()
-            for k, (case, exp, (dist, t), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
+            for k, (case, exp, (dist, t, seed), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
                 before = sum(findings.counts.values())
                 per_dist[dist].append(judge_case(problem, case, exp, runs, names, c,
-                                                 f"{point.label}, {dist} #{t + 1}", findings))
+                                                 f"{point.label}, {dist} #{t + 1} (input seed {seed})", findings))
                 if std:
                     std_per_dist[dist].append(std[k])
                 if sum(findings.counts.values()) > before:

@@ -1,5 +1,7 @@
 """The numerics gate on an honest candidate, and where it cannot run or has nothing to run against."""
 
+import pytest
+
 from gates.status import Status
 from gates.suite import numerics
 from tests.gates.fixtures.helpers import failed_checks, kda_contract, run_gate
@@ -59,3 +61,31 @@ def test_the_state_may_have_its_own_tolerance():
     assert loose.details["state_tolerance"]["max_units"] == 10 and strict.details["state_tolerance"] is None
     outputs_loose = run_gate(numerics.GATE, kda_contract(implementation=off, tolerance=state_tol))
     assert "state" not in failed_checks(outputs_loose)  # without a state_tolerance the outputs' bound applies
+
+
+def test_a_failure_names_the_input_seed_that_reproduces_it():
+    """Each failing example carries its input's seed: the problem draws the same input from it again, and the
+    candidate fails there the same way, so a failure on the GPU can be studied without rerunning the gate."""
+    import re
+
+    import torch
+
+    from gates.compare import check_tensor
+    from gates.problems import envelope_points, load_problem
+    from tests.adversarial.candidates import one_state_element_off
+
+    contract = kda_contract(implementation="tests.adversarial.candidates:one_state_element_off")
+    result = run_gate(numerics.GATE, contract)
+    example = next(c for c in result.details["checks"] if c["check"] == "state")["examples"][0]
+    where = re.match(r"(.+), (\w+) #\d+ \(input seed (\d+)\), run \d+: .*= ([\d.]+) tolerance units", example)
+    assert where, example
+    label, dist, seed, units = where[1], where[2], int(where[3]), float(where[4])
+    problem = load_problem("kda_decode")
+    point = next(p for p in envelope_points(contract, problem) if p.label == label)
+    case = problem.generate_input(point, seed, dist)
+    proj, conv, ssm, slots, w = case.args
+    ref_ssm, got_ssm = ssm.clone(), ssm.clone()
+    problem.reference(proj, conv.clone(), ref_ssm, slots, w)
+    one_state_element_off(proj, conv.clone(), got_ssm, slots, w)
+    again = check_tensor("state", got_ssm, ref_ssm, contract.tolerance)
+    assert not again.passed and again.max_units == pytest.approx(units, rel=1e-3)
