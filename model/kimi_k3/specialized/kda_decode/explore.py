@@ -58,24 +58,13 @@ def parse_tuning(text: str) -> dict | None:
         raise SystemExit(f"--tunings {text!r}: expected name=int[,name=int...] or 'default'") from None
 
 
-def check(impl, heads: int, batch: int) -> tuple[float, float]:
-    """Output and state relative L2 errors against the reference on one seeded case."""
-    from model.kimi_k3.ops.kda import kda_decode
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
-
-    case = make_case(heads, batch, device="cuda", seed=batch, exact_gemm=True)
-    ref_case = case.clone_caches()
-    ref = kda_decode(*ref_case.args())
-    out = impl(*case.args())
-    err = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-    serr = ((case.ssm_state - ref_case.ssm_state).norm() / ref_case.ssm_state.norm()).item()
-    return err, serr
-
-
 def main(argv=None):
+    from kernels.arch import detect
+    from kernels.roofline import floor
     from kernels.timing import time_op
+    from model.kimi_k3.specialized.kda_decode.bench import check_against_reference
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved
+    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
@@ -122,11 +111,13 @@ def main(argv=None):
           f"warm {warm_empty.median_us:.2f} us")
     rows = [dict(kind="empty", us=empty.median_us, warm_us=warm_empty.median_us)]
     per_round = max(1, a.iters // a.rounds)
+    info = detect()
     for heads in a.heads:
         for batch in a.batches:
-            floor_us = bytes_moved(heads, batch) / 4.3e12 * 1e6
+            floor_us = floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=60e12).floor_us
             args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
-            errors = {name: check(impl, heads, batch) if checked else None for name, impl, checked in variants}
+            errors = {name: check_against_reference(impl, heads, batch, seed=batch, exact_gemm=True)[:2]
+                      if checked else None for name, impl, checked in variants}
             samples = {name: [] for name, _, _ in variants}
             round_medians = {name: [] for name, _, _ in variants}
             for r in range(a.rounds):
