@@ -7,17 +7,23 @@ the fp32 delta-rule state update in place in the sequence's cache slot; o = S q;
 (o_norm weight, sigmoid of the output gate). Semantics, layouts and rounding points are those of
 `model.kimi_k3.ops.kda.kda_decode` (the reference).
 
-Work decomposition: one CTA of 256 threads (8 warps) per (head, sequence); grid = (H, B).
-- The 64 KiB fp32 state tile [V=128, K=128] of (slot, head) is streamed into shared memory with
-  16-byte `cp.async.cg` copies issued first, so the state load overlaps everything else: conv,
-  f_b GEMV, gate and norms run while the state is in flight, and take no registers from it.
-- Warp w owns state rows 16w..16w+15; lane l owns columns 4l..4l+3 of every row, so each warp-wide
-  16-byte access covers one full 512-byte row (coalesced global, conflict-free shared).
+Work decomposition: `v_split` CTAs of 256 threads (8 warps) per (head, sequence), launched as one
+thread-block cluster (grid = (H x v_split, B)); each CTA owns 128 / v_split state rows and repeats the
+prologue (q/k conv and norms, all 128 decays). `default_v_split` picks 8 while that is one CTA per SM,
+down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
+- The CTA's fp32 state rows of (slot, head) are streamed into shared memory with 16-byte `cp.async.cg`
+  copies issued first, so the state load overlaps everything else: conv, f_b GEMV, gate and norms run
+  while the state is in flight, and take no registers from it.
+- Lane l owns columns 4l..4l+3 of each of its warp's rows, so each warp-wide 16-byte access covers one
+  full 512-byte row (coalesced global, conflict-free shared).
 - Row dot products (S k, S q) reduce across the warp with a transpose-butterfly: 16 row partials
-  reduce in 15+1 shuffles and leave row (l >> 1) in lane l.
+  reduce in 15+1 shuffles and leave row (l >> 1) in lane l (fewer rows per warp, fewer steps).
 - The updated state goes straight back from registers with 16-byte stores.
 - The f_b GEMV (R=128 -> K=128 for this head): warp w computes rows 16w..16w+15, half-warps read
   two full 256-byte f_b rows per instruction, same butterfly reduction.
+- In a cluster, the gated RMSNorm's sum of squares is shared by `st.async` of each CTA's partial into
+  every peer's shared memory, completing a transaction barrier there: no release cluster barrier, which
+  would first wait for all of the CTA's global stores.
 """
 
 from dataclasses import dataclass
