@@ -26,6 +26,7 @@ down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
   would first wait for all of the CTA's global stores.
 """
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -129,27 +130,53 @@ def _select(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
 
 
-def _transpose_reduce(vals, lane, offsets, final=()):
+def _two_sum(a, b):
+    """Knuth's TwoSum: s = fl(a + b) and its rounding error e, with a + b = s + e exactly."""
+    s = a + b
+    bv = s - a
+    return s, (a - (s - bv)) + (b - bv)
+
+
+def _add_compensated(x, y):
+    """Add two (sum, error) pairs as Ogita, Rump and Oishi's Sum2 does: the sums' rounding errors are
+    carried, so sum + error is as accurate as a sum in twice the precision."""
+    s, t = _two_sum(x[0], y[0])
+    return s, x[1] + y[1] + t
+
+
+def _componentwise(f, *xs):
+    """f over values, or component by component over tuples of values."""
+    if isinstance(xs[0], tuple):
+        return tuple(f(*cs) for cs in zip(*xs))
+    return f(*xs)
+
+
+def _transpose_reduce(vals, lane, offsets, final=(), add=operator.add):
     """Butterfly 'transpose' reduction of len(vals) = 2**len(offsets) per-lane partials.
 
     At each step of `offsets` the lane keeps the half of its values selected by its lane bit `off` and
     adds the partner's copy of that half; afterwards the lane holds one value, of index
     sum_s bit_s(lane) * len/2**(s+1), summed over the lanes that differ in the `offsets` bits. The
-    `final` offsets then sum it over the remaining lane bits (plain butterfly).
+    `final` offsets then sum it over the remaining lane bits (plain butterfly). A value may be a tuple
+    (each component is shuffled), added by `add`.
     """
+
+    def shuffle(x, off):
+        return _componentwise(lambda c: cute.arch.shuffle_sync_bfly(c, offset=off), x)
+
     for off in offsets:
         half = len(vals) // 2
         upper = (lane & off) != 0
         nxt = []
         for i in range(half):
             lo, hi = vals[i], vals[i + half]
-            keep = _select(upper, hi, lo)
-            send = _select(upper, lo, hi)
-            nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
+            keep = _componentwise(lambda h_, l_: _select(upper, h_, l_), hi, lo)
+            send = _componentwise(lambda l_, h_: _select(upper, l_, h_), lo, hi)
+            nxt.append(add(keep, shuffle(send, off)))
         vals = nxt
     x = vals[0]
     for off in final:
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+        x = add(x, shuffle(x, off))
     return x
 
 
@@ -350,14 +377,19 @@ if _IMPORT_ERROR is None:
             la = _conv_load(gConv, mConvW, mProj, b, ca, Wc)
             lv = _conv_load(gConv, mConvW, mProj, b, cv, Wc)
 
-            # f_b GEMV and the decay gate while the state and the windows are in flight.
+            # f_b GEMV and the decay gate while the state and the windows are in flight. r is summed with
+            # compensation so that, rounded to fp32 and then bf16, it is the exact product's rounding, as in
+            # the reference: a plain fp32 sum rounds a few r per step the other way, and exp(A_log) turns such
+            # a flip into a visibly different decay of a whole state column. Products of two bf16 are exact.
             parts = []
             for i in cutlass.range_constexpr(8):
-                acc = fbs[i][0].to(Float32) * fa[0].to(Float32)
+                acc, err = fbs[i][0].to(Float32) * fa[0].to(Float32), None
                 for e in cutlass.range_constexpr(1, 8):
-                    acc = acc + fbs[i][e].to(Float32) * fa[e].to(Float32)
-                parts.append(acc)
-            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+                    acc, t_ = _two_sum(acc, fbs[i][e].to(Float32) * fa[e].to(Float32))
+                    err = t_ if err is None else err + t_
+                parts.append((acc, err))
+            r_sum, r_err = _transpose_reduce(parts, lane, (8, 4, 2), (1,), add=_add_compensated)
+            r = r_sum + r_err
             z = r.to(BFloat16).to(Float32) + dtb
             g = lower_bound * _sigmoid(cute.math.exp(alog) * z)
             if (lane & 1) == 0:
