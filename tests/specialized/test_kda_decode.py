@@ -10,7 +10,7 @@ with compensation and rounds it the same way (checked on the CPU against the ker
 fp32 sum, as in the standard's cuBLAS GEMM, rounds a few r per step the other way, and the gate amplifies
 such a flip (up to ~20x through exp(A_log)): the generic checks are graded (relative L2 and the fraction of
 elements within tolerance) so that they hold for the standard too, and `test_decays_round_like_the_reference`
-checks the kernel tightly on general values. With `exact_gemm=True` the f_a/f_b values are dyadic so every
+reads the kernel's decays and holds them to the reference's. With `exact_gemm=True` the f_a/f_b values are dyadic so every
 order gives the same exact product.
 """
 
@@ -240,16 +240,21 @@ def test_every_v_split(v_split, chunk, heads, batch):
 @gpu
 @needs_cuda
 @needs_cutlass
-@pytest.mark.parametrize("dist", ["normal", "heavy"])
-def test_decays_round_like_the_reference(dist):
-    """General f_a/f_b values at 96 heads, batch 64, where a plain fp32 f_b sum rounds ~40 r per step the other
-    way and each such flip moves a state column by percents: with the compensated sum no decay differs, so
-    every state element agrees to fp32 rounding."""
-    case = make_case(96, 64, device="cuda", seed=11, dist=dist)
-    out, ref, case, ref_case = _run_both(case, _cute())
-    assert close_fraction(case.ssm_state, ref_case.ssm_state, atol=1e-5, rtol=1e-4) == 1.0
-    assert rel_l2(case.ssm_state, ref_case.ssm_state) < 5e-6
-    assert_out_close(out, ref, max_rel=1e-3, min_frac=1.0)
+@pytest.mark.parametrize("seed", [11, 12])
+def test_decays_round_like_the_reference(seed):
+    """The kernel's decays, read straight from the state: with k = 0 (its windows and inputs zeroed) the update
+    is S' = S diag(d), and with S = 1 every row of S' is d. A plain fp32 f_b sum rounds ~40 r per step the other
+    way from the reference's exact product, and then 13-25 of the 786,432 decays differ by more than 1e-5 (up to
+    1.5 %; the kernel's order emulated on the CPU, 96 heads, batch 64). The compensated sum leaves exp's rounding."""
+    case = make_case(96, 64, device="cuda", seed=seed)
+    k_cols = slice(case.cols.p, 2 * case.cols.p)
+    case.conv_state[:, k_cols] = 0
+    case.proj[:, k_cols] = 0
+    case.ssm_state.fill_(1.0)
+    _, _, got, want = _run_both(case, _cute())
+    d_got, d_want = got.ssm_state[case.slots], want.ssm_state[case.slots]
+    rel = (d_got - d_want).abs() / d_want
+    assert rel.max().item() < 1e-5, f"{int((rel > 1e-5).sum())} decays differ by > 1e-5 (max {rel.max().item():.2e})"
 
 
 def test_default_v_split_heuristic():
