@@ -16,6 +16,8 @@ order gives the same exact product.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -83,8 +85,9 @@ def test_compiles_for_sm90a_without_gpu(heads, slot_dtype, v_split, chunk):
     assert counts["cp.async"] == rows_per_thread  # one 16 B copy per owned row: the CTA's whole state tile
     assert rep.ptx.count("cp.async.commit_group") == (rows_per_thread // chunk if chunk else 1)
     assert counts["st.global.v4"] >= rows_per_thread  # state written back with 16-byte stores
-    if v_split > 1:  # the partials travel by st.async onto a transaction barrier; one relaxed start barrier
-        assert rep.ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == 1
+    if v_split > 1:  # decays and partials travel by st.async onto transaction barriers; one relaxed start barrier
+        # one decay to each CTA of the cluster, one partial (sent by S threads)
+        assert rep.ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes") == v_split + 1
         assert "fence.mbarrier_init.release.cluster" in rep.ptx
         assert rep.ptx.count("barrier.cluster.arrive") == rep.ptx.count("barrier.cluster.arrive.relaxed") == 1
     else:
@@ -240,18 +243,19 @@ def test_every_v_split(v_split, chunk, heads, batch):
 @gpu
 @needs_cuda
 @needs_cutlass
-@pytest.mark.parametrize("seed", [11, 12])
-def test_decays_round_like_the_reference(seed):
+@pytest.mark.parametrize("seed,v_split", [(11, 1), (12, 1), (13, 2), (14, 8)])
+def test_decays_round_like_the_reference(seed, v_split):
     """The kernel's decays, read straight from the state: with k = 0 (its windows and inputs zeroed) the update
     is S' = S diag(d), and with S = 1 every row of S' is d. A plain fp32 f_b sum rounds ~40 r per step the other
     way from the reference's exact product, and then 13-25 of the 786,432 decays differ by more than 1e-5 (up to
-    1.5 %; the kernel's order emulated on the CPU, 96 heads, batch 64). The compensated sum leaves exp's rounding."""
+    1.5 %; the kernel's order emulated on the CPU, 96 heads, batch 64). The compensated sum leaves exp's rounding.
+    With a cluster each CTA computes a share of the decays and sends it to the others."""
     case = make_case(96, 64, device="cuda", seed=seed)
     k_cols = slice(case.cols.p, 2 * case.cols.p)
     case.conv_state[:, k_cols] = 0
     case.proj[:, k_cols] = 0
     case.ssm_state.fill_(1.0)
-    _, _, got, want = _run_both(case, _cute())
+    _, _, got, want = _run_both(case, functools.partial(_cute(), tuning=dict(v_split=v_split)))
     d_got, d_want = got.ssm_state[case.slots], want.ssm_state[case.slots]
     rel = (d_got - d_want).abs() / d_want
     assert rel.max().item() < 1e-5, f"{int((rel > 1e-5).sum())} decays differ by > 1e-5 (max {rel.max().item():.2e})"
