@@ -150,11 +150,20 @@ def chunked(q, k, v, g, beta, state, chunk: int = 64):
     return torch.cat(outs), s
 
 
+def gate_input(proj: torch.Tensor, cols: KDAColumns, w: KDAWeights) -> torch.Tensor:
+    """r = f_a f_b^T [T, P] as an fp32-accumulating GEMM with exact accumulation returns it: the exact product
+    rounded to fp32, then to the activation dtype. The same on every device. A real GEMM's summation order rounds
+    a few r the other way (~40 of 786,432 per step at 96 heads, batch 64), and through exp(A_log) such a flip
+    moves a decay's whole state column: a reference computed by one GEMM's order would judge every other order
+    wrong there (NOTES.md of the fused decode kernel, run 9)."""
+    return (proj[:, cols.f_a].double() @ w.f_b.double().t()).float().to(proj.dtype)
+
+
 def prepare(proj: torch.Tensor, conv_out: torch.Tensor, cols: KDAColumns, w: KDAWeights):
     """Split the projection into the recurrence's inputs: normalized q (scaled), k, v, log-decay g, beta."""
     t, h, d = proj.shape[0], cols.heads, cols.head_dim
     q, k, v = conv_out.view(t, 3, h, d).unbind(1)
-    r = (proj[:, cols.f_a] @ w.f_b.t()).view(t, h, d)  # f_b GEMM output, activation dtype
+    r = gate_input(proj, cols, w).view(t, h, d)  # f_b GEMM output, activation dtype
     g = decay_gate(r, w.A_log, w.dt_bias, w.lower_bound)
     beta = torch.sigmoid(proj[:, cols.beta].float())
     return l2_normalize(q) * d**-0.5, l2_normalize(k), v.float(), g, beta

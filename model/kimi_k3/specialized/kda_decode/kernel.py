@@ -7,19 +7,27 @@ the fp32 delta-rule state update in place in the sequence's cache slot; o = S q;
 (o_norm weight, sigmoid of the output gate). Semantics, layouts and rounding points are those of
 `model.kimi_k3.ops.kda.kda_decode` (the reference).
 
-Work decomposition: one CTA of 256 threads (8 warps) per (head, sequence); grid = (H, B).
-- The 64 KiB fp32 state tile [V=128, K=128] of (slot, head) is streamed into shared memory with
-  16-byte `cp.async.cg` copies issued first, so the state load overlaps everything else: conv,
-  f_b GEMV, gate and norms run while the state is in flight, and take no registers from it.
-- Warp w owns state rows 16w..16w+15; lane l owns columns 4l..4l+3 of every row, so each warp-wide
-  16-byte access covers one full 512-byte row (coalesced global, conflict-free shared).
+Work decomposition: `v_split` CTAs of 256 threads (8 warps) per (head, sequence), launched as one
+thread-block cluster (grid = (H x v_split, B)); each CTA owns 128 / v_split state rows and 128 / v_split of
+the head's decays, and repeats the q/k conv and norms. `default_v_split` picks 8 while that is one CTA per
+SM, down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
+- The CTA's fp32 state rows of (slot, head) are streamed into shared memory with 16-byte `cp.async.cg`
+  copies issued first, so the state load overlaps everything else: conv, f_b GEMV, gate and norms run
+  while the state is in flight, and take no registers from it.
+- Lane l owns columns 4l..4l+3 of each of its warp's rows, so each warp-wide 16-byte access covers one
+  full 512-byte row (coalesced global, conflict-free shared).
 - Row dot products (S k, S q) reduce across the warp with a transpose-butterfly: 16 row partials
-  reduce in 15+1 shuffles and leave row (l >> 1) in lane l.
+  reduce in 15+1 shuffles and leave row (l >> 1) in lane l (fewer rows per warp, fewer steps).
 - The updated state goes straight back from registers with 16-byte stores.
-- The f_b GEMV (R=128 -> K=128 for this head): warp w computes rows 16w..16w+15, half-warps read
-  two full 256-byte f_b rows per instruction, same butterfly reduction.
+- The f_b GEMV (R=128 -> this CTA's 128 / v_split decays): warp w computes 16 / v_split rows, half-warps
+  read full 256-byte f_b rows, same butterfly reduction, with TwoSum compensation so that r rounds like the
+  exact product (as the reference rounds it).
+- In a cluster, the decays and then the gated RMSNorm's sum of squares are shared by `st.async` into every
+  peer's shared memory, each completing a transaction barrier there: no release cluster barrier, which would
+  first wait for all of the CTA's global stores.
 """
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -109,9 +117,9 @@ class KDADecodeConfig:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per CTA: state tile, q|k, v, decay, reduction scratch; with a cluster, the
-        CTAs' partials and the barrier their arrival completes."""
+        CTAs' partials and the two barriers the decays' and the partials' arrivals complete."""
         k = self.head_dim
-        cluster = self.v_split * 4 + 8 if self.v_split > 1 else 0
+        cluster = self.v_split * 4 + 16 if self.v_split > 1 else 0
         return self.rows * k * 4 + 2 * k * 4 + self.rows * 4 + k * 4 + 16 * 4 + cluster
 
 
@@ -123,27 +131,53 @@ def _select(cond, a, b):
     return Float32(cutlass.select_(cond, a, b))
 
 
-def _transpose_reduce(vals, lane, offsets, final=()):
+def _two_sum(a, b):
+    """Knuth's TwoSum: s = fl(a + b) and its rounding error e, with a + b = s + e exactly."""
+    s = a + b
+    bv = s - a
+    return s, (a - (s - bv)) + (b - bv)
+
+
+def _add_compensated(x, y):
+    """Add two (sum, error) pairs as Ogita, Rump and Oishi's Sum2 does: the sums' rounding errors are
+    carried, so sum + error is as accurate as a sum in twice the precision."""
+    s, t = _two_sum(x[0], y[0])
+    return s, x[1] + y[1] + t
+
+
+def _componentwise(f, *xs):
+    """f over values, or component by component over tuples of values."""
+    if isinstance(xs[0], tuple):
+        return tuple(f(*cs) for cs in zip(*xs))
+    return f(*xs)
+
+
+def _transpose_reduce(vals, lane, offsets, final=(), add=operator.add):
     """Butterfly 'transpose' reduction of len(vals) = 2**len(offsets) per-lane partials.
 
     At each step of `offsets` the lane keeps the half of its values selected by its lane bit `off` and
     adds the partner's copy of that half; afterwards the lane holds one value, of index
     sum_s bit_s(lane) * len/2**(s+1), summed over the lanes that differ in the `offsets` bits. The
-    `final` offsets then sum it over the remaining lane bits (plain butterfly).
+    `final` offsets then sum it over the remaining lane bits (plain butterfly). A value may be a tuple
+    (each component is shuffled), added by `add`.
     """
+
+    def shuffle(x, off):
+        return _componentwise(lambda c: cute.arch.shuffle_sync_bfly(c, offset=off), x)
+
     for off in offsets:
         half = len(vals) // 2
         upper = (lane & off) != 0
         nxt = []
         for i in range(half):
             lo, hi = vals[i], vals[i + half]
-            keep = _select(upper, hi, lo)
-            send = _select(upper, lo, hi)
-            nxt.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
+            keep = _componentwise(lambda h_, l_: _select(upper, h_, l_), hi, lo)
+            send = _componentwise(lambda l_, h_: _select(upper, l_, h_), lo, hi)
+            nxt.append(add(keep, shuffle(send, off)))
         vals = nxt
     x = vals[0]
     for off in final:
-        x = x + cute.arch.shuffle_sync_bfly(x, offset=off)
+        x = add(x, shuffle(x, off))
     return x
 
 
@@ -276,34 +310,45 @@ if _IMPORT_ERROR is None:
             sV = smem.allocate_tensor(Float32, cute.make_layout((ROWS,)), byte_alignment=16)
             sDecay = smem.allocate_tensor(Float32, cute.make_layout((K,)), byte_alignment=16)
             sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
-            sClu = mbar = None
+            sClu = mbar_norm = mbar_decay = None
             if cutlass.const_expr(S > 1):
-                # The CTAs' RMSNorm partials (slot = sender's rank) arrive by st.async; their 4 x S bytes
-                # complete this barrier's transaction count.
+                # Every CTA computes K / S of the head's decays and sends them to all CTAs of the cluster, and
+                # later its RMSNorm partial (slot = its rank), by st.async: the K decays' 4 x K bytes complete
+                # one barrier's transaction count, the S partials' 4 x S bytes the other's.
                 sClu = smem.allocate_tensor(Float32, cute.make_layout((S,)), byte_alignment=16)
-                mbar = smem.allocate_array(Int64, 1, byte_alignment=8)
+                mbar_decay = smem.allocate_array(Int64, 2, byte_alignment=8)
+                mbar_norm = mbar_decay + 1
                 if tidx == 0:
-                    cute.arch.mbarrier_init(mbar, 1)
+                    cute.arch.mbarrier_init(mbar_decay, 1)
+                    cute.arch.mbarrier_init(mbar_norm, 1)
                     cute.arch.mbarrier_init_fence()
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar, S * 4)
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_decay, K * 4)
+                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_norm, S * 4)
                 # A peer's shared memory may be written only once that peer has started and initialised its
                 # barrier (CUDA's rule for distributed shared memory): arrive now, wait before the send.
                 cute.arch.cluster_arrive_relaxed()
 
             slot = Int64(mSlots[b])
 
-            # 1. Issue the slot-independent loads: f_a, this head's f_b rows (warp w rows 16w..16w+15,
-            #    half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
+            # 1. Issue the slot-independent loads: f_a, this CTA's K / S rows of the head's f_b (warp w rows
+            #    dec0 + DPW w .., half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
+            DPW = K // S // NUM_WARPS  # decays per warp: 16, 8, 4, 2
+            NI = DPW // 2  # f_b rows per half-warp
+            M = NI.bit_length() - 1
+            dec0 = rank * (K // S)
             sub = lane // 16
             ch = lane % 16
             fa = cute.make_rmem_tensor((8,), BFloat16)
             cute.autovec_copy(cute.local_tile(mProj[b, None], (8,), ((4 * P) // 8 + ch,)), fa)
             fbs = []
-            for i in cutlass.range_constexpr(8):
+            for i in cutlass.range_constexpr(NI):
                 fb = cute.make_rmem_tensor((8,), BFloat16)
-                cute.autovec_copy(cute.local_tile(mFb[h * K + warp * 16 + 2 * i + sub, None], (8,), (ch,)), fb)
+                cute.autovec_copy(cute.local_tile(mFb[h * K + dec0 + warp * DPW + 2 * i + sub, None], (8,), (ch,)),
+                                  fb)
                 fbs.append(fb)
-            frow = warp * 16 + 2 * ((lane >> 1) & 7) + sub
+            # the f_b row whose sum this lane holds after the reduction; one lane of each row writes the decay
+            frow = dec0 + warp * DPW + 2 * ((lane >> (4 - M)) & (NI - 1)) + sub
+            decay_writer = (lane & ((1 << (4 - M)) - 1)) == 0
             dtb = mDt[h * K + frow]
             alog = mAlog[h]
             beta_logit = mProj[b, 4 * P + R + h]
@@ -331,8 +376,9 @@ if _IMPORT_ERROR is None:
                 cute.arch.cp_async_commit_group()
 
             # 3. Short conv. Every CTA of the cluster needs all of q and k (for the L2 norms): threads
-            #    0..K-1 own q channels, K..2K-1 k channels; their windows are written back by one CTA after
-            #    the cluster barrier (peers read them first). v only for this CTA's rows, written at once.
+            #    0..K-1 own q channels, K..2K-1 k channels; their windows are written back by one CTA once
+            #    every peer's RMSNorm partial has arrived (peers read them first). v only for this CTA's rows,
+            #    written at once.
             conv_addr = pConv.toint() + slot * (3 * P * Wc * 2)
             gConv = cute.make_tensor(
                 cute.make_ptr(BFloat16, conv_addr, cute.AddressSpace.gmem, assumed_align=8),
@@ -344,18 +390,30 @@ if _IMPORT_ERROR is None:
             la = _conv_load(gConv, mConvW, mProj, b, ca, Wc)
             lv = _conv_load(gConv, mConvW, mProj, b, cv, Wc)
 
-            # f_b GEMV and the decay gate while the state and the windows are in flight.
+            # f_b GEMV and the decay gate while the state and the windows are in flight. r is summed with
+            # compensation so that, rounded to fp32 and then bf16, it is the exact product's rounding, as in
+            # the reference: a plain fp32 sum rounds a few r per step the other way, and exp(A_log) turns such
+            # a flip into a visibly different decay of a whole state column. Products of two bf16 are exact.
             parts = []
-            for i in cutlass.range_constexpr(8):
-                acc = fbs[i][0].to(Float32) * fa[0].to(Float32)
+            for i in cutlass.range_constexpr(NI):
+                acc, err = fbs[i][0].to(Float32) * fa[0].to(Float32), None
                 for e in cutlass.range_constexpr(1, 8):
-                    acc = acc + fbs[i][e].to(Float32) * fa[e].to(Float32)
-                parts.append(acc)
-            r = _transpose_reduce(parts, lane, (8, 4, 2), (1,))
+                    acc, t_ = _two_sum(acc, fbs[i][e].to(Float32) * fa[e].to(Float32))
+                    err = t_ if err is None else err + t_
+                parts.append((acc, err))
+            r_sum, r_err = _transpose_reduce(parts, lane, (8, 4, 2, 1)[:M], (8, 4, 2, 1)[M:], add=_add_compensated)
+            r = r_sum + r_err
             z = r.to(BFloat16).to(Float32) + dtb
             g = lower_bound * _sigmoid(cute.math.exp(alog) * z)
-            if (lane & 1) == 0:
-                sDecay[frow] = cute.math.exp(g)
+            decay = cute.math.exp(g)
+            if cutlass.const_expr(S > 1):
+                # The peers have started and initialised their barriers once the start barrier completes.
+                cute.arch.cluster_wait()
+                if decay_writer:
+                    for peer in cutlass.range_constexpr(S):
+                        _send_f32(sDecay.iterator + frow, decay, mbar_decay, peer)
+            elif decay_writer:
+                sDecay[frow] = decay
             beta = _sigmoid(beta_logit.to(Float32))
 
             win_a, act = _conv_compute(la[0], la[1], la[2], Wc)
@@ -385,6 +443,9 @@ if _IMPORT_ERROR is None:
             dv = cute.make_rmem_tensor((4,), Float32)
             cute.autovec_copy(cute.local_tile(sQK, (4,), (lane,)), qv)
             cute.autovec_copy(cute.local_tile(sQK, (4,), (K // 4 + lane,)), kv)
+            if cutlass.const_expr(S > 1):
+                while not cute.arch.mbarrier_test_wait(mbar_decay, 0):  # spin: try_wait's suspend hint may wake late
+                    pass
             cute.autovec_copy(cute.local_tile(sDecay, (4,), (lane,)), dv)
             # 5. Recurrence, chunk by chunk as the rows land (each thread waits for its own copies only).
             sq_acc = Float32(0.0)
@@ -436,10 +497,9 @@ if _IMPORT_ERROR is None:
                 tot = tot + sRed[NUM_WARPS + wi]
             if cutlass.const_expr(S > 1):
                 # Every CTA sends its partial to every CTA of the cluster (slot = its rank), then all wait.
-                cute.arch.cluster_wait()
                 if tidx < S:
-                    _send_f32(sClu.iterator + rank, tot, mbar, tidx)
-                while not cute.arch.mbarrier_test_wait(mbar, 0):  # spin: try_wait's suspend hint may wake late
+                    _send_f32(sClu.iterator + rank, tot, mbar_norm, tidx)
+                while not cute.arch.mbarrier_test_wait(mbar_norm, 0):  # spin: try_wait's suspend hint may wake late
                     pass
                 tot = sClu[0]
                 for ri in cutlass.range_constexpr(1, S):
