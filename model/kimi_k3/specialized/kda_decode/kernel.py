@@ -8,9 +8,9 @@ the fp32 delta-rule state update in place in the sequence's cache slot; o = S q;
 `model.kimi_k3.ops.kda.kda_decode` (the reference).
 
 Work decomposition: `v_split` CTAs of 256 threads (8 warps) per (head, sequence), launched as one
-thread-block cluster (grid = (H x v_split, B)); each CTA owns 128 / v_split state rows and 128 / v_split of
-the head's decays, and repeats the q/k conv and norms. `default_v_split` picks 8 while that is one CTA per
-SM, down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
+thread-block cluster (grid = (H x v_split, B)); each CTA owns 128 / v_split state rows and, from v_split 4
+on (`share_decays`), 128 / v_split of the head's decays; it repeats the q/k conv and norms. `default_v_split`
+picks 8 while that is one CTA per SM, down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
 - The CTA's fp32 state rows of (slot, head) are streamed into shared memory with 16-byte `cp.async.cg`
   copies issued first, so the state load overlaps everything else: conv, f_b GEMV, gate and norms run
   while the state is in flight, and take no registers from it.
@@ -19,12 +19,12 @@ SM, down to 1 (no cluster) once (head, sequence) pairs fill the GPU.
 - Row dot products (S k, S q) reduce across the warp with a transpose-butterfly: 16 row partials
   reduce in 15+1 shuffles and leave row (l >> 1) in lane l (fewer rows per warp, fewer steps).
 - The updated state goes straight back from registers with 16-byte stores.
-- The f_b GEMV (R=128 -> this CTA's 128 / v_split decays): warp w computes 16 / v_split rows, half-warps
-  read full 256-byte f_b rows, same butterfly reduction, with TwoSum compensation so that r rounds like the
-  exact product (as the reference rounds it).
-- In a cluster, the decays and then the gated RMSNorm's sum of squares are shared by `st.async` into every
-  peer's shared memory, each completing a transaction barrier there: no release cluster barrier, which would
-  first wait for all of the CTA's global stores.
+- The f_b GEMV (R=128 -> this CTA's 128 / decay_split decays): warp w computes 16 / decay_split rows,
+  half-warps read full 256-byte f_b rows, same butterfly reduction, with TwoSum compensation so that r
+  rounds like the exact product (as the reference rounds it).
+- In a cluster, the decays (with share_decays) and the gated RMSNorm's sum of squares are sent by `st.async`
+  into every peer's shared memory, each completing a transaction barrier there: no release cluster barrier,
+  which would first wait for all of the CTA's global stores.
 """
 
 import operator
@@ -67,6 +67,9 @@ class KDADecodeConfig:
     # CTAs per (head, sequence), launched as one thread-block cluster; each owns 128 / v_split state rows
     # and they add their shares of the gated-RMSNorm sum of squares through distributed shared memory.
     v_split: int = 1
+    # In a cluster, each CTA computes 128 / v_split of the head's decays and sends them to its peers, instead
+    # of every CTA computing all 128: the exchange pays for itself from v_split 4 on (NOTES.md, run 10).
+    share_decays: bool = True
     # State rows per warp per pipeline chunk: each chunk is its own cp.async group, computed and stored as
     # soon as it lands while later chunks are still in flight. 0 = one chunk (all rows of the warp).
     chunk_rows: int = 0
@@ -87,6 +90,7 @@ class KDADecodeConfig:
             raise ValueError("heads must be >= 1")
         if self.v_split not in (1, 2, 4, 8):
             raise ValueError(f"v_split {self.v_split}: 1, 2, 4 or 8 (8 is the largest portable cluster)")
+        object.__setattr__(self, "share_decays", bool(self.share_decays) and self.v_split > 1)
         rpw = self.head_dim // self.v_split // 8
         if self.chunk_rows == rpw:
             object.__setattr__(self, "chunk_rows", 0)
@@ -113,6 +117,11 @@ class KDADecodeConfig:
     def rows(self) -> int:
         """State rows (V) per CTA."""
         return self.head_dim // self.v_split
+
+    @property
+    def decay_split(self) -> int:
+        """CTAs the head's decays are split over: v_split when they are shared, else 1."""
+        return self.v_split if self.share_decays else 1
 
     @property
     def smem_bytes(self) -> int:
@@ -287,7 +296,7 @@ if _IMPORT_ERROR is None:
             norm_eps: Float32,
         ):
             c = self.cfg
-            H, K, R, Wc, S = c.heads, c.head_dim, c.rank, c.conv_width, c.v_split
+            H, K, R, Wc, S, DS = c.heads, c.head_dim, c.rank, c.conv_width, c.v_split, c.decay_split
             P = H * K
             ROWS = c.rows  # state rows of this CTA
             RPW = ROWS // NUM_WARPS  # rows per warp: 16, 8, 4, 2
@@ -312,9 +321,9 @@ if _IMPORT_ERROR is None:
             sRed = smem.allocate_tensor(Float32, cute.make_layout((16,)), byte_alignment=16)
             sClu = mbar_norm = mbar_decay = None
             if cutlass.const_expr(S > 1):
-                # Every CTA computes K / S of the head's decays and sends them to all CTAs of the cluster, and
-                # later its RMSNorm partial (slot = its rank), by st.async: the K decays' 4 x K bytes complete
-                # one barrier's transaction count, the S partials' 4 x S bytes the other's.
+                # Every CTA sends its RMSNorm partial (slot = its rank) to all CTAs of the cluster, and with
+                # share_decays first its K / S of the head's decays, by st.async: the K decays' 4 x K bytes
+                # complete one barrier's transaction count, the S partials' 4 x S bytes the other's.
                 sClu = smem.allocate_tensor(Float32, cute.make_layout((S,)), byte_alignment=16)
                 mbar_decay = smem.allocate_array(Int64, 2, byte_alignment=8)
                 mbar_norm = mbar_decay + 1
@@ -322,7 +331,8 @@ if _IMPORT_ERROR is None:
                     cute.arch.mbarrier_init(mbar_decay, 1)
                     cute.arch.mbarrier_init(mbar_norm, 1)
                     cute.arch.mbarrier_init_fence()
-                    cute.arch.mbarrier_arrive_and_expect_tx(mbar_decay, K * 4)
+                    if cutlass.const_expr(DS > 1):
+                        cute.arch.mbarrier_arrive_and_expect_tx(mbar_decay, K * 4)
                     cute.arch.mbarrier_arrive_and_expect_tx(mbar_norm, S * 4)
                 # A peer's shared memory may be written only once that peer has started and initialised its
                 # barrier (CUDA's rule for distributed shared memory): arrive now, wait before the send.
@@ -332,10 +342,10 @@ if _IMPORT_ERROR is None:
 
             # 1. Issue the slot-independent loads: f_a, this CTA's K / S rows of the head's f_b (warp w rows
             #    dec0 + DPW w .., half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
-            DPW = K // S // NUM_WARPS  # decays per warp: 16, 8, 4, 2
+            DPW = K // DS // NUM_WARPS  # decays per warp: 16, 8, 4, 2
             NI = DPW // 2  # f_b rows per half-warp
             M = NI.bit_length() - 1
-            dec0 = rank * (K // S)
+            dec0 = rank * (K // DS) if DS > 1 else 0  # DS is a Python int: decided at trace time
             sub = lane // 16
             ch = lane % 16
             fa = cute.make_rmem_tensor((8,), BFloat16)
@@ -409,6 +419,7 @@ if _IMPORT_ERROR is None:
             if cutlass.const_expr(S > 1):
                 # The peers have started and initialised their barriers once the start barrier completes.
                 cute.arch.cluster_wait()
+            if cutlass.const_expr(DS > 1):
                 if decay_writer:
                     for peer in cutlass.range_constexpr(S):
                         _send_f32(sDecay.iterator + frow, decay, mbar_decay, peer)
@@ -443,7 +454,7 @@ if _IMPORT_ERROR is None:
             dv = cute.make_rmem_tensor((4,), Float32)
             cute.autovec_copy(cute.local_tile(sQK, (4,), (lane,)), qv)
             cute.autovec_copy(cute.local_tile(sQK, (4,), (K // 4 + lane,)), kv)
-            if cutlass.const_expr(S > 1):
+            if cutlass.const_expr(DS > 1):
                 while not cute.arch.mbarrier_test_wait(mbar_decay, 0):  # spin: try_wait's suspend hint may wake late
                     pass
             cute.autovec_copy(cute.local_tile(sDecay, (4,), (lane,)), dv)
@@ -597,7 +608,8 @@ def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
 
 def default_tuning(heads: int, batch: int) -> dict:
     """The config knobs the entry point uses for a problem size (measured on the H200, see NOTES.md)."""
-    return dict(v_split=default_v_split(heads, batch), chunk_rows=DEFAULT_CHUNK_ROWS)
+    v_split = default_v_split(heads, batch)
+    return dict(v_split=v_split, share_decays=v_split >= 4, chunk_rows=DEFAULT_CHUNK_ROWS)
 
 
 DEFAULT_CHUNK_ROWS = 0
