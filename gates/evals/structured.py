@@ -16,7 +16,10 @@ token and K drafts in one verification step -- the tokens the grammar forces nex
 tokens, as jump-forward decoding uses them), then prompt-lookup (`NgramDrafter`) continuations --; under the grammar a draft is
 accepted while it equals the masked argmax of its row, the first mismatch emits the row's own token, and the
 cache keeps only the accepted prefix. Its outputs must parse and validate, match between paths, and equal
-the same path's plain tokens (near-ties excused as above).
+the same path's plain tokens (near-ties excused as above). A path's speculative run can leave its plain run
+through rounding alone (a verification step's GEMMs have other shapes; on random weights a top-k routing flip
+amplifies that): where the reference's own runs part, the candidate is held to the reference's speculative
+tokens instead, and a note says so.
 
 Greedy decoding ignores a logit scale, so the logits-times-1.05 path passes here by design; a path whose
 ranking changes fails.
@@ -148,9 +151,18 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
     same = [_agrees(verdict) for *_, verdict in runs]
     diverged = "; ".join(f"{name} (spec {k}): {verdict}" for (name, k, *_, verdict), ok in zip(runs, same) if not ok)
     checks.append(Check.at_least("greedy tokens identical between paths", sum(same) / n, 1.0, diverged))
+    notes = []
     if against_plain:
-        agree = [_agrees(r) and _agrees(c) for _, _, r, c in against_plain]
-        differ = "; ".join(f"{name} (spec {k}): reference {r}, candidate {c}"
+        between = {(name, k): verdict for name, k, *_, verdict in runs}
+        agree = []
+        for name, k, r, c in against_plain:
+            # the candidate follows its plain run, or, where the reference does not, the reference's speculative run
+            held_to_reference = not _agrees(r) and _agrees(between[name, k])
+            agree.append(_agrees(c) or held_to_reference)
+            if held_to_reference and not _agrees(c):
+                notes.append(f"{name} (spec {k}): the reference's own speculative run left its plain run ({r}); "
+                             f"the candidate's speculative tokens match the reference's ({between[name, k]})")
+        differ = "; ".join(f"{name} (spec {k}): reference {r}, candidate {c}, between paths {between[name, k]}"
                            for (name, k, r, c), ok in zip(against_plain, agree) if not ok)
         checks.append(Check.at_least("speculative tokens identical to plain decoding", sum(agree) / len(agree),
                                      1.0, differ))
@@ -165,7 +177,7 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
                              / max(1, sum(r[1] * len(r[3].decode.accepted) for r in runs if r[1]))),
         "verify_steps": sum(verify_steps),
     }
-    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table],
+    return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table], notes=notes,
                                   budget={"seed": config.seed, **budget.model_dump()})
 
 

@@ -47,16 +47,57 @@ def test_identical_path_every_schema_valid(make_pair, progress):
     assert result.metrics["verify_steps"] > 0 and result.metrics["draft_acceptance"] > 0.1
 
 
-def test_speculative_decoding_that_emits_wrong_tokens_fails(make_pair, progress, monkeypatch):
-    """Verification steps whose logits differ from decode steps' (here: noise) change the tokens: caught."""
-    pair = make_pair()
+def noisy_verify(monkeypatch, paths, same_noise_every_call):
+    """Verification steps of `paths` return noise instead of the model's logits (decode steps are untouched):
+    the same noise at every call (seeded afresh), or one stream of noise."""
     noise = random_logits(1)
     original = Session.verify
-    monkeypatch.setattr(Session, "verify", lambda self, tokens: noise(original(self, tokens)))
+
+    def verify(self, tokens):
+        logits = original(self, tokens)
+        if self.path not in paths:
+            return logits
+        return (random_logits(1) if same_noise_every_call else noise)(logits)
+
+    monkeypatch.setattr(Session, "verify", verify)
+
+
+def test_speculative_decoding_that_emits_wrong_tokens_fails(make_pair, progress, monkeypatch):
+    """The candidate's verification steps give other logits than its decode steps (here: noise): caught."""
+    pair = make_pair()
+    noisy_verify(monkeypatch, [pair.candidate], same_noise_every_call=False)
     result = run(config(schemas=("nested",), spec_tokens=(0, 3)), pair, progress)
     c = checks(result)
     assert result.status == Status.FAILED_EVAL and not c["speculative tokens identical to plain decoding"].passed
+    assert "between paths diverged" in c["speculative tokens identical to plain decoding"].detail
     assert c["candidate outputs valid"].passed  # the grammar still forces valid JSON
+    assert not result.notes
+
+
+def test_a_reference_that_leaves_its_own_plain_run_holds_the_candidate_to_its_speculative_tokens(
+        make_pair, progress, monkeypatch):
+    """Both paths' verification steps turned into the same seeded noise: their speculative runs leave their plain
+    runs alike. That is not the candidate's doing: it matches the reference's speculative tokens, so it passes, and
+    a note says the reference's own runs parted."""
+    pair = make_pair()
+    noisy_verify(monkeypatch, [pair.reference, pair.candidate], same_noise_every_call=True)
+    result = run(config(schemas=("nested",), spec_tokens=(0, 3)), pair, progress)
+    row = result.tables[0].rows[-1]
+    assert row[6] == "identical" and row[7].startswith("diverged")  # the paths agree; both left their plain runs
+    assert result.status == Status.PASSED, result.failed_checks
+    assert len(result.notes) == 1 and "the reference's own speculative run left its plain run" in result.notes[0]
+
+
+def test_a_candidate_that_leaves_the_reference_where_the_reference_left_its_plain_run_fails(
+        make_pair, progress, monkeypatch):
+    """Where the reference's own runs part, the candidate's speculative tokens must still be the reference's."""
+    pair = make_pair()
+    noise = {pair.reference: random_logits(1), pair.candidate: random_logits(2)}  # each path its own noise
+    original = Session.verify
+    monkeypatch.setattr(Session, "verify", lambda self, tokens: noise[self.path](original(self, tokens)))
+    result = run(config(schemas=("nested",), spec_tokens=(0, 3)), pair, progress)
+    assert not checks(result)["speculative tokens identical to plain decoding"].passed
+    assert not result.notes
 
 
 def test_grammar_forces_validity_but_different_tokens_fail(make_pair, progress):
