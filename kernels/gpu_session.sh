@@ -6,7 +6,9 @@
 #   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect evals
 #   call 4 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
-# verbose logs. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
+# verbose logs. COMMIT is the hash of the working tree's commit, taken on the machine that sends the call: the
+# runner's copy of the tree can sit on another commit, so `git rev-parse HEAD` there would label the bundle
+# wrongly. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
 # benchmarks need the GPU to themselves, so start nothing else until it is done) and wait while the call has
 # time; `collect` waits for the jobs still running and copies what they wrote to $OUT: the bundles as
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
