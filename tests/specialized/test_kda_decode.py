@@ -119,10 +119,10 @@ def test_entry_points_importable_on_cpu():
 
 
 def test_bytes_and_floor():
-    from kernels.roofline import floor
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops
+    from model.kimi_k3.specialized.kda_decode.bench import step_floor
+    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved
 
-    f = floor(bytes_moved(12, 64), flops(12, 64), "sm_90", flops_per_s=60e12)
+    f = step_floor(12, 64, "sm_90")
     assert f.bound == "memory"
     assert 24.0 < f.floor_us < 26.0  # ~107 MB at 4.3 TB/s
     assert bytes_moved(12, 64) > 64 * 12 * 128 * 128 * 8

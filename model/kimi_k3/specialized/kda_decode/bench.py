@@ -19,6 +19,18 @@ import sys
 
 import torch
 
+# The step's arithmetic runs on fp32 CUDA cores, not tensor cores: its compute term uses that rate (H200).
+FP32_FLOPS_PER_S = 60e12
+
+
+def step_floor(heads, batch, info):
+    """The step's roofline floor on `info`'s arch (kernels.roofline): its bytes at the memory bandwidth, its
+    FLOPs at the fp32 CUDA-core rate."""
+    from kernels.roofline import floor
+    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops
+
+    return floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=FP32_FLOPS_PER_S)
+
 
 def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
     """Output and state relative L2 errors against the reference on one seeded case, and whether the conv
@@ -38,12 +50,10 @@ def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
 
 def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
     from kernels.arch import detect, with_measured_bandwidth
-    from kernels.roofline import floor
     from kernels.timing import count_kernels, time_op
     from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import (available, bytes_moved, default_v_split, flops,
-                                                             kda_decode_cute)
+    from model.kimi_k3.specialized.kda_decode.kernel import available, default_v_split, kda_decode_cute
 
     info = detect()
     if measure_bw:
@@ -63,7 +73,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
     for heads in heads_list:
         for batch in batches:
             row = dict(heads=heads, batch=batch, v_split=default_v_split(heads, batch))
-            f = floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=60e12)
+            f = step_floor(heads, batch, info)
             row["floor_us"] = f.floor_us
             row["bytes"] = f.bytes_moved
             for name, impl in impls.items():

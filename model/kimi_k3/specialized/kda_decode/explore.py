@@ -60,11 +60,9 @@ def parse_tuning(text: str) -> dict | None:
 
 def main(argv=None):
     from kernels.arch import detect
-    from kernels.roofline import floor
     from kernels.timing import time_op
-    from model.kimi_k3.specialized.kda_decode.bench import check_against_reference
+    from model.kimi_k3.specialized.kda_decode.bench import check_against_reference, step_floor
     from model.kimi_k3.specialized.kda_decode.inputs import make_case
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
@@ -114,7 +112,7 @@ def main(argv=None):
     info = detect()
     for heads in a.heads:
         for batch in a.batches:
-            floor_us = floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=60e12).floor_us
+            floor_us = step_floor(heads, batch, info).floor_us
             args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
             errors = {name: check_against_reference(impl, heads, batch, seed=batch, exact_gemm=True)[:2]
                       if checked else None for name, impl, checked in variants}
