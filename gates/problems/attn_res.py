@@ -13,7 +13,7 @@ import torch
 
 from gates.compare import check_tensor
 from gates.problems import Case, Cost, Point, sample
-from model.kimi_k3.attn_res import attn_res
+from model.kimi_k3.ops.attn_res import attn_res
 
 SHAPE_KEYS = ("sources", "hidden")
 EPS = 1e-5  # rms_norm_eps of the K3 config

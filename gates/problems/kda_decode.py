@@ -14,7 +14,8 @@ import torch
 
 from gates.compare import check_tensor
 from gates.problems import Case, Cost, Point, UnsupportedPoint, sample
-from model.kimi_k3.ops.kda import KDAColumns, KDAWeights, kda_decode
+from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
+from model.kimi_k3.ops.kda_decode import kda_decode
 
 SHAPE_KEYS = ("heads", "head_dim")
 CONV_WIDTH = 4  # short_conv_kernel_size

@@ -1,4 +1,4 @@
-"""The Kimi K3 text model (spec §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
+"""The Kimi K3 text model (SPEC.md §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
 (no ordinary residual stream), final AttnRes, norm and the untied lm_head. Rank-local for a TP rank."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class VocabParallel(Weighted):
         out = self.embed[local.clamp(0, self.rows - 1)] * mine.unsqueeze(-1).to(self.embed.dtype)
         return self.tp.all_reduce(out)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(h.float() @ self.lm_head.float().t())
+    def logits(self, h: torch.Tensor, ops) -> torch.Tensor:
+        return self.tp.all_gather_last(ops.call("lm_head", h, self.lm_head))
 
 
 class DecoderLayer(nn.Module):
@@ -93,14 +93,14 @@ class KimiK3Model(nn.Module):
                 blocks.append(partial)
             n_prev = -(-i // block_size)  # blocks completed before this layer
             h = layer.attn_res(blocks[:n_prev] + [partial], self.ops) if n_prev else partial
-            a = layer.self_attn(layer.input_layernorm(h), batch, cache, self.ops)
+            a = layer.self_attn(layer.input_layernorm(h, self.ops), batch, cache, self.ops)
             partial = a if writes else partial + a
             h2 = layer.mlp_res(blocks[:n_prev + writes] + [partial], self.ops)
-            ffn_out = layer.ffn(layer.post_attention_layernorm(h2), self.ops)
+            ffn_out = layer.ffn(layer.post_attention_layernorm(h2, self.ops), self.ops)
         partial = partial + ffn_out
         cache.advance(batch)
         return self.output_res(blocks + [partial], self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [T, vocab] from final hidden states (the final norm is applied here, as in vLLM)."""
-        return self.vocab.logits(self.norm(hidden))
+        return self.vocab.logits(self.norm(hidden, self.ops), self.ops)

@@ -11,7 +11,9 @@ import hashlib
 
 import torch
 
-from model.kimi_k3.ops.kda import KDAColumns, conv_update, kda_decode, prepare
+from model.kimi_k3.ops.kda import KDAColumns, conv_update, prepare
+
+from model.kimi_k3.ops.kda_decode import kda_decode
 
 TILE_ROWS = 4
 

@@ -21,7 +21,7 @@ def test_contract_roles():
     assert roles["gates/problems/kda_decode.py"] == ["problem"]
     assert roles["tests/gates/fixtures/kda_candidate.py"] == ["implementation"]
     assert roles["model/kimi_k3/ops/kda.py"] == ["reference"]
-    assert roles["model/kimi_k3/ops/kda_standard.py"] == ["standard"]
+    assert roles["model/kimi_k3/ops/kda_decode_standard.py"] == ["standard"]
     assert [p for p in roles if p.startswith("gates/")] == ["gates/problems/kda_decode.py"]  # not the harness
     assert all(len(s.sha256) == 64 for s in sources)
 

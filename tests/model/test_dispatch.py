@@ -16,10 +16,11 @@ import yaml
 
 from gates.cli import main
 from kernels.contract import parse_contract
-from model.kimi_k3.attn_res import attn_res
+from model.kimi_k3.ops.attn_res import attn_res
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.config import preset
 from model.kimi_k3.dispatch import Dispatcher, Target, detect
+from model.kimi_k3.drafters import NgramDrafter
 from model.kimi_k3.engine import Engine, SamplingParams
 from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
 from model.kimi_k3.ops.registry import CONTRACTS_DIR, OPS, Specialized
@@ -179,9 +180,10 @@ def test_every_op_call_reads_the_dims_and_dtypes_it_declares(model, tiny_cfg):
             seen[name] = OPS[name].signature(*args, **kwargs)  # zip(strict) fails if probe and names disagree
             return super().call(name, *args, **kwargs)
 
-    engine = Engine(model, max_len=8)
+    engine = Engine(model, max_len=12)
     model.ops = Recorder(Target.of(model))
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), spec_tokens=2, drafter=NgramDrafter())
     assert set(seen) == set(OPS)
     cfg = tiny_cfg
     assert seen["attn_res"].shapes["hidden"] == cfg.hidden_size

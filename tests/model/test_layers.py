@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from model.kimi_k3 import mla, mxfp4
-from model.kimi_k3.mla import absorbed_attention as absorbed
-from model.kimi_k3.attn_res import attn_res
+from model.kimi_k3.ops.mla_decode import absorbed_attention as absorbed
+from model.kimi_k3.ops.attn_res import attn_res
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.cache import ModelCache
-from model.kimi_k3.moe import moe_experts, route, situ
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_route import moe_route
+from model.kimi_k3.ops.situ_mlp import situ
 
 
 def first_layer(model, mla: bool):
@@ -68,7 +70,7 @@ def test_moe_equals_per_token_loop(tiny_model):
     moe = tiny_model.layers[1].ffn
     cfg = tiny_model.cfg
     x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    ids, weights = route(x, moe.gate, moe.e_bias, moe.top_k, True, 1.0)
+    ids, weights = moe_route(x, moe.gate, moe.e_bias, moe.top_k, True, 1.0)
     z = x @ moe.down_proj.t()
     got = moe_experts(z, ids, weights, (moe.w13_weight_packed, moe.w13_weight_scale),
                       (moe.w2_weight_packed, moe.w2_weight_scale), moe.beta, moe.beta_lin)
@@ -87,7 +89,7 @@ def test_router_chooses_by_biased_score_but_weighs_by_raw_score():
     gate_w = torch.eye(4)
     x = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
     bias = torch.tensor([0.0, 0.0, 0.0, 10.0])  # makes expert 3 chosen despite the lowest score
-    ids, weights = route(x, gate_w, bias, 2, True, 1.0)
+    ids, weights = moe_route(x, gate_w, bias, 2, True, 1.0)
     assert sorted(ids[0].tolist()) == [0, 3]
     raw = torch.sigmoid(torch.tensor([3.0, 0.0]))
     torch.testing.assert_close(weights[0].sort().values, (raw / raw.sum()).sort().values)

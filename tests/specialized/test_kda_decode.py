@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from kernels.cute import cutlass_available
-from model.kimi_k3.ops.kda import KDAColumns, kda_decode
+from model.kimi_k3.ops.kda import KDAColumns
+from model.kimi_k3.ops.kda_decode import kda_decode
 from model.kimi_k3.specialized.kda_decode.inputs import make_case, make_proj
 
 CUTLASS_OK, CUTLASS_WHY = cutlass_available()
@@ -110,7 +111,7 @@ def test_config_rejects_outside_envelope():
 
 
 def test_entry_points_importable_on_cpu():
-    from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available  # noqa: F401
+    from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available  # noqa: F401
     from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute  # noqa: F401
 
     ok, why = standard_available()
@@ -339,7 +340,7 @@ def test_cuda_graph_capture_matches_eager():
 @gpu
 @needs_cuda
 def test_standard_matches_reference():
-    from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
+    from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
 
     ok, why = standard_available()
     if not ok:

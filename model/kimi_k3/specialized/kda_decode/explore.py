@@ -88,7 +88,7 @@ def main(argv=None):
             name = f"{path.stem}[{text}]" if len(a.tunings) > 1 else path.stem
             variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t), True))
     if a.standard:
-        from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
+        from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
 
         ok, why = standard_available()
         if not ok:

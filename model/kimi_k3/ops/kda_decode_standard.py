@@ -1,7 +1,7 @@
 """KDA decode step, STANDARD implementation: what a strong stock serving engine runs on GPU.
 
 Composed from the best fused kernels existing libraries ship, with the reference's semantics
-(`model.kimi_k3.ops.kda.kda_decode`: same signature, layouts, rounding points):
+(`model.kimi_k3.ops.kda_decode.kda_decode`: same signature, layouts, rounding points):
 
 1. FLA `causal_conv1d_update` (SiLU) on the q|k|v columns. FLA's update is batch-indexed, so the
    slots' windows are gathered into a [B, 3P, Wc] buffer first and scattered back after.
@@ -53,7 +53,9 @@ def standard_available() -> tuple[bool, str]:
 
 def kda_decode_standard(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
                         w: KDAWeights) -> torch.Tensor:
-    """Same signature and semantics as `kda.kda_decode`; caches updated in place. Returns [B, P]."""
+    """Same signature and semantics as `kda_decode.kda_decode`; caches updated in place. Returns [B, P].
+
+    Slots may be int32 or int64, as the kernel takes them (serving engines keep state indices in int32)."""
     ok, why = standard_available()
     if not ok:
         raise RuntimeError(f"kda_decode_standard unavailable: {why}")
@@ -66,7 +68,7 @@ def kda_decode_standard(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state:
     # 1. short conv on q|k|v, windows gathered from / scattered to their slots
     window = conv_state.index_select(0, slots)  # [B, 3P, Wc]
     y, _ = causal_conv1d_update(proj[:, cols.qkv], window, weight=w.conv_weight, activation="silu")
-    conv_state.index_copy_(0, slots, window)
+    conv_state.index_copy_(0, slots.long(), window)  # index_copy_ takes int64 indices only
 
     # 2. contiguous q, k, v [B, 1, H, K] and beta logits [B, 1, H]
     qkv = y.view(b, 3, h, k).transpose(0, 1).contiguous()
