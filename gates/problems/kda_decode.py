@@ -15,7 +15,7 @@ import torch
 from gates.compare import check_tensor
 from gates.problems import Case, Cost, Point, UnsupportedPoint, sample
 from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
-from model.kimi_k3.ops.kda_decode import kda_decode
+from model.kimi_k3.ops.kda_decode import OP, kda_decode
 
 SHAPE_KEYS = ("heads", "head_dim")
 CONV_WIDTH = 4  # short_conv_kernel_size
@@ -67,18 +67,4 @@ def next_input(case: Case, seed: int, dist: str) -> Case:
 
 
 def cost(point: Point) -> Cost:
-    """Every input read once, every output written once; the selected cache rows read and written back."""
-    cols, b = _columns(point), point.batch
-    h, k, p, r = cols.heads, cols.head_dim, cols.p, cols.rank
-    act = point.torch_dtype.itemsize
-    weights = 3 * p * CONV_WIDTH * 4 + p * r * act + h * 4 + p * 4 + k * 4
-    moved = (b * cols.width * act  # proj
-             + 2 * b * 3 * p * CONV_WIDTH * act  # conv windows
-             + 2 * b * h * k * k * 4  # fp32 recurrent state
-             + b * 8  # slots
-             + b * p * act  # out
-             + weights)
-    flops = (2 * b * r * p  # f_b
-             + 2 * b * 3 * p * CONV_WIDTH  # short conv
-             + 7 * b * h * k * k)  # decay, S k, rank-1 update, S q
-    return Cost(bytes=float(moved), flops=float(flops))
+    return OP.cost_of(*generate_input(point, 0, "normal").args)

@@ -61,9 +61,7 @@ class KimiMLA(Weighted):
         q = ops.call("linear", c_q, self.q_b_proj).view(t, self.heads, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         kv = cache.kv[self.layer]
-        entry = torch.cat([c_kv, k_pe], dim=-1)
-        for slot, start, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens):
-            kv[slot, ctx:ctx + n] = entry[start:start + n]
+        kv[batch.token_slots(x.device), batch.token_positions(x.device)] = torch.cat([c_kv, k_pe], dim=-1)
 
         w_uk, w_uv = self.absorbed()
         if batch.kind in (StepKind.DECODE, StepKind.VERIFY):

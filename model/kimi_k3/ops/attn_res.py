@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def attn_res(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,4 +25,10 @@ def signature(sources, norm_w, proj_w, eps):
     return (len(sources), sources[0].shape[-1]), (norm_w.dtype,)
 
 
-OP = Op("attn_res", attn_res, shapes=("sources", "hidden"), dtypes=("weights",), signature_of=signature)
+def cost(sources, norm_w, proj_w, eps):
+    """Each source read once, the two weight vectors, the mix written; scores and mix are 4 FLOPs an element."""
+    m, (t, d) = len(sources), sources[0].shape
+    return Cost(bytes=(m + 1) * t * d * sources[0].element_size() + nbytes(norm_w, proj_w), flops=4 * m * t * d)
+
+
+OP = Op("attn_res", attn_res, shapes=("sources", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 from .kda import KDAWeights
+from .kda_decode import cost as kda_cost
 from .kda_decode import kda_decode
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def kda_verify(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
@@ -37,5 +38,13 @@ def signature(proj, conv_state, ssm_state, slots, w, spec_conv, spec_ssm):
     return (ssm_state.shape[1], ssm_state.shape[3]), (w.f_b.dtype, ssm_state.dtype)
 
 
+def cost(proj, conv_state, ssm_state, slots, w, spec_conv, spec_ssm):
+    """The committed states read once; the state after each of the 1 + K positions written to the spec buffers."""
+    steps = proj.shape[1]
+    one = kda_cost(proj[:, 0], conv_state, ssm_state, slots, w)
+    state_write = nbytes(ssm_state[0]) + nbytes(conv_state[0])
+    return Cost(bytes=steps * one.bytes - (steps - 1) * proj.shape[0] * state_write, flops=steps * one.flops)
+
+
 OP = Op("kda_verify", kda_verify, shapes=("heads", "head_dim"), dtypes=("weights", "ssm_state"),
-        signature_of=signature)
+        signature_of=signature, cost_of=cost)

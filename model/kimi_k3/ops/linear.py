@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -26,5 +26,10 @@ def signature(x, weight):
     return (weight.shape[0], weight.shape[1]), (weight.dtype,)
 
 
-OP = Op("linear", linear, shapes=("out_features", "in_features"), dtypes=("weights",), signature_of=signature,
+def cost(x, weight):
+    t, (n, k) = x.shape[0], weight.shape
+    return Cost(bytes=nbytes(x, weight) + t * n * x.element_size(), flops=2 * t * n * k)
+
+
+OP = Op("linear", linear, shapes=("out_features", "in_features"), dtypes=("weights",), signature_of=signature, cost_of=cost,
         gpu_standard="model.kimi_k3.ops.linear:linear_standard", standard_label="cuBLAS through torch F.linear")

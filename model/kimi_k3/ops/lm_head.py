@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.contract import Tolerance
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def lm_head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -24,7 +24,12 @@ def signature(h, weight):
     return (weight.shape[0], weight.shape[1]), (weight.dtype,)
 
 
-OP = Op("lm_head", lm_head, shapes=("vocab_rows", "hidden"), dtypes=("weights",), signature_of=signature,
+def cost(h, weight):
+    t, (v, d) = h.shape[0], weight.shape
+    return Cost(bytes=nbytes(h, weight) + t * v * 4, flops=2 * t * v * d)
+
+
+OP = Op("lm_head", lm_head, shapes=("vocab_rows", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
         gpu_standard="model.kimi_k3.ops.lm_head:lm_head_standard",
         standard_label="cuBLAS bf16 GEMM with fp32 output (torch.mm out_dtype)",
         standard_tolerance=Tolerance(atol=1e-3, rtol=1e-4, max_rel_l2=1e-5, min_close_fraction=0.999))

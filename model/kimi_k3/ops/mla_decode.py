@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor,
@@ -45,7 +45,18 @@ def signature(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale):
     return (q_nope.shape[1], w_uk.shape[-1], q_pe.shape[-1]), (w_uk.dtype, kv_cache.dtype)
 
 
+def cost(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale):
+    """The valid cache rows of every query (read on the host: planning and reporting only), the absorbed weights,
+    the queries and the fp32 output."""
+    rows = int(lengths.sum())
+    t, h, c = q_nope.shape[0], q_nope.shape[1], w_uk.shape[-1]
+    width = kv_cache.shape[-1]
+    return Cost(bytes=rows * width * kv_cache.element_size() + nbytes(q_nope, q_pe, w_uk, w_uv, slots, lengths)
+                + t * h * w_uv.shape[1] * 4,
+                flops=2 * h * (t * q_nope.shape[2] * c + rows * (width + c) + t * c * w_uv.shape[1]))
+
+
 OP = Op("mla_decode", mla_decode, shapes=("heads", "kv_lora_rank", "rope_dim"), dtypes=("weights", "kv_cache"),
-        signature_of=signature, gpu_standard="model.kimi_k3.ops.mla_decode_standard:mla_decode_standard",
+        signature_of=signature, cost_of=cost, gpu_standard="model.kimi_k3.ops.mla_decode_standard:mla_decode_standard",
         standard_label="PyTorch composition on cuBLAS (bf16 batched GEMMs, fp32 softmax); no library MLA decode "
                        "installed here (mla_decode_standard.py says what was tried)")

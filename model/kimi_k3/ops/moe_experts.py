@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .. import mxfp4
-from .op import Op
+from .op import Cost, Op, nbytes
 from .situ_mlp import situ
 
 
@@ -46,5 +46,16 @@ def signature(z, ids, weights, w13, w2, beta, beta_lin):
     return (w13[0].shape[0], ids.shape[1], z.shape[1]), (expert_dtype(w13),)
 
 
+def cost(z, ids, weights, w13, w2, beta, beta_lin):
+    """Only the experts the call routes to are read (their packed weights and scales, or dense rows): the count
+    of distinct ids is read on the host, so this is for planning and reporting, never inside a captured step."""
+    active = int(ids.unique().numel())
+    per_expert = sum(t[0].numel() * t.element_size() for t in (*w13, *w2))
+    t, k, latent = z.shape[0], ids.shape[1], z.shape[1]
+    inter = w13[0].shape[1] // 2
+    return Cost(bytes=active * per_expert + nbytes(z, ids, weights) + t * latent * 4,
+                flops=2 * t * k * 3 * inter * latent)
+
+
 OP = Op("moe_experts", moe_experts, shapes=("experts", "top_k", "latent_dim"), dtypes=("weights",),
-        signature_of=signature)
+        signature_of=signature, cost_of=cost)

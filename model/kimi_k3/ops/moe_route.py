@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.contract import Tolerance
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def moe_route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
@@ -39,8 +39,13 @@ def signature(x, gate_w, bias, top_k, renormalize, scaling):
     return (gate_w.shape[0], top_k, gate_w.shape[1]), (gate_w.dtype,)
 
 
+def cost(x, gate_w, bias, top_k, renormalize, scaling):
+    t, e = x.shape[0], gate_w.shape[0]
+    return Cost(bytes=nbytes(x, gate_w, bias) + t * top_k * (8 + 4), flops=2 * t * e * gate_w.shape[1])
+
+
 # The weights are fp32 from fp32 scores; ids are compared exactly by the checker (near-ties reported apart).
-OP = Op("moe_route", moe_route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",), signature_of=signature,
+OP = Op("moe_route", moe_route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
         gpu_standard="model.kimi_k3.ops.moe_route:moe_route_standard",
         standard_label="cuBLAS bf16 GEMM with fp32 output (GateLinear), torch sigmoid / topk / gather",
         standard_tolerance=Tolerance(atol=1e-4, rtol=1e-3, max_rel_l2=1e-4, min_close_fraction=0.999))

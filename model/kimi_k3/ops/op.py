@@ -48,6 +48,19 @@ class Signature:
     dtypes: dict[str, str]  # keys of the contract's `dtypes` (activations come from the model, not the call)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What one call must move and compute at the least: every input read once, every output written once
+    (kernels.roofline turns it into a floor)."""
+
+    bytes: float
+    flops: float
+
+
+def nbytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 # bf16 operands with fp32 accumulation against an fp32 reference (gates/PRACTICES.md: bf16 lands between 1e-3
 # and 1e-2 in relative L2); ops whose output is fp32 end to end declare tighter bounds.
 BF16_TOLERANCE = Tolerance(atol=2e-2, rtol=1.6e-2, max_rel_l2=1e-2, min_close_fraction=0.999)
@@ -57,7 +70,8 @@ BF16_TOLERANCE = Tolerance(atol=2e-2, rtol=1.6e-2, max_rel_l2=1e-2, min_close_fr
 class Op:
     """One decode-path op.
 
-    `signature(*args)` reads (dims, dtypes) from a call's own arguments, in the order of `shapes` and `dtypes`.
+    `signature(*args)` reads (dims, dtypes) from a call's own arguments, in the order of `shapes` and `dtypes`;
+    `cost_of(*args)` is the op's one cost model (the problem, the benchmarks and the layer bench all use it).
     `gpu_standard` names the library composition a stock engine runs on a GPU (`module:function`, imported on
     first GPU use); without one, or where it does not import, the reference serves as standard and
     `standard_label` says so. `standard_tolerance` bounds the standard against the reference (checked by the
@@ -68,6 +82,7 @@ class Op:
     shapes: tuple[str, ...]
     dtypes: tuple[str, ...]
     signature_of: Callable[..., tuple[tuple[int, ...], tuple[torch.dtype | str, ...]]]
+    cost_of: Callable[..., Cost]
     gpu_standard: str | None = None
     standard_label: str = "the reference (plain PyTorch)"
     standard_tolerance: Tolerance = BF16_TOLERANCE

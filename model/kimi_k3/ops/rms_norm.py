@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -20,4 +20,8 @@ def signature(x, weight, eps):
     return (x.shape[-1],), (weight.dtype,)
 
 
-OP = Op("rms_norm", rms_norm, shapes=("hidden",), dtypes=("weights",), signature_of=signature)
+def cost(x, weight, eps):
+    return Cost(bytes=2 * nbytes(x) + nbytes(weight), flops=4 * x.numel())
+
+
+OP = Op("rms_norm", rms_norm, shapes=("hidden",), dtypes=("weights",), signature_of=signature, cost_of=cost)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .op import Op
+from .op import Cost, Op, nbytes
 
 
 def situ(a: torch.Tensor, b: torch.Tensor, beta: float, beta_lin: float) -> torch.Tensor:
@@ -37,6 +37,12 @@ def signature(x, gate_up, down, beta, beta_lin):
     return (down.shape[1], down.shape[0]), (down.dtype,)
 
 
-OP = Op("situ_mlp", situ_mlp, shapes=("intermediate", "hidden"), dtypes=("weights",), signature_of=signature,
+def cost(x, gate_up, down, beta, beta_lin):
+    t = x.shape[0]
+    return Cost(bytes=2 * nbytes(x) + nbytes(gate_up, down),
+                flops=2 * t * (gate_up.numel() + down.numel()) + 10 * t * down.shape[1])
+
+
+OP = Op("situ_mlp", situ_mlp, shapes=("intermediate", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
         gpu_standard="model.kimi_k3.ops.situ_mlp:situ_mlp_standard",
         standard_label="cuBLAS (torch F.linear) for gate_up and down, SiTU as torch elementwise ops")
