@@ -173,6 +173,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         ops = dispatcher(backend, tgt)
         ops.begin_step(layers[0].step)
         ops.calls = []
+        _restore(saved)  # the reference's starting state: earlier runs advanced it
         out = layers[0].run(ops)
         _restore(saved)
         out_rel = max(rel_l2(g, r) for g, r in zip(out, ref_out))
