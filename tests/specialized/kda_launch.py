@@ -10,7 +10,7 @@ import sys
 import torch
 
 from model.kimi_k3.specialized.kda_decode.bench import check_against_reference
-from model.kimi_k3.specialized.kda_decode.inputs import make_case
+from gates.problems.kda_decode import make_case
 from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute
 
 

@@ -24,7 +24,7 @@ import torch
 from kernels.cute import cutlass_available
 from model.kimi_k3.ops.kda import KDAColumns
 from model.kimi_k3.ops.kda_decode import kda_decode
-from model.kimi_k3.specialized.kda_decode.inputs import make_case, make_proj
+from gates.problems.kda_decode import make_case, make_proj
 
 CUTLASS_OK, CUTLASS_WHY = cutlass_available()
 needs_cutlass = pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")
@@ -217,7 +217,7 @@ def test_one_step_exact_gemm(heads, batch, slot_pattern):
 @needs_cutlass
 @pytest.mark.parametrize("heads", [6, 12, 96])
 @pytest.mark.parametrize("batch", [1, 2, 7, 33, 64])
-@pytest.mark.parametrize("dist", ["normal", "heavy"])
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "mixed"])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_one_step_general(heads, batch, dist, slot_dtype):
     case = make_case(heads, batch, device="cuda", seed=7 * heads + batch, dist=dist, slot_dtype=slot_dtype)

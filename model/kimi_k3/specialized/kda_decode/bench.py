@@ -36,7 +36,7 @@ def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
     """Output and state relative L2 errors against the reference on one seeded case, and whether the conv
     windows are equal."""
     from model.kimi_k3.ops.kda_decode import kda_decode
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+    from gates.problems.kda_decode import make_case
 
     case = make_case(heads, batch, device="cuda", seed=seed, exact_gemm=exact_gemm)
     ref_case = case.clone_caches()
@@ -52,7 +52,7 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
     from kernels.arch import detect, with_measured_bandwidth
     from kernels.timing import count_kernels, time_op
     from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+    from gates.problems.kda_decode import make_case
     from model.kimi_k3.specialized.kda_decode.kernel import available, default_v_split, kda_decode_cute
 
     info = detect()

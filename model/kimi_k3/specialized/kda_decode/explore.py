@@ -62,7 +62,7 @@ def main(argv=None):
     from kernels.arch import detect
     from kernels.timing import time_op
     from model.kimi_k3.specialized.kda_decode.bench import check_against_reference, step_floor
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+    from gates.problems.kda_decode import make_case
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
