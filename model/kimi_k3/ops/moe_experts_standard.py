@@ -204,17 +204,16 @@ if _TRITON_ERROR is None:
 
     @triton.jit
     def _moe_align_kernel(ids_ptr, sorted_ids_ptr, expert_ids_ptr, ntp_ptr, work_ptr, n, num_experts,
-                          max_blocks, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                          max_blocks, total_slots, BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                           LOG_E: tl.constexpr):
         """One program. work: int32 [2*E_PAD] scratch (counts, then per-expert write cursors | group ends)."""
         counts_ptr = work_ptr
         ends_ptr = work_ptr + E_PAD
         e_offs = tl.arange(0, E_PAD)
         tl.store(counts_ptr + e_offs, tl.zeros([E_PAD], dtype=tl.int32))
-        total = max_blocks * BLOCK_M
-        for start in range(0, total, CHUNK):  # every slot starts as padding
+        for start in range(0, total_slots, CHUNK):  # every slot starts as padding
             offs = start + tl.arange(0, CHUNK)
-            tl.store(sorted_ids_ptr + offs, tl.zeros([CHUNK], dtype=tl.int32) + n, mask=offs < total)
+            tl.store(sorted_ids_ptr + offs, tl.zeros([CHUNK], dtype=tl.int32) + n, mask=offs < total_slots)
         tl.debug_barrier()
         for start in range(0, n, CHUNK):  # tokens per expert
             offs = start + tl.arange(0, CHUNK)
@@ -222,7 +221,7 @@ if _TRITON_ERROR is None:
             e = tl.load(ids_ptr + offs, mask=m, other=0).to(tl.int32)
             tl.atomic_add(counts_ptr + e, tl.full([CHUNK], 1, tl.int32), mask=m)
         tl.debug_barrier()
-        counts = tl.load(counts_ptr + e_offs)
+        counts = tl.load(counts_ptr + e_offs, cache_modifier=".cg")  # written by atomics: read from L2
         padded = (counts + (BLOCK_M - 1)) // BLOCK_M * BLOCK_M
         ends = tl.cumsum(padded, axis=0)
         tl.store(counts_ptr + e_offs, ends - padded)  # becomes the write cursor of each group
@@ -243,7 +242,7 @@ if _TRITON_ERROR is None:
             for _ in tl.static_range(LOG_E):
                 active = lo < hi
                 mid = (lo + hi) // 2
-                v = tl.load(ends_ptr + mid, mask=active, other=0)
+                v = tl.load(ends_ptr + mid, mask=active, other=0, cache_modifier=".cg")
                 hi = tl.where(active & (v > row), mid, hi)
                 lo = tl.where(active & (v <= row), mid + 1, lo)
             tl.store(expert_ids_ptr + b, tl.minimum(lo, num_experts - 1), mask=b < max_blocks)
@@ -278,7 +277,7 @@ def moe_align_block_size_triton(ids: torch.Tensor, num_experts: int, block_size:
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     ntp = torch.empty(1, dtype=torch.int32, device=dev)
     work = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
-    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, ntp, work, n, num_experts, max_blocks,
+    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, ntp, work, n, num_experts, max_blocks, max_blocks * block_size,
                             BLOCK_M=block_size, E_PAD=e_pad, CHUNK=256, LOG_E=max(1, num_experts.bit_length()),
                             num_warps=8)
     return sorted_ids, expert_ids, ntp
