@@ -216,6 +216,22 @@ def _k3_experts(tp):
     return _EXPERTS[tp]
 
 
+_WARM: set = set()
+
+
+def _humming_experts(tp):
+    """The TP degree's experts repacked for humming, every GEMM config of the tested token counts compiled."""
+    _require_humming()
+    w13, w2 = _k3_experts(tp)
+    experts = M.prepare(w13, w2)
+    if tp not in _WARM:
+        _WARM.clear()
+        times = experts.warmup([1, 4, 16, 64], K3_TOP_K)
+        print(f"TP{tp} humming warmup: {times}")
+        _WARM.add(tp)
+    return experts
+
+
 def _moe_case(tp, t, seed=0):
     w13, w2 = _k3_experts(tp)
     ids, weights = make_routing(t, K3_EXPERTS, K3_TOP_K, seed=1000 * seed + t)
@@ -235,9 +251,8 @@ def _assert_moe(out, ref, what):
 @pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("mode", M.SITU_MODES)
 def test_moe_humming_equals_reference(tp, t, mode):
-    _require_humming()
+    experts = _humming_experts(tp)
     z, ids, weights, w13, w2 = _moe_case(tp, t)
-    experts = M.prepare(w13, w2)
     ref = moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)
     out = experts(z, ids, weights, K3_BETA, K3_BETA_LIN, situ=mode)
     plan = experts.plan(t, K3_TOP_K)
@@ -249,7 +264,7 @@ def test_moe_humming_equals_reference(tp, t, mode):
 @pytest.mark.parametrize("t", [1, 16])
 @pytest.mark.parametrize("tp", [8, 16])
 def test_moe_standard_dispatches_to_humming(tp, t):
-    _require_humming()
+    _humming_experts(tp)
     z, ids, weights, w13, w2 = _moe_case(tp, t, seed=3)
     out = M.moe_experts_standard(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)
     assert M.last_path() == "humming"
@@ -320,9 +335,8 @@ def _check_graph(make_fn, what, tol=1e-6):
 @pytest.mark.parametrize("mode", M.SITU_MODES)
 @pytest.mark.parametrize("t", [1, 16])
 def test_moe_humming_cuda_graph(t, mode):
-    _require_humming()
+    experts = _humming_experts(8)
     w13, w2 = _k3_experts(8)
-    experts = M.prepare(w13, w2)
 
     def make(seed):
         z, ids, weights, _, _ = _moe_case(8, t, seed=seed + 11)

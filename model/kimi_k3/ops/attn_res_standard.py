@@ -55,7 +55,7 @@ def flash_attn_res_available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device (flash-attn-res is Triton)"
     try:
-        from flash_attn_res.ops.phase_1 import phase_1_batched_attention_triton_op  # noqa: F401
+        import flash_attn_res.ops.phase_1  # noqa: F401
     except Exception as e:  # noqa: BLE001
         return False, f"flash-attn-res not importable: {type(e).__name__}: {e}"
     return True, "ok"
