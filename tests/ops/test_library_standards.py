@@ -206,11 +206,9 @@ _EXPERTS: dict[int, tuple] = {}
 
 
 def _k3_experts(tp):
-    """K3 rank-local MXFP4 experts for a TP degree, one set alive at a time (about 2 GB each + the repack)."""
+    """K3 rank-local MXFP4 experts for a TP degree (both degrees stay alive: 2.0 + 1.3 GB, as much again once
+    repacked for humming)."""
     if tp not in _EXPERTS:
-        _EXPERTS.clear()
-        M.clear_cache()
-        torch.cuda.empty_cache()
         inter, real = K3_INTER[tp]
         _EXPERTS[tp] = make_mxfp4_experts(K3_EXPERTS, inter, K3_LATENT, inter_real=real, seed=tp)
     return _EXPERTS[tp]
@@ -225,7 +223,6 @@ def _humming_experts(tp):
     w13, w2 = _k3_experts(tp)
     experts = M.prepare(w13, w2)
     if tp not in _WARM:
-        _WARM.clear()
         times = experts.warmup([1, 4, 16, 64], K3_TOP_K)
         print(f"TP{tp} humming warmup: {times}")
         _WARM.add(tp)
@@ -239,6 +236,17 @@ def _moe_case(tp, t, seed=0):
     return z, ids, weights, w13, w2
 
 
+_REFS: dict[tuple, torch.Tensor] = {}
+
+
+def _moe_reference(tp, t, seed=0):
+    key = (tp, t, seed)
+    if key not in _REFS:
+        z, ids, weights, w13, w2 = _moe_case(tp, t, seed)
+        _REFS[key] = moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)
+    return _REFS[key]
+
+
 def _assert_moe(out, ref, what):
     m = compare(out, ref)
     assert out.dtype == torch.float32, f"{what}: dtype {out.dtype}"
@@ -248,12 +256,12 @@ def _assert_moe(out, ref, what):
 
 @gpu
 @pytest.mark.parametrize("t", [1, 4, 16, 64])
-@pytest.mark.parametrize("tp", [8, 16])
 @pytest.mark.parametrize("mode", M.SITU_MODES)
-def test_moe_humming_equals_reference(tp, t, mode):
+@pytest.mark.parametrize("tp", [8, 16])
+def test_moe_humming_equals_reference(tp, mode, t):
     experts = _humming_experts(tp)
     z, ids, weights, w13, w2 = _moe_case(tp, t)
-    ref = moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)
+    ref = _moe_reference(tp, t)
     out = experts(z, ids, weights, K3_BETA, K3_BETA_LIN, situ=mode)
     plan = experts.plan(t, K3_TOP_K)
     m = _assert_moe(out, ref, f"humming situ={mode} TP{tp} T={t} blocks={plan.block13}/{plan.block2}")

@@ -36,6 +36,7 @@ K3_EPS = 1e-5
 # rank-local routed-expert intermediate size (padded, real) per TP degree: 3072/8 = 384; 3072/16 = 192 -> 256
 K3_INTER = {8: (384, 384), 16: (256, 192)}
 ATOL, RTOL, MAX_REL_L2, MIN_CLOSE = 2e-2, 1.6e-2, 1e-2, 0.999
+DEVICE = "cuda"  # --dry-run: "cpu" (and small shapes), to exercise the probe's code paths without a GPU
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -43,7 +44,7 @@ ATOL, RTOL, MAX_REL_L2, MIN_CLOSE = 2e-2, 1.6e-2, 1e-2, 0.999
 # ---------------------------------------------------------------------------------------------------------
 
 def make_mxfp4_experts(num_experts: int, inter: int, latent: int, *, inter_real: int | None = None, seed: int = 0,
-                       device="cuda", chunk: int = 64, dense: bool = False):
+                       device=None, chunk: int = 64, dense: bool = False):
     """Random bf16 expert weights quantized with `mxfp4.quantize` (the checkpoint's format), as the MoE layer
     holds them: w13 = (packed [E, 2I, L/2], scale [E, 2I, L/32]) with rows 0..I-1 = w1 (gate) and I..2I-1 = w3
     (up), w2 = (packed [E, L, I/2], scale [E, L, I/32]). inter_real < inter zero-pads like TP16's 192 -> 256
@@ -51,6 +52,7 @@ def make_mxfp4_experts(num_experts: int, inter: int, latent: int, *, inter_real:
     dense=True returns the bf16 weights as ((w13,), (w2,)) instead."""
     from model.kimi_k3 import mxfp4
 
+    device = device or DEVICE
     inter_real = inter_real or inter
     g = torch.Generator(device=device).manual_seed(seed)
     bf16, u8 = torch.bfloat16, torch.uint8
@@ -83,22 +85,25 @@ def make_mxfp4_experts(num_experts: int, inter: int, latent: int, *, inter_real:
     return (p13, s13), (p2, s2)
 
 
-def make_routing(tokens: int, num_experts: int, top_k: int, *, seed: int = 0, device="cuda", hidden: int = 64):
+def make_routing(tokens: int, num_experts: int, top_k: int, *, seed: int = 0, device=None, hidden: int = 64):
     """(ids int64 [T, k], weights fp32 [T, k]) from the model's sigmoid top-k router on random inputs."""
     from model.kimi_k3.moe import route
 
+    device = device or DEVICE
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=g, device=device)
     gate = torch.randn(num_experts, hidden, generator=g, device=device)
     return route(x, gate, torch.zeros(num_experts, device=device), top_k, True, 1.0)
 
 
-def make_z(tokens: int, latent: int, *, seed: int = 0, device="cuda", dtype=torch.bfloat16):
+def make_z(tokens: int, latent: int, *, seed: int = 0, device=None, dtype=torch.bfloat16):
+    device = device or DEVICE
     g = torch.Generator(device=device).manual_seed(seed + 7919)
     return torch.randn(tokens, latent, generator=g, device=device).to(dtype)
 
 
-def make_attn_res_case(m: int, tokens: int, hidden: int, *, seed: int = 0, device="cuda", dtype=torch.bfloat16):
+def make_attn_res_case(m: int, tokens: int, hidden: int, *, seed: int = 0, device=None, dtype=torch.bfloat16):
+    device = device or DEVICE
     g = torch.Generator(device=device).manual_seed(seed)
     sources = [(torch.randn(tokens, hidden, generator=g, device=device) * (1 + i)).to(dtype) for i in range(m)]
     norm_w = (1 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(torch.bfloat16)
@@ -106,7 +111,8 @@ def make_attn_res_case(m: int, tokens: int, hidden: int, *, seed: int = 0, devic
     return sources, norm_w, proj_w
 
 
-def make_rms_case(tokens: int, hidden: int, *, seed: int = 0, device="cuda", dtype=torch.bfloat16):
+def make_rms_case(tokens: int, hidden: int, *, seed: int = 0, device=None, dtype=torch.bfloat16):
+    device = device or DEVICE
     g = torch.Generator(device=device).manual_seed(seed)
     x = (torch.randn(tokens, hidden, generator=g, device=device) * 3).to(dtype)
     w = (1 + 0.1 * torch.randn(hidden, generator=g, device=device)).to(torch.bfloat16)
@@ -157,11 +163,31 @@ def _capture(fn, warmup: int = 3):
     return g, out
 
 
+def _sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def _wall_time(fn, iters: int) -> dict:
+    """--dry-run stand-in for the GPU timers: host wall time of eager calls."""
+    import statistics
+
+    fn()
+    xs = []
+    for _ in range(max(1, iters)):
+        t0 = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - t0) * 1e6)
+    return {"median_us": statistics.median(xs), "iqr_us": 0.0, "graph": False, "method": "dry-run wall time"}
+
+
 def _graph_time(fn, iters: int) -> dict:
     """Device time of fn captured in a CUDA graph (kernels.timing.time_graphs, L2 flushed before each replay),
     and whether the graph's output equals an eager call's (bitwise, and its relative L2 distance)."""
     from kernels.timing import time_graphs
 
+    if DEVICE == "cpu":
+        return _wall_time(fn, 2)
     g, out = _capture(fn)
     r = time_graphs([g], iters=iters)
     d = r.as_dict()
@@ -177,6 +203,8 @@ def _graph_time(fn, iters: int) -> dict:
 def _eager_time(fn, iters: int) -> dict:
     from kernels.timing import time_eager
 
+    if DEVICE == "cpu":
+        return _wall_time(fn, 1)
     d = time_eager(fn, iters=iters, warmup=1).as_dict()
     d["graph"] = False
     return d
@@ -233,7 +261,7 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
     print(f"   standard: {M.standard_label()}", flush=True)
     t0 = time.time()
     w13, w2 = make_mxfp4_experts(K3_EXPERTS, inter, K3_LATENT, inter_real=inter_real, seed=tp)
-    torch.cuda.synchronize()
+    _sync()
     print(f"   experts made in {time.time() - t0:.1f}s", flush=True)
     ok, why = M.standard_available()
     key = f"moe_tp{tp}"
@@ -242,7 +270,7 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
     if ok:
         t0 = time.time()
         experts = p.guard(f"moe TP{tp} humming prepare", lambda: M.prepare(w13, w2))
-        torch.cuda.synchronize()
+        _sync()
         p.info[key]["prepare_s"] = time.time() - t0
         if experts is not None:
             p.info[key]["extra_device_bytes"] = experts.extra_bytes
@@ -275,7 +303,7 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
             def one(name=name, fn=fn):
                 t0 = time.time()
                 out = fn()
-                torch.cuda.synchronize()
+                _sync()
                 first_s = time.time() - t0
                 num = compare(out, ref) if ref is not None else None
                 timing = _graph_time(fn, p.iters)
@@ -367,23 +395,31 @@ def _versions() -> dict:
 
 
 def print_table(p: Probe):
-    print("\n" + "=" * 118)
-    print(f"{'op':<9} {'variant':<26} {'T':>4} {'median us':>10} {'IQR':>8} {'graph':>5} {'x ref':>7} {'kern':>5} "
-          f"{'rel_l2':>9} {'close':>8} {'ok':>5}")
-    print("-" * 118)
+    print("\n" + "=" * 124)
+    print(f"{'op':<9} {'variant':<26} {'T':>4} {'median us':>10} {'IQR':>8} {'graph':>5} {'g=e':>5} {'x ref':>7} "
+          f"{'kern':>5} {'rel_l2':>9} {'close':>8} {'ok':>5}")
+    print("-" * 124)
     for r in p.rows:
         t = r.get("timing") or {}
         n = r.get("numerics") or {}
         spd = r.get("speedup_vs_reference")
         print(f"{r['op']:<9} {r['variant']:<26} {r['T']:>4} {t.get('median_us', float('nan')):>10.1f} "
               f"{t.get('iqr_us', float('nan')):>8.1f} {str(t.get('graph', '-')):>5} "
-              f"{(f'{spd:.2f}x' if spd else '-'):>7} {str(r.get('kernels_per_call', '-')):>5} "
+              f"{str(t.get('graph_equals_eager', '-')):>5} {(f'{spd:.2f}x' if spd else '-'):>7} {str(r.get('kernels_per_call', '-')):>5} "
               f"{n.get('rel_l2', float('nan')):>9.2e} {n.get('close_frac', float('nan')):>8.5f} {str(r.get('ok')):>5}")
-    print("-" * 118)
+    print("-" * 124)
+    print("g=e: the graph replay's output is bitwise equal to an eager call's; x ref: reference time / this time "
+          "(the MoE reference is timed eagerly: it syncs the host)")
     bad = [r for r in p.rows if r.get("ok") is False]
     print(f"{len(p.rows)} rows, {len(bad)} numerics failures, {len(p.errors)} errors"
           + "".join(f"\n  ERROR {e['what']}: {e['error']}" for e in p.errors)
           + "".join(f"\n  NUMERICS {r['op']} {r['variant']} T={r['T']}: {fmt(r['numerics'])}" for r in bad))
+
+
+def _dry_run_shapes():
+    global DEVICE, K3_EXPERTS, K3_LATENT, K3_HIDDEN, K3_INTER
+    DEVICE, K3_EXPERTS, K3_LATENT, K3_HIDDEN = "cpu", 16, 256, 512
+    K3_INTER = {8: (64, 64), 16: (64, 48)}
 
 
 def main(argv=None):
@@ -398,9 +434,12 @@ def main(argv=None):
     ap.add_argument("--rms-dims", type=int, nargs="+", default=[K3_HIDDEN, K3_LATENT])
     ap.add_argument("--no-fallback-timing", action="store_true", help="skip the MoE PyTorch fallback")
     ap.add_argument("--flash-attn-res", action="store_true", help="also time flash-attn-res on zero-padded D")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, small shapes, wall-clock timers: checks the probe itself")
     a = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("probe_standards needs a CUDA GPU")
+    if a.dry_run:
+        _dry_run_shapes()
+    elif not torch.cuda.is_available():
+        sys.exit("probe_standards needs a CUDA GPU (or --dry-run)")
     p = Probe(Path(a.out), a.iters, a.ref_iters)
     p.info["versions"] = _versions()
     p.info["args"] = vars(a)
