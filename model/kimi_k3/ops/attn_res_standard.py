@@ -28,6 +28,7 @@ standard.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -55,7 +56,7 @@ def flash_attn_res_available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, "no CUDA device (flash-attn-res is Triton)"
     try:
-        import flash_attn_res.ops.phase_1  # noqa: F401
+        importlib.import_module("flash_attn_res.ops.phase_1")
     except Exception as e:  # noqa: BLE001
         return False, f"flash-attn-res not importable: {type(e).__name__}: {e}"
     return True, "ok"

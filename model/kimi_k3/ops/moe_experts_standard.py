@@ -50,6 +50,18 @@ down projection, and the k slots are summed in fp32. Pairs are processed in chun
 stay under ~256 MB. No library MoE kernel: it is a correctness fallback, not a performance standard.
 
 `standard_label()` names the path that serves; `standard_available()` says whether the humming path can.
+A failure inside the humming path raises (it never falls back silently: a baseline must say what it ran).
+
+Toolchain (humming-kernels 0.1.20). Kernels are compiled on first use, by default with NVRTC through humming's
+bundled `nvrtc_compile` helper (HUMMING_COMPILER=nvcc switches to nvcc). Humming finds the CUDA toolkit
+itself (`humming.utils.cuda.find_all_cuda_paths`): /usr/local/cuda and /usr/local/cuda-*, then $CUDA_HOME and
+$CUDA_PATH, then pip `nvidia/cu13` trees, keeping those whose major version (version.json, else `nvcc -V`)
+is torch.version.cuda's (13) and that have the headers it needs (cuda_runtime.h, nvrtc.h, CCCL) and
+lib64/libnvrtc.so. Compiled cubins are cached under $HUMMING_CACHE_DIR (default ~/.humming/cache), locks and
+generated modules under $HUMMING_TMP_DIR (default ~/.humming/tmp). Its launcher and device-info extensions ship
+precompiled for torch >= 2.11 (stable ABI): no C++ build. `import humming` also needs `packaging` and
+`filelock` (torch brings filelock, not packaging). `HummingMoEExperts.warmup(token_counts, k)` compiles every
+GEMM config those batch sizes need in parallel (otherwise each compiles on its first call, one at a time).
 """
 
 from __future__ import annotations
