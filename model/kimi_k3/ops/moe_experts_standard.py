@@ -125,9 +125,19 @@ def humming_version() -> str | None:
     return None if h is None else str(h.version)
 
 
+_AVAILABLE: tuple[bool, str] | None = None
+
+
 def standard_available() -> tuple[bool, str]:
     """(True, 'ok') when the humming path can run here, else (False, reason). Where it cannot, the standard
-    still runs: `moe_experts_standard` serves through `moe_experts_fallback`."""
+    still runs: `moe_experts_standard` serves through `moe_experts_fallback`. Decided once per process."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = _check_available()
+    return _AVAILABLE
+
+
+def _check_available() -> tuple[bool, str]:
     if not torch.cuda.is_available():
         return False, ("no CUDA device: the humming MoE GEMMs are JIT-compiled CUDA kernels; "
                        "moe_experts_standard serves through the PyTorch fallback composition")
