@@ -283,6 +283,30 @@ def test_moe_standard_dispatches_to_humming(tp, t):
 
 
 @gpu
+def test_moe_humming_inplace_prepare():
+    """prepare(inplace=True) writes humming's layout into the checkpoint tensors (no second copy) and
+    computes what the out-of-place repack computes."""
+    _require_humming()
+    inter, real = K3_INTER[8]
+    w13, w2 = make_mxfp4_experts(64, inter, K3_LATENT, inter_real=real, seed=9)
+    ids, weights = make_routing(16, 64, K3_TOP_K, seed=9)
+    z = make_z(16, K3_LATENT, seed=9)
+    ref = moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)
+    out_of_place = M.HummingMoEExperts(w13, w2)(z, ids, weights, K3_BETA, K3_BETA_LIN)
+    before = [t.clone() for t in (*w13, *w2)]
+    experts = M.prepare(w13, w2, inplace=True)
+    assert experts.inplace and experts.extra_bytes < 1 << 20
+    assert experts.w13.weight.data_ptr() == w13[0].data_ptr() and experts.w2.weight_scale.data_ptr() == w2[1].data_ptr()
+    assert not all(torch.equal(a, b) for a, b in zip(before, (*w13, *w2))), "checkpoint tensors unchanged"
+    out = M.moe_experts_standard(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)  # served from the cache entry
+    assert M.last_path() == "humming" and M.prepare(w13, w2) is experts
+    same = compare(out, out_of_place)
+    assert same["rel_l2"] <= 1e-3, f"inplace vs out-of-place: {fmt(same)}"
+    _assert_moe(out, ref, "inplace repack")
+    M.clear_cache()
+
+
+@gpu
 @pytest.mark.parametrize("t,block", [(1, 8), (16, 8), (64, 8), (64, 16), (512, 16)])
 def test_moe_align_triton_matches_torch(t, block):
     if M._TRITON_ERROR is not None:
