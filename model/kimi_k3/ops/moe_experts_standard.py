@@ -573,6 +573,11 @@ def prepare(w13: tuple[torch.Tensor, ...], w2: tuple[torch.Tensor, ...], *, inpl
     return experts
 
 
+def release(w13: tuple[torch.Tensor, ...], w2: tuple[torch.Tensor, ...]) -> None:
+    """Drop one weight set's prepared (repacked) tensors."""
+    _CACHE.pop(_cache_key(w13, w2), None)
+
+
 def clear_cache() -> None:
     """Drop every prepared (repacked) weight set."""
     _CACHE.clear()
