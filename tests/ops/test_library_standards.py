@@ -21,9 +21,11 @@ import pytest
 import torch
 
 from model.kimi_k3 import mxfp4
-from model.kimi_k3.attn_res import attn_res
-from model.kimi_k3.module import rms_norm
-from model.kimi_k3.moe import moe_experts, route, situ
+from model.kimi_k3.ops.attn_res import attn_res
+from model.kimi_k3.ops.rms_norm import rms_norm
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_route import moe_route as route
+from model.kimi_k3.ops.situ_mlp import situ
 from model.kimi_k3.ops import attn_res_standard as A
 from model.kimi_k3.ops import moe_experts_standard as M
 from model.kimi_k3.ops import rms_norm_standard as R

@@ -31,4 +31,7 @@ def cost(sources, norm_w, proj_w, eps):
     return Cost(bytes=(m + 1) * t * d * sources[0].element_size() + nbytes(norm_w, proj_w), flops=4 * m * t * d)
 
 
-OP = Op("attn_res", attn_res, shapes=("sources", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost)
+OP = Op("attn_res", attn_res, shapes=("sources", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
+        gpu_standard="model.kimi_k3.ops.attn_res_standard:attn_res_standard",
+        standard_label="PyTorch composition: one stack, fp32 math (flash-attn-res does not fit decode; "
+                       "attn_res_standard.py says why)")

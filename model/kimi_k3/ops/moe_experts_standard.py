@@ -1,6 +1,6 @@
 """Routed-expert MoE (`moe_experts`), STANDARD implementation: what a stock serving engine runs on an H200.
 
-Same signature and semantics as the reference `model.kimi_k3.moe.moe_experts`:
+Same signature and semantics as the reference `model.kimi_k3.ops.moe_experts.moe_experts`:
 y[t] = sum_k weights[t,k] * w2_e(SiTU(w1_e z_t, w3_e z_t)), e = ids[t,k], returned in fp32 [T, L]; the
 gate-up product, the SiTU output and the down product are rounded to the activation dtype (bf16) like the
 reference's `z @ m13.t()`, `situ(...)` and `act @ m2.t()`.
@@ -18,7 +18,7 @@ in vLLM's `fused_humming_moe.py`), with vLLM's own glue kernels replaced by equi
 3. SiTU: fused by humming's `process_input` kernel with a custom binary activation
    (`activation_type="binary_split"`, `activation_impl` a CUDA expression of (a, b) evaluated in fp32, fast
    math off, bf16 out): one kernel, like vLLM's activation kernel. `set_situ_mode("torch")` (or the environment
-   variable K3_MOE_STANDARD_SITU=torch) swaps in the torch composition `moe.situ` (several kernels).
+   variable K3_MOE_STANDARD_SITU=torch) swaps in the torch composition `situ_mlp.situ` (several kernels).
 4. down: humming's indexed MoE GEMM with top_k=1 on the [T*k, I] activations, bf16 out.
 5. weighted sum over the k slots in fp32 (vLLM's `moe_fused_mul_sum`): one Triton kernel here
    (`_weighted_sum_kernel`), a torch mul+sum where Triton is missing.
@@ -77,7 +77,7 @@ import torch
 
 from .. import mxfp4
 from ..config import MXFP4_GROUP
-from ..moe import situ
+from .situ_mlp import situ
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def _check_available() -> tuple[bool, str]:
 
 
 def set_situ_mode(mode: str) -> None:
-    """'humming' (SiTU fused in humming's process_input kernel) or 'torch' (the `moe.situ` composition)."""
+    """'humming' (SiTU fused in humming's process_input kernel) or 'torch' (the `situ_mlp.situ` composition)."""
     global _situ_mode
     if mode not in SITU_MODES:
         raise ValueError(f"situ mode must be one of {SITU_MODES}, got {mode!r}")
@@ -174,7 +174,7 @@ def standard_label(quantized: bool = True) -> str:
     if not ok:
         return f"{FALLBACK_LABEL} [humming path unavailable: {why}]"
     act = ("SiTU fused in humming process_input (custom binary activation)" if _situ_mode == "humming"
-           else "SiTU in torch (moe.situ composition)")
+           else "SiTU in torch (situ_mlp.situ composition)")
     return (f"humming {humming_version()} MoE W4A16 (MXFP4) indexed GEMMs, {act}; "
             "routing alignment and k-slot weighted sum: one Triton kernel each")
 
@@ -324,7 +324,7 @@ def weighted_slot_sum(down: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
 
 def situ_cuda_expression(beta: float, beta_lin: float) -> str:
     """SiTU(a, b) as the fp32 CUDA expression humming's process_input evaluates (same operation order as
-    `moe.situ`: beta*tanh(a/beta) * sigmoid(a) * (beta_lin*tanh(b/beta_lin)), sigmoid as 1/(1+exp(-a)))."""
+    `situ_mlp.situ`: beta*tanh(a/beta) * sigmoid(a) * (beta_lin*tanh(b/beta_lin)), sigmoid as 1/(1+exp(-a)))."""
     def lit(x: float) -> str:
         x = float(x)
         if not (x == x and abs(x) != float("inf")):

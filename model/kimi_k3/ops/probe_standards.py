@@ -87,7 +87,7 @@ def make_mxfp4_experts(num_experts: int, inter: int, latent: int, *, inter_real:
 
 def make_routing(tokens: int, num_experts: int, top_k: int, *, seed: int = 0, device=None, hidden: int = 64):
     """(ids int64 [T, k], weights fp32 [T, k]) from the model's sigmoid top-k router on random inputs."""
-    from model.kimi_k3.moe import route
+    from model.kimi_k3.ops.moe_route import moe_route as route
 
     device = device or DEVICE
     g = torch.Generator(device=device).manual_seed(seed)
@@ -253,7 +253,7 @@ class Probe:
 
 
 def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
-    from model.kimi_k3.moe import moe_experts
+    from model.kimi_k3.ops.moe_experts import moe_experts
     from model.kimi_k3.ops import moe_experts_standard as M
 
     inter, inter_real = K3_INTER[tp]
@@ -321,7 +321,7 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
 
 
 def probe_attn_res(p: Probe, batches: list[int], sources: list[int], flash: bool):
-    from model.kimi_k3.attn_res import attn_res
+    from model.kimi_k3.ops.attn_res import attn_res
     from model.kimi_k3.ops import attn_res_standard as A
 
     print(f"\n== attn_res D={K3_HIDDEN}: {A.standard_label()} ==", flush=True)
@@ -352,7 +352,7 @@ def probe_attn_res(p: Probe, batches: list[int], sources: list[int], flash: bool
 
 
 def probe_rms_norm(p: Probe, batches: list[int], dims: list[int]):
-    from model.kimi_k3.module import rms_norm
+    from model.kimi_k3.ops.rms_norm import rms_norm
     from model.kimi_k3.ops import rms_norm_standard as R
 
     ok, why = R.standard_available()

@@ -24,4 +24,6 @@ def cost(x, weight, eps):
     return Cost(bytes=2 * nbytes(x) + nbytes(weight), flops=4 * x.numel())
 
 
-OP = Op("rms_norm", rms_norm, shapes=("hidden",), dtypes=("weights",), signature_of=signature, cost_of=cost)
+OP = Op("rms_norm", rms_norm, shapes=("hidden",), dtypes=("weights",), signature_of=signature, cost_of=cost,
+        gpu_standard="model.kimi_k3.ops.rms_norm_standard:rms_norm_standard",
+        standard_label="FLA 0.6.0 fused RMSNorm (Triton)")
