@@ -71,7 +71,7 @@ MALFORMED = [
      "implementation", "cannot import model.kimi_k3.attn_res:fused (AttributeError"),
     ("empty batch range", "attn_res", _set("batch", {"min": 9, "max": 1}), "batch", "empty range: min 9 > max 1"),
     ("zero batch", "attn_res", _set("batch", {"min": 0, "max": 4}), "batch", "min must be >= 1"),
-    ("reference not the registry's", "attn_res", _set("reference", "model.kimi_k3.mla:mla_decode"),
+    ("reference not the registry's", "attn_res", _set("reference", "model.kimi_k3.ops.mla_decode:mla_decode"),
      "reference", "is not the registry's reference of attn_res (model.kimi_k3.ops.attn_res:attn_res)"),
     ("unknown dim", "attn_res", lambda d: d["shapes"].update(width=[1]), "shapes.width", "attn_res has no dim 'width'"),
     ("operand the op lacks", "attn_res", _set("dtypes.ssm_state", "fp32"), "dtypes.ssm_state", "no ssm_state operand"),
