@@ -134,3 +134,13 @@ def planned_bytes(cfg: KimiK3Config, layer_id: int, tp_size: int, batch: int, co
     caches = [*cache.kv.values(), *cache.conv.values(), *cache.ssm.values(), *cache.spec_conv.values(),
               *cache.spec_ssm.values()]
     return layer_bytes(layer) + sum(t.numel() * t.element_size() for t in caches)
+
+
+def standard_copy_bytes(cfg: KimiK3Config, layer_id: int, tp_size: int) -> int:
+    """Bytes the `auto` backend adds for one layer: the MXFP4 experts' standard (humming on Hopper) keeps a repacked
+    copy of the expert weights, as large as the checkpoint's packed codes and scales."""
+    if not cfg.is_moe_layer(layer_id):
+        return 0
+    with torch.device("meta"):
+        layer = DecoderLayer(cfg, layer_id, RankOfTP(size=tp_size), torch.bfloat16)
+    return sum(p.numel() * p.element_size() for name, p in layer.ffn.named_parameters() if name.startswith(("w13", "w2")))

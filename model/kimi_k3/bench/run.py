@@ -25,7 +25,7 @@ from kernels.timing import count_kernels, time_op, time_pipeline
 from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
 from ..ops.registry import OPS, load_specialized
-from .layers import BenchLayer, build_layer, layer_ids, planned_bytes
+from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
 from .trace import RecordingDispatcher, call_costs, op_trace
 
 LAYER_OUTPUT_REL_L2 = 2e-2  # a bf16 layer against the reference layer: many bf16 roundings, none amplified
@@ -85,7 +85,7 @@ def fit_count(cfg: KimiK3Config, ids: Sequence[int], tp: int, batch: int, contex
     fits when not even one does."""
     if device.type != "cuda":
         return wanted
-    per_layer = planned_bytes(cfg, ids[0], tp, batch, context)
+    per_layer = planned_bytes(cfg, ids[0], tp, batch, context) + standard_copy_bytes(cfg, ids[0], tp)
     free, _ = torch.cuda.mem_get_info(device)
     fits = int((free - HEADROOM_BYTES) // per_layer)
     if fits < 1:
@@ -315,7 +315,8 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
     kinds = schedule(cfg)
     wanted = {"dense": 1, "kda": kda_sets, "mla": mla_sets}
     ids = {kind: layer_ids(cfg, kind) for kind in wanted}
-    need = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens) for k in wanted}
+    need = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens) + standard_copy_bytes(cfg, ids[k][0], tp)
+            for k in wanted}
     total = sum(need[k] * wanted[k] for k in wanted)
     free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else total + HEADROOM_BYTES
     if total + HEADROOM_BYTES > free:
