@@ -2,14 +2,15 @@
 
 - `RecordingDispatcher` keeps every op call's name and arguments (for the cost model and for checking each op's
   standard against its reference on the very arguments the layer passed);
-- `op_trace` runs closures eagerly under the profiler with each op call in a `record_function` range and sums the
-  device time and count of the kernels under each op; kernels outside any op (residual adds, splits) are 'glue'.
+- `op_trace` runs closures eagerly under the profiler, each op call in a `record_function` range that ends with a
+  device synchronize, so every kernel an op launched (cuBLAS, Triton, CuTe DSL alike) starts inside its op's range;
+  it sums the kernels' device time and counts them per op. Kernels outside any op (residual adds, splits) are
+  'glue'.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from contextlib import nullcontext
 from typing import Callable, Sequence
 
 import torch
@@ -34,9 +35,12 @@ class RecordingDispatcher(Dispatcher):
     def call(self, name: str, *args, **kwargs):
         if self.calls is not None:
             self.calls.append((name, args, kwargs))
-        scope = torch.profiler.record_function(OP_RANGE + name) if self.annotate else nullcontext()
-        with scope:
+        if not self.annotate:
             return super().call(name, *args, **kwargs)
+        with torch.profiler.record_function(OP_RANGE + name):
+            out = super().call(name, *args, **kwargs)
+            torch.cuda.synchronize()  # the op's kernels run inside its range, so their start times place them
+        return out
 
 
 def call_costs(calls: Sequence[tuple[str, tuple, dict]]) -> dict[str, Cost]:
@@ -49,16 +53,10 @@ def call_costs(calls: Sequence[tuple[str, tuple, dict]]) -> dict[str, Cost]:
     return {name: Cost(b, f) for name, (b, f) in out.items()}
 
 
-def _kernels(evt) -> list:
-    found = list(evt.kernels)
-    for child in evt.cpu_children:
-        found += _kernels(child)
-    return found
-
-
 def op_trace(fns: Sequence[Callable[[], object]], ops: RecordingDispatcher) -> dict[str, dict]:
     """{op or 'glue': {'us': device µs, 'kernels': count, 'names': {kernel: count}}} summed over one eager call of
     each closure; divide by len(fns) for one call's share."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     for fn in fns:  # warm: autotuners and compile caches stay out of the trace
@@ -72,25 +70,17 @@ def op_trace(fns: Sequence[Callable[[], object]], ops: RecordingDispatcher) -> d
             torch.cuda.synchronize()
     finally:
         ops.annotate = False
+    events = prof.events()
+    ranges = sorted((e.time_range.start, e.time_range.end, e.name.removeprefix(OP_RANGE))
+                    for e in events if e.name.startswith(OP_RANGE))
     table: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "kernels": 0, "names": defaultdict(int)})
-    seen = set()
-    for evt in prof.events():
-        if not evt.name.startswith(OP_RANGE):
+    for k in events:
+        if k.device_type != DeviceType.CUDA:
             continue
-        row = table[evt.name.removeprefix(OP_RANGE)]
-        for k in _kernels(evt):
-            seen.add(id(k))
-            row["us"] += k.duration
-            row["kernels"] += 1
-            row["names"][k.name] += 1
-    for evt in prof.events():
-        if evt.name.startswith(OP_RANGE) or evt.cpu_parent is not None:
-            continue
-        for k in _kernels(evt):
-            if id(k) not in seen:
-                seen.add(id(k))
-                row = table[GLUE]
-                row["us"] += k.duration
-                row["kernels"] += 1
-                row["names"][k.name] += 1
+        start = k.time_range.start
+        owner = next((name for lo, hi, name in ranges if lo <= start <= hi), GLUE)
+        row = table[owner]
+        row["us"] += k.time_range.elapsed_us()
+        row["kernels"] += 1
+        row["names"][k.name] += 1
     return {name: {**row, "names": dict(row["names"])} for name, row in table.items()}
