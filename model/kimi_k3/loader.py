@@ -24,13 +24,17 @@ from .checkpoint import LANGUAGE_MODEL_PREFIX
 from .config import KimiK3Config, read_json
 from .model import KimiK3Model
 from .parallel import TP
-from .weights import CheckpointError, castable
+from .weights import CheckpointError, Part
 
 log = logging.getLogger(__name__)
 
 _ST_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16, "U8": torch.uint8,
               "I8": torch.int8, "I16": torch.int16, "F64": torch.float64, "I32": torch.int32, "I64": torch.int64,
               "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+# Float dtypes that hold plain values (no scale): a tensor stored in one where the model declares another is
+# converted on load. Integer and packed tensors (MXFP4 uint8 bytes and E8M0 scales) and float8 (which needs its
+# scales) must be stored exactly as declared.
+CASTABLE_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 # Non-text parts of the multimodal checkpoint; a text-only load skips them.
 _NON_TEXT = ("vision_tower.", "mm_projector.", "multi_modal_projector.")
 
@@ -91,10 +95,37 @@ class SafetensorsDir:
         return self._where[name][1] if name in self._where else self.prefix + name
 
 
+def castable(stored: torch.dtype, declared: torch.dtype) -> bool:
+    """Whether a tensor stored as `stored` may be loaded where the model declares `declared`."""
+    return stored == declared or (stored in CASTABLE_FLOATS and declared in CASTABLE_FLOATS)
+
+
+def accepts(part: Part, shape: tuple[int, ...]) -> bool:
+    """Whether a stored tensor of this shape can fill the part: the declared shape or, for a padded part
+    (`extent` set), any length from `extent` up along its shard dim: the real entries alone (A_log per head,
+    [H]) or padded (K3 stores [128]; the padding must be zero, `nonzero_padding`)."""
+    shape, declared, d = tuple(shape), part.tensor.shape, part.shard_dim
+    if shape == declared:
+        return True
+    if part.extent is None or d is None or len(shape) != len(declared):
+        return False
+    return shape[d] >= part.extent and shape[:d] + shape[d + 1:] == declared[:d] + declared[d + 1:]
+
+
+def nonzero_padding(part: Part, get_slice, shape: tuple[int, ...]) -> int:
+    """How many stored entries past the part's `extent` along its shard dim are not zero (0 when none are stored)."""
+    d = part.shard_dim
+    if part.extent is None or d is None or shape[d] <= part.extent:
+        return 0
+    index = [slice(None)] * len(shape)
+    index[d] = slice(part.extent, None)
+    return int((get_slice(part.tensor.name)[tuple(index)] != 0).sum())
+
+
 def load_weights(model: KimiK3Model, source: TensorSource, origin: str = "checkpoint") -> None:
     """Check the source against the model's bindings, then fill every parameter with this rank's slices."""
     bindings = model.bindings()
-    parts = bindings.checkpoint_parts()
+    parts = {p.tensor.name: p for b in bindings.items for p in b.parts}  # a checkpoint tensor feeds one part
     have = source.names()
     named = source.stored_name
     missing, extra = sorted(set(parts) - have), sorted(have - set(parts))
@@ -108,7 +139,7 @@ def load_weights(model: KimiK3Model, source: TensorSource, origin: str = "checkp
             continue
         spec = part.tensor
         shape, dtype = source.shape_dtype(name)
-        if not part.accepts(shape):
+        if not accepts(part, shape):
             expected = list(spec.shape)
             if part.extent is not None:  # e.g. A_log: [128] (zero-padded) or [96] (per head)
                 real = [part.extent if d == part.shard_dim else n for d, n in enumerate(spec.shape)]
@@ -117,7 +148,7 @@ def load_weights(model: KimiK3Model, source: TensorSource, origin: str = "checkp
         elif not castable(dtype, spec.dtype):
             problems.append(f"{origin}: tensor {named(name)} has dtype {dtype}, expected {spec.dtype} "
                             "(only fp16, bf16, fp32 and fp64 convert into each other on load)")
-        elif nonzero := part.nonzero_padding(source.get_slice, tuple(shape)):
+        elif nonzero := nonzero_padding(part, source.get_slice, tuple(shape)):
             problems.append(f"{origin}: tensor {named(name)} has {nonzero} nonzero entries past its {part.extent} "
                             f"real ones along dim {part.shard_dim}: its padding must be zero")
         elif dtype != spec.dtype:

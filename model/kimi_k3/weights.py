@@ -20,17 +20,6 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match the model; the message names the tensor (and shapes)."""
 
 
-# Float dtypes that hold plain values (no scale): a tensor stored in one where the model declares another is
-# converted on load. Integer and packed tensors (MXFP4 uint8 bytes and E8M0 scales) and float8 (which needs its
-# scales) must be stored exactly as declared.
-CASTABLE_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
-
-
-def castable(stored: torch.dtype, declared: torch.dtype) -> bool:
-    """Whether a tensor stored as `stored` may be loaded where the model declares `declared`."""
-    return stored == declared or (stored in CASTABLE_FLOATS and declared in CASTABLE_FLOATS)
-
-
 @dataclass(frozen=True)
 class CkptTensor:
     """One tensor as the Hugging Face checkpoint stores it (full, unsharded shape)."""
@@ -52,26 +41,6 @@ class Part:
 
     def _rank_len(self, tp: TP) -> int:
         return (self.extent or self.tensor.shape[self.shard_dim]) // tp.size
-
-    def accepts(self, shape: tuple[int, ...]) -> bool:
-        """Whether a stored tensor of this shape can fill the part: the declared shape or, for a padded part
-        (`extent` set), any length from `extent` up along shard_dim: the real entries alone (A_log per head,
-        [H]) or padded (K3 stores [128]; the padding must be zero, `nonzero_padding`)."""
-        shape, declared = tuple(shape), self.tensor.shape
-        if shape == declared:
-            return True
-        if self.extent is None or self.shard_dim is None or len(shape) != len(declared):
-            return False
-        d = self.shard_dim
-        return shape[d] >= self.extent and shape[:d] + shape[d + 1:] == declared[:d] + declared[d + 1:]
-
-    def nonzero_padding(self, get_slice: Callable[[str], object], shape: tuple[int, ...]) -> int:
-        """How many stored entries past `extent` along shard_dim are not zero (0 when none are stored)."""
-        if self.extent is None or self.shard_dim is None or shape[self.shard_dim] <= self.extent:
-            return 0
-        index = [slice(None)] * len(shape)
-        index[self.shard_dim] = slice(self.extent, None)
-        return int((get_slice(self.tensor.name)[tuple(index)] != 0).sum())
 
     def local_shape(self, tp: TP) -> tuple[int, ...]:
         shape = list(self.tensor.shape)
@@ -137,9 +106,9 @@ class BindingSet:
             )
             self.items.append(Binding(param_prefix + b.param, parts, b.index, b.pad_rows))
 
-    def checkpoint_parts(self) -> dict[str, Part]:
-        """Each checkpoint tensor's part, by tensor name (a tensor feeds one part)."""
-        return {p.tensor.name: p for b in self.items for p in b.parts}
-
     def checkpoint_tensors(self) -> dict[str, CkptTensor]:
-        return {name: p.tensor for name, p in self.checkpoint_parts().items()}
+        out: dict[str, CkptTensor] = {}
+        for b in self.items:
+            for p in b.parts:
+                out[p.tensor.name] = p.tensor
+        return out
