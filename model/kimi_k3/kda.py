@@ -1,4 +1,4 @@
-"""KDA layer, full-rank output gate variant (spec §3), with its checkpoint bindings.
+"""KDA layer, full-rank output gate variant (SPEC.md §3), with its checkpoint bindings.
 
 Rank-local: H/tp heads. q, k, v, g_proj, f_a and b_proj are packed into one `in_proj` as vLLM packs
 `in_proj_qkvgfab` (f_a replicated on every rank, zero rows to a multiple of 16); the three short-conv

@@ -1,4 +1,4 @@
-"""MLA layer (spec §4): q-LoRA, NoPE, output gate; weight-absorbed attention for prefill and decode over a
+"""MLA layer (SPEC.md §4): q-LoRA, NoPE, output gate; weight-absorbed attention for prefill and decode over a
 latent cache of [normalized c_kv | k_pe] per token (576 wide in K3), with its checkpoint bindings."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
 
 # Moonshot's modeling code builds the q/kv LoRA norms with KimiRMSNorm's default eps (vLLM uses 1e-5);
-# the modeling code defines what the checkpoint means (spec §10).
+# the modeling code defines what the checkpoint means (SPEC.md §10).
 LORA_NORM_EPS = 1e-6
 
 

@@ -1,4 +1,4 @@
-"""The Kimi K3 text model (spec §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
+"""The Kimi K3 text model (SPEC.md §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
 (no ordinary residual stream), final AttnRes, norm and the untied lm_head. Rank-local for a TP rank."""
 
 from __future__ import annotations

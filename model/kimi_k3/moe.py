@@ -1,4 +1,4 @@
-"""Latent MoE (spec §5) and the dense layer-0 MLP (§6), with their checkpoint bindings.
+"""Latent MoE (SPEC.md §5) and the dense layer-0 MLP (§6), with their checkpoint bindings.
 
 Routed experts are split across TP ranks on their intermediate dimension (zero-padded to the config's
 alignment, TP16: 192 -> 256) and kept as the checkpoint stores them: MXFP4 (`weight_packed` + E8M0
