@@ -35,6 +35,7 @@ _ST_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F16": torch.float16
 # converted on load. Integer and packed tensors (MXFP4 uint8 bytes and E8M0 scales) and float8 (which needs its
 # scales) must be stored exactly as declared.
 CASTABLE_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
 # Non-text parts of the multimodal checkpoint; a text-only load skips them.
 _NON_TEXT = ("vision_tower.", "mm_projector.", "multi_modal_projector.")
 
