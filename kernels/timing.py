@@ -1,6 +1,6 @@
 """GPU timing for decode-sized work: CUDA-graph replay, cold L2, median and IQR, host wall time.
 
-Method (gates/PRACTICES.md, Timing):
+Method (gates/PRACTICES.md):
 - the op is captured once in a CUDA graph (launch gaps inside the op are still counted: they are
   part of its device time);
 - before every timed replay the L2 is made cold, either by writing a buffer of 2x the L2 size
