@@ -29,7 +29,7 @@ class ModelCache:
     while the MLA cache takes all 1 + K entries. `commit(slots, kept)` then rolls each slot back to its
     last accepted position: KDA copies position kept - 1 into `conv`/`ssm`, MLA drops the entries past
     it (`lengths`). A verified slot runs no further step before its commit. The buffers hold 1 + K states
-    per slot, as vLLM's default path does (one state slot per draft position); ReplaySSM (spec §8)
+    per slot, as vLLM's default path does (one state slot per draft position); ReplaySSM (SPEC.md §8)
     trades them for per-position inputs and a replay at commit.
     """
 

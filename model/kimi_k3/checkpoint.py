@@ -49,6 +49,9 @@ class RandomSource:
     def get_slice(self, name: str) -> torch.Tensor:
         return self.get(name)  # a full tensor supports the same indexing as a safetensors slice
 
+    def stored_name(self, name: str) -> str:
+        return name
+
     def get(self, name: str) -> torch.Tensor:
         spec = self.tensors[name]
         base = name.removesuffix(".weight_scale").removesuffix(".weight_packed")

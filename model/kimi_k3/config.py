@@ -240,7 +240,7 @@ class KimiK3Config(BaseModel):
 
 
 def _mxfp4_quantization_config() -> dict[str, Any]:
-    """compressed-tensors MXFP4 config: only the routed experts are quantized (spec §1)."""
+    """compressed-tensors MXFP4 config: only the routed experts are quantized (SPEC.md §1)."""
     return {
         "quant_method": "compressed-tensors",
         "format": "mxfp4-pack-quantized",

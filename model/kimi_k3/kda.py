@@ -17,7 +17,7 @@ from .ops.kda import KDAColumns, KDAWeights, kda_prefill
 from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
 
-A_LOG_STORED = 128  # A_log is stored zero-padded to a multiple of this (96 heads -> [128])
+A_LOG_STORED = 128  # K3 stores A_log zero-padded to a multiple of this (96 heads -> [128]); [H] also loads
 
 
 class KimiDeltaAttention(Weighted):
