@@ -1,4 +1,4 @@
-"""Block AttnRes mix (spec §2): a softmax over m sources (earlier block sums and the running partial) per token.
+"""Block AttnRes mix (SPEC.md §2): a softmax over m sources (earlier block sums and the running partial) per token.
 
     out = attn_res(sources, norm_w, proj_w, eps)       # sources: m tensors [T, D]; out [T, D]
 
