@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -13,6 +18,7 @@ from rich.table import Table
 
 from ..config import preset
 from ..dispatch import DECODE_BACKENDS
+from ..ops.registry import REPO_ROOT
 from .layers import KINDS
 from .run import BenchError, batch_points, bench_layers, bench_step
 
@@ -62,10 +68,50 @@ def _device(args) -> torch.device:
     return device
 
 
-def _write(args, rows) -> None:
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([r.as_dict() for r in rows], indent=1))
+def _write(args, command: str, rows) -> None:
+    """The rows with what produced them: the command and its options, the machine, the commit, and the sha256 of
+    every repository source loaded in this process (what an evidence bundle of these rows covers)."""
+    if not args.json:
+        return
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
+    record = {"command": command, "options": options, "environment": run_environment(), "sources": loaded_sources(),
+              "rows": [r.as_dict() for r in rows]}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=1))
+
+
+def loaded_sources() -> dict[str, str]:
+    """{repository-relative path: sha256} of every module of this repository loaded so far (dynamic imports too) and
+    of every contract (they decide what `latency_specialized` runs)."""
+    root = REPO_ROOT.resolve()
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        path = Path(path).resolve()
+        if path.suffix == ".py" and path.is_file() and path.is_relative_to(root) and ".venv" not in path.parts:
+            found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    for path in (root / "contracts").glob("*.yaml"):
+        found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(found.items()))
+
+
+def run_environment() -> dict:
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "commit": os.environ.get("K3FORGE_COMMIT") or _git_head()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30))
+    return info
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except OSError:
+        return None
 
 
 def _fmt(v, spec: str) -> str:
@@ -93,7 +139,7 @@ def run_layer(args) -> int:
            for r in rows for op, c in r.op_checks.items() if not c["ok"]]
     for line in bad:
         out.print(f"standard outside its tolerance: {line}")
-    _write(args, rows)
+    _write(args, "layer", rows)
     return 1 if bad else 0
 
 
@@ -115,5 +161,5 @@ def run_step(args) -> int:
                       f"{r.bytes / 1e9:.2f}", f"{r.floor_ms:.3f}", _fmt(r.fraction_of_floor, ".0%"),
                       _fmt(r.tokens_per_s, ".0f"))
     out.print(table)
-    _write(args, rows)
+    _write(args, "step", rows)
     return 0
