@@ -75,7 +75,8 @@ def op_trace(fns: Sequence[Callable[[], object]], ops: RecordingDispatcher) -> d
                     for e in events if e.name.startswith(OP_RANGE))
     table: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "kernels": 0, "names": defaultdict(int)})
     for k in events:
-        if k.device_type != DeviceType.CUDA:
+        # device-side kernels only: not the ranges' own GPU annotations, synchronizations, copies or memsets
+        if k.device_type != DeviceType.CUDA or k.name.startswith((OP_RANGE, "cuda", "Memcpy", "Memset")):
             continue
         start = k.time_range.start
         owner = next((name for lo, hi, name in ranges if lo <= start <= hi), GLUE)
