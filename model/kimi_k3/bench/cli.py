@@ -20,7 +20,7 @@ from ..config import preset
 from ..dispatch import DECODE_BACKENDS
 from ..ops.registry import REPO_ROOT
 from .layers import KINDS
-from .run import BenchError, batch_points, bench_layers, bench_step
+from .run import LAYER_OUTPUT_REL_L2, BenchError, batch_points, bench_layers, bench_step
 
 out = Console(highlight=False)
 
@@ -133,12 +133,19 @@ def run_layer(args) -> int:
     for r in rows:
         table.add_row(str(r.batch), r.backend, _fmt(r.us, ".1f"), _fmt(r.us_one_per_graph, ".1f"), _fmt(r.kernels, "d"),
                       f"{r.bytes / 1e6:.1f}", f"{r.floor_us:.1f}", _fmt(r.fraction_of_floor, ".0%"),
-                      f"{r.output_rel_l2:.1e}")
+                      _fmt(r.output_rel_l2_same_routing, ".1e"))
     out.print(table)
-    bad = [f"{r.backend} batch {r.batch}: {op} {c['rel_l2']:.2e} rel. L2, {c['close_fraction']:.4f} close"
-           for r in rows for op, c in r.op_checks.items() if not c["ok"]]
+    bad = [f"standard outside its tolerance: {r.backend} batch {r.batch}: {op} {c['rel_l2']:.2e} rel. L2, "
+           f"{c['close_fraction']:.4f} close" for r in rows for op, c in r.op_checks.items() if not c["ok"]]
+    bad += [f"layer output off the reference layer's: {r.backend} batch {r.batch}: {r.output_rel_l2_same_routing:.2e} "
+            f"rel. L2 over the tokens routed alike (bound {LAYER_OUTPUT_REL_L2:g})" for r in rows
+            if r.output_rel_l2_same_routing is not None and r.output_rel_l2_same_routing > LAYER_OUTPUT_REL_L2]
     for line in bad:
-        out.print(f"standard outside its tolerance: {line}")
+        out.print(line)
+    for r in rows:
+        if r.routing_flips:
+            out.print(f"{r.backend} batch {r.batch}: {r.routing_flips} token(s) routed to other experts than the "
+                      f"reference's (near-tied router keys); judged apart, all-token rel. L2 {r.output_rel_l2:.2e}")
     _write(args, "layer", rows)
     return 1 if bad else 0
 

@@ -55,7 +55,9 @@ class LayerRow:
     fraction_of_floor: float | None
     ops: dict[str, dict] = field(default_factory=dict)  # per-op trace rows
     dispatch: dict = field(default_factory=dict)  # specialized / standard calls and fallback reasons per op
-    output_rel_l2: float | None = None  # vs the reference layer
+    output_rel_l2: float | None = None  # vs the reference layer, every token
+    output_rel_l2_same_routing: float | None = None  # over the tokens routed to the same experts as the reference
+    routing_flips: int = 0  # tokens whose experts differ from the reference's (near-tied router keys)
     op_checks: dict[str, dict] = field(default_factory=dict)  # standard vs reference per op (auto only)
 
     def as_dict(self) -> dict:
@@ -102,6 +104,16 @@ def _snapshot(bl: BenchLayer) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _restore(saved) -> None:
     for t, copy in saved:
         t.copy_(copy)
+
+
+def same_routing(ids: torch.Tensor | None, ref_ids: torch.Tensor | None, tokens: int) -> torch.Tensor:
+    """[tokens] bool: the token chose the same set of experts in both runs (all True in a layer without the MoE). A
+    token whose 16th and 17th router keys are within rounding of each other can choose differently under another
+    summation order; its output then differs by a whole expert, which no tolerance should hide or excuse, so such
+    tokens are counted and judged apart."""
+    if ids is None or ref_ids is None:
+        return torch.ones(tokens, dtype=torch.bool)
+    return (ids.sort(-1).values == ref_ids.sort(-1).values).all(-1).cpu()
 
 
 def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -164,7 +176,9 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
     reference = ReferenceDispatcher(tgt)
     reference.begin_step(layers[0].step)
     saved = _snapshot(layers[0])
+    reference.record()
     ref_out = layers[0].run(reference)
+    ref_ids = reference.routed()
     _restore(saved)
 
     rows = []
@@ -172,14 +186,17 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         progress(f"{kind} TP{tp} batch {batch}: {backend}")
         ops = dispatcher(backend, tgt)
         ops.begin_step(layers[0].step)
-        ops.calls = []
+        ops.record()
         _restore(saved)  # the reference's starting state: earlier runs advanced it
         out = layers[0].run(ops)
         _restore(saved)
+        agree = same_routing(ops.routed(), ref_ids, out[0].shape[0])
         out_rel = max(rel_l2(g, r) for g, r in zip(out, ref_out))
+        out_rel_agree = (max(rel_l2(g[agree.to(g.device)], r[agree.to(r.device)]) for g, r in zip(out, ref_out))
+                         if agree.any() else None)
         op_checks = check_op_calls(ops.calls, gpu=device.type == "cuda") if backend == "auto" else {}
         _restore(saved)
-        ops.calls = []
+        ops.record()
         for bl in layers:  # the bytes each layer must move: its calls through the op cost models
             bl.run(ops)
         costs = call_costs(ops.calls)
@@ -188,7 +205,8 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         floor_us = layer_bytes / tgt_bandwidth(tgt) * 1e6
         dispatch = _dispatch_summary(ops, layers[0])
         row = LayerRow(kind, tp, batch, context, backend, n, None, None, None, None, None, layer_bytes, floor_us,
-                       None, dispatch=dispatch, output_rel_l2=out_rel, op_checks=op_checks)
+                       None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
+                       routing_flips=int((~agree).sum()), op_checks=op_checks)
         if device.type == "cuda":
             _time_layers(row, layers, ops, costs, iters)
         rows.append(row)

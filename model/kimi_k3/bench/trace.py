@@ -30,17 +30,30 @@ class RecordingDispatcher(Dispatcher):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, tuple, dict]] | None = None
+        self.results: list = []  # the recorded calls' outputs, in order
         self.annotate = False
 
     def call(self, name: str, *args, **kwargs):
         if self.calls is not None:
             self.calls.append((name, args, kwargs))
         if not self.annotate:
-            return super().call(name, *args, **kwargs)
-        with torch.profiler.record_function(OP_RANGE + name):
             out = super().call(name, *args, **kwargs)
-            torch.cuda.synchronize()  # the op's kernels run inside its range, so their start times place them
+        else:
+            with torch.profiler.record_function(OP_RANGE + name):
+                out = super().call(name, *args, **kwargs)
+                torch.cuda.synchronize()  # the op's kernels run inside its range, so their start times place them
+        if self.calls is not None:
+            self.results.append(out)
         return out
+
+    def record(self) -> None:
+        """Start recording calls and their outputs afresh."""
+        self.calls, self.results = [], []
+
+    def routed(self) -> torch.Tensor | None:
+        """The expert ids [T, k] of the first recorded moe_route call (None in a layer without the MoE)."""
+        return next((out[0] for (name, _, _), out in zip(self.calls or [], self.results) if name == "moe_route"),
+                    None)
 
 
 def call_costs(calls: Sequence[tuple[str, tuple, dict]]) -> dict[str, Cost]:
