@@ -12,7 +12,7 @@ import sys
 from rich.console import Console
 
 # Each module defines `register(subparsers)`, which adds its parser with `func` set to a handler -> int.
-COMMANDS = ("config", "ckpt", "generate", "contract", "gate", "bench", "evidence", "eval", "task")
+COMMANDS = ("config", "ckpt", "generate", "op", "contract", "gate", "bench", "evidence", "eval", "task")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 err = Console(stderr=True, highlight=False)
