@@ -31,6 +31,7 @@ unchanged; no cross-lane reduction is needed.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kernels.cute import import_cutlass
@@ -145,36 +146,40 @@ class LinearConfig:
 
     @classmethod
     def for_shape(cls, m: int, n: int, k: int, num_sms: int = 132, out_dtype: str = "bfloat16") -> LinearConfig:
-        """The config the entry point uses: gemv for M <= 8, mma above.
+        """The config the entry point uses: gemv for M <= 8 (where K is a multiple of 128), mma otherwise.
 
-        Among the row tilings and K splits that fit K, take the one whose CTAs spread most evenly over the SMs
-        (CTAs / (SMs x CTAs on the busiest SM)); within 3 % of the most even, the fewest K splits (each adds a
-        cluster exchange and shortens the weight stream of a CTA), then the most rows per CTA (x is re-read
-        from L2 once per CTA)."""
-        path = "gemv" if m <= MAX_TOKENS["gemv"] else "mma"
-        if path == "gemv":
-            tilings = [(4, 8), (4, 4), (2, 4)]  # (warps, rows_per_warp): 32, 16 and 8 rows per CTA
-        elif m > 32:
-            tilings = [(4, 32), (4, 16)]  # 128 and 64 rows per CTA: 64 tokens re-read x once per 2 / 1 rows
+        Tilings are tried from the most rows per CTA down (x is re-read from L2 once per CTA), and for each the
+        fewest K splits (each shortens a CTA's weight stream and adds a cluster exchange) that give at least
+        two CTAs per SM (>= 8 streaming warps an SM) spread evenly: the busiest SM holds at most 1 / 0.8 of
+        the mean. Where nothing qualifies (few rows), the most CTAs, evenly spread, up to two per SM.
+        """
+        for path in ("gemv", "mma") if m <= MAX_TOKENS["gemv"] else ("mma",):
+            fits = [cls(path=path, warps=warps, rows_per_warp=rows_per_warp, split_k=split, out_dtype=out_dtype)
+                    for warps, rows_per_warp in _tilings(path, m) for split in SPLITS
+                    if (warps * rows_per_warp) % split == 0 and k % (K_STEP[path] * split) == 0
+                    and (split == 1 or k // split // K_STEP[path] >= 2)]  # a split leaves each CTA a pipeline
+            if fits:
+                break
         else:
-            tilings = [(4, 16), (2, 16)]  # 64 and 32 rows per CTA
-        candidates = []
-        for warps, rows_per_warp in tilings:
-            for split in SPLITS:
-                cfg = cls(path=path, warps=warps, rows_per_warp=rows_per_warp, split_k=split, stages=1,
-                          out_dtype=out_dtype)
-                if cfg.block_rows % split or k % (cfg.k_step * split) or cfg.k_steps(k) < 2:
-                    continue
-                ctas = cfg.ctas(n)
-                candidates.append((ctas / (num_sms * -(-ctas // num_sms)), cfg))
-        if not candidates:
-            raise ValueError(f"no {path} config for M={m}, N={n}, K={k}: K must be a multiple of {K_STEP[path] * 2}")
-        most_even = max(balance for balance, _ in candidates)
-        cfg = min((c for balance, c in candidates if balance >= most_even - 0.03),
-                  key=lambda c: (c.split_k, -c.block_rows))
+            raise ValueError(f"no config for M={m}, N={n}, K={k}: K must be a positive multiple of {K_STEP['mma']}")
+
+        def spread(c: LinearConfig) -> float:
+            ctas = c.ctas(n)
+            return ctas / (num_sms * -(-ctas // num_sms))
+
+        good = [c for c in fits if c.ctas(n) >= 2 * num_sms and spread(c) >= 0.8]
+        cfg = good[0] if good else max(fits, key=lambda c: min(c.ctas(n), 2 * num_sms) * spread(c))
         stages = max(1, min(TARGET_LOADS_IN_FLIGHT // cfg.loads_per_step, cfg.k_steps(k)))
-        return cls(path=path, warps=cfg.warps, rows_per_warp=cfg.rows_per_warp, split_k=cfg.split_k,
-                   stages=stages, out_dtype=out_dtype)
+        return dataclasses.replace(cfg, stages=stages)
+
+
+def _tilings(path: str, m: int) -> list:
+    """(warps, rows_per_warp) that for_shape tries, the most rows per CTA first."""
+    if path == "gemv":
+        return [(4, 8), (4, 4), (2, 4)]  # 32, 16 and 8 rows per CTA
+    if m > 32:
+        return [(4, 32), (4, 16), (2, 16)]  # 128, 64 and 32 rows: x re-read from L2 at most twice per W byte
+    return [(4, 16), (2, 16), (1, 16)]  # 64, 32 and 16 rows
 
 
 def _pow2_at_least(v: int) -> int:
@@ -464,15 +469,20 @@ def out_type(out_dtype: str):
     return {"bfloat16": BFloat16, "float32": Float32}[out_dtype]
 
 
-def fake_args(out_dtype: str = "bfloat16"):
-    """Null pointers and scalars with the kernel's argument types, for compiling without a GPU. y is written
-    with scalar stores, so its pointer is assumed aligned to one element only."""
+def launch_args(x_ptr: int, w_ptr: int, y_ptr: int, out_dtype: str, n: int, x_stride: int, stream: int):
+    """The kernel's arguments for device addresses, N, x's row stride (elements) and a CUDA stream handle.
+    y is written with scalar stores, so its pointer is assumed aligned to one element only."""
     gmem = cute.AddressSpace.gmem
     y_type = out_type(out_dtype)
-    return (_runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # x
-            _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # W
-            _runtime_make_ptr(y_type, 0, gmem, assumed_align=y_type.width // 8),  # y
-            Int32(1), Int32(8), cuda.CUstream(0))  # N, x's row stride, stream
+    return (_runtime_make_ptr(BFloat16, x_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, w_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(y_type, y_ptr, gmem, assumed_align=y_type.width // 8),
+            Int32(n), Int32(x_stride), cuda.CUstream(stream))
+
+
+def fake_args(out_dtype: str = "bfloat16"):
+    """Null pointers with the kernel's argument types, for compiling without a GPU."""
+    return launch_args(0, 0, 0, out_dtype, 1, 8, 0)
 
 
 def compile_kernel(cfg: LinearConfig, m: int, k: int, options: str = ""):
