@@ -22,7 +22,7 @@ from kernels.cute import CompileCache, current_cute_arch
 
 from .kernel import _IMPORT_ERROR, MAX_TOKENS, LinearConfig, compile_kernel, launch_args
 
-__all__ = ["LinearConfig", "available", "check_args", "config_for", "linear_cute"]
+__all__ = ["LinearConfig", "available", "check_args", "config_for", "linear_cute", "prepare"]
 
 MAX_M = MAX_TOKENS["mma"]
 K_MULTIPLE = 32
@@ -102,14 +102,32 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None =
     return m, n, k, out_dtype
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
 def config_for(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> LinearConfig:
-    """The config linear_cute uses for a problem (LinearConfig.for_shape)."""
+    """The config linear_cute uses for a problem (LinearConfig.for_shape, memoized: it runs on every call)."""
     return LinearConfig.for_shape(m, n, k, num_sms=num_sms, out_dtype=_OUT_DTYPES[out_dtype])
+
+
+def _resolve(m: int, n: int, k: int, out_dtype: torch.dtype, config: LinearConfig | None, num_sms: int):
+    """(config, compiled kernel) for a call: the heuristic's config or `config` with the call's out dtype."""
+    if config is None:
+        config = config_for(m, n, k, out_dtype, num_sms)
+    else:
+        config = dataclasses.replace(config, out_dtype=_OUT_DTYPES[out_dtype])
+        config.check(m, k)
+    return config, _CACHE.get((config, m, k, current_cute_arch()), lambda: compile_kernel(config, m, k))
+
+
+def prepare(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16, config: LinearConfig | None = None,
+            num_sms: int | None = None) -> LinearConfig:
+    """Compile (once per process) the kernel a call of this shape runs, without launching it, and return its
+    config: for warming up outside CUDA-graph capture and timed regions."""
+    return _resolve(m, n, k, out_dtype, config, num_sms or _num_sms(torch.cuda.current_device()))[0]
 
 
 def linear_cute(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None,
@@ -124,12 +142,7 @@ def linear_cute(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | No
         out = torch.empty(m, n, dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    if config is None:
-        config = config_for(m, n, k, out_dtype, _num_sms(x.device.index))
-    else:
-        config = dataclasses.replace(config, out_dtype=_OUT_DTYPES[out_dtype])
-        config.check(m, k)
-    fn = _CACHE.get((config, m, k, current_cute_arch()), lambda: compile_kernel(config, m, k))
-    fn(*launch_args(x.data_ptr(), weight.data_ptr(), out.data_ptr(), config.out_dtype, n,
+    config, kernel = _resolve(m, n, k, out_dtype, config, _num_sms(x.device.index))
+    kernel(*launch_args(x.data_ptr(), weight.data_ptr(), out.data_ptr(), config.out_dtype, n,
                     x.stride(0) if m > 1 else k, torch.cuda.current_stream(x.device).cuda_stream))
     return out

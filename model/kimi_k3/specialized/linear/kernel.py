@@ -169,7 +169,10 @@ class LinearConfig:
 
         good = [c for c in fits if c.ctas(n) >= 2 * num_sms and spread(c) >= 0.8]
         cfg = good[0] if good else max(fits, key=lambda c: min(c.ctas(n), 2 * num_sms) * spread(c))
-        stages = max(1, min(TARGET_LOADS_IN_FLIGHT // cfg.loads_per_step, cfg.k_steps(k)))
+        loads = TARGET_LOADS_IN_FLIGHT
+        if cfg.path == "mma" and cfg.rows_per_warp == 32:
+            loads = 12  # two row tiles x 8 token tiles = 64 accumulators: a 4th stage takes ptxas from 182 to 255 regs
+        stages = max(1, min(loads // cfg.loads_per_step, cfg.k_steps(k)))
         return dataclasses.replace(cfg, stages=stages)
 
 
@@ -284,12 +287,10 @@ if _IMPORT_ERROR is None:
                 self.store_rows(mY, n, tile_row0, sPart, None)
             else:
                 cute.arch.cluster_wait()
-                for j in cutlass.range_constexpr(-(-(M * ROWS) // c.threads)):
-                    e = tidx + j * c.threads
-                    if e < M * ROWS:
-                        m, r = e // ROWS, e % ROWS
-                        _send_f32(sRecv.iterator + cute.crd2idx((rank, m, r % R), sRecv.layout), sPart[m, r],
-                                  mbar, r // R)
+                for e in cutlass.range(tidx, M * ROWS, c.threads):
+                    m, r = e // ROWS, e % ROWS
+                    _send_f32(sRecv.iterator + cute.crd2idx((rank, m, r % R), sRecv.layout), sPart[m, r], mbar,
+                              r // R)
                 while not cute.arch.mbarrier_test_wait(mbar, 0):  # spin: try_wait's suspend hint may wake late
                     pass
                 self.store_rows(mY, n, tile_row0 + rank * R, None, sRecv)
@@ -302,18 +303,16 @@ if _IMPORT_ERROR is None:
             c, M = self.cfg, self.m
             rows = c.block_rows // c.split_k
             tidx, _, _ = cute.arch.thread_idx()
-            for j in cutlass.range_constexpr(-(-(M * rows) // c.threads)):
-                e = tidx + j * c.threads
-                if e < M * rows:
-                    m, r = e // rows, e % rows
-                    if row0 + r < n:
-                        if cutlass.const_expr(sRecv is None):
-                            total = sPart[m, r]
-                        else:
-                            total = sRecv[0, m, r]
-                            for s in cutlass.range_constexpr(1, c.split_k):
-                                total = total + sRecv[s, m, r]
-                        mY[m, row0 + r] = total.to(self.out_type)
+            for e in cutlass.range(tidx, M * rows, c.threads):
+                m, r = e // rows, e % rows
+                if row0 + r < n:
+                    if cutlass.const_expr(sRecv is None):
+                        total = sPart[m, r]
+                    else:
+                        total = sRecv[0, m, r]
+                        for s in cutlass.range_constexpr(1, c.split_k):
+                            total = total + sRecv[s, m, r]
+                    mY[m, row0 + r] = total.to(self.out_type)
 
         @cute.jit
         def stream_weights(self, mX: cute.Tensor, w_rows: list, k_vec: Int32, acc: cute.Tensor, token: Int32):
