@@ -26,6 +26,7 @@ import math
 import os
 import platform
 import sys
+import threading
 import time
 import traceback
 
@@ -174,7 +175,10 @@ def worker(shapes, tokens, args, lock, barrier, queue) -> None:
                 print(f"FAIL compile N={n} K={k} M={m}: {type(e).__name__}: {e}", flush=True)
     print(f"[pid {os.getpid()}] compiled {len(shapes)} shapes in {time.time() - t0:.0f} s", flush=True)
     if barrier is not None:
-        barrier.wait()
+        try:
+            barrier.wait(timeout=900)
+        except threading.BrokenBarrierError:  # a worker died while compiling: time what this one has
+            print(f"[pid {os.getpid()}] another worker never finished compiling; timing anyway", flush=True)
     for n, k in shapes:
         with lock:
             try:
@@ -206,8 +210,6 @@ def main(argv=None) -> int:
     rows = []
     procs = max(1, min(args.procs, len(shapes)))
     if procs == 1:
-        import threading
-
         worker(shapes, args.tokens, args, threading.Lock(), None, _ListQueue(rows))
     else:
         import multiprocessing as mp
