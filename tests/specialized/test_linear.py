@@ -161,6 +161,30 @@ def test_config_rejects_what_it_cannot_build():
             cfg.check(m, k)  # too many tokens, none, K not a multiple of 2 x 128, fewer k-steps than stages
 
 
+@needs_cutlass
+@pytest.mark.parametrize("n_vals", [1, 2, 4, 8, 16, 32, 64])
+def test_half_warp_transpose_sum_on_a_cpu_warp(n_vals):
+    """The gemv path's reduction, run on a numpy model of a warp (a value is an array over the 32 lanes, a
+    shuffle a gather by lane ^ offset): each writer lane holds, for i < len(sums), the half-warp's sum of value
+    first + i, and the writers cover every value of both half-warps exactly once."""
+    import numpy as np
+
+    from model.kimi_k3.specialized.linear.kernel import _half_warp_transpose_sum
+
+    lane = np.arange(32)
+    rng = np.random.default_rng(n_vals)
+    vals = [rng.integers(-1000, 1000, 32).astype(np.float64) for _ in range(n_vals)]
+    sums, first, writer = _half_warp_transpose_sum(vals, lane, select=np.where,
+                                                   shuffle_xor=lambda v, off: v[lane ^ off])
+    covered = []
+    for ln in np.nonzero(writer)[0]:
+        half = slice(16 * (ln // 16), 16 * (ln // 16) + 16)
+        for i, s_ in enumerate(sums):
+            assert s_[ln] == vals[first[ln] + i][half].sum(), (ln, i)
+            covered.append((ln // 16, first[ln] + i))
+    assert sorted(covered) == [(h, v) for h in range(2) for v in range(n_vals)]
+
+
 def _poison(shape, dtype=torch.bfloat16):
     return torch.full(shape, float("nan"), dtype=dtype)
 

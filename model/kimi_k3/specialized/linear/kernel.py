@@ -189,14 +189,24 @@ def _pow2_at_least(v: int) -> int:
     return 1 << (v - 1).bit_length()
 
 
-def _half_warp_transpose_sum(vals: list, lane):
+def _select_f32(cond, a, b):
+    return Float32(cutlass.select_(cond, a, b))
+
+
+def _shuffle_xor(v, offset: int):
+    return cute.arch.shuffle_sync_bfly(v, offset=offset)
+
+
+def _half_warp_transpose_sum(vals: list, lane, select=_select_f32, shuffle_xor=_shuffle_xor):
     """Sum each of len(vals) (a power of two) per-lane values over the 16 lanes of the half-warp.
 
     A transposing butterfly: at offset `off` the lane keeps the half of its values selected by its lane bit
     `off` and adds the partner's copy of that half, so it holds half as many. After T = min(log2 len, 4) such
-    steps (offsets 8, 4, ...) a plain butterfly over the remaining offsets finishes the sums. Lane kl
-    (= lane % 16) then holds the sums of values chunk * (kl >> (4 - T)) + i, i < chunk = len >> T; lanes that
-    differ only in their low 4 - T bits hold the same ones. Returns (sums, T).
+    steps (offsets 8, 4, ...) a plain butterfly over the remaining offsets finishes the sums. Returns
+    (sums, first, writer): lane kl (= lane % 16) holds the sums of values first + i, i < len(sums) = len >> T,
+    first = len(sums) * (kl >> (4 - T)); lanes that differ only in their low 4 - T bits hold the same sums, and
+    `writer` is true for one of them. `select` and `shuffle_xor` are the DSL's selp and shfl.sync.bfly; the
+    tests pass numpy ones to run this code on a CPU model of a warp.
     """
     steps = min(len(vals).bit_length() - 1, 4)
     for off in (8, 4, 2, 1)[:steps]:
@@ -204,13 +214,12 @@ def _half_warp_transpose_sum(vals: list, lane):
         upper = (lane & off) != 0
         kept = []
         for lo, hi in zip(vals[:half], vals[half:]):
-            keep = Float32(cutlass.select_(upper, hi, lo))
-            send = Float32(cutlass.select_(upper, lo, hi))
-            kept.append(keep + cute.arch.shuffle_sync_bfly(send, offset=off))
+            kept.append(select(upper, hi, lo) + shuffle_xor(select(upper, lo, hi), off))
         vals = kept
     for off in (1, 2, 4, 8)[:4 - steps]:
-        vals = [v + cute.arch.shuffle_sync_bfly(v, offset=off) for v in vals]
-    return vals, steps
+        vals = [v + shuffle_xor(v, off) for v in vals]
+    kl = lane % 16
+    return vals, len(vals) * (kl >> (4 - steps)), (kl & ((1 << (4 - steps)) - 1)) == 0
 
 
 def _send_f32(smem_ptr, val, mbar_ptr, peer_rank):
@@ -381,11 +390,10 @@ if _IMPORT_ERROR is None:
 
             # value v = p Mp + m (zero for the padding tokens m >= M), summed over the half-warp's 16 lanes
             vals = [acc[m, p] if m < M else Float32(0.0) for p in range(P) for m in range(Mp)]
-            sums, steps = _half_warp_transpose_sum(vals, lane)
-            if (kl & ((1 << (4 - steps)) - 1)) == 0:  # one lane of each group that holds the same sums
-                base = len(sums) * (kl >> (4 - steps))
+            sums, first, writer = _half_warp_transpose_sum(vals, lane)
+            if writer:
                 for i in cutlass.range_constexpr(len(sums)):
-                    m, p = (base + i) % Mp, (base + i) // Mp
+                    m, p = (first + i) % Mp, (first + i) // Mp
                     if m < M:
                         sPart[m, row0 + p] = sums[i]
 
