@@ -185,6 +185,42 @@ def test_half_warp_transpose_sum_on_a_cpu_warp(n_vals):
     assert sorted(covered) == [(h, v) for h in range(2) for v in range(n_vals)]
 
 
+def _fragment_index(operand: str, lane: int, v: int) -> int:
+    """Where value v of lane (g, t) = (lane / 4, lane % 4) sits in the m16n8k16 tile (column-major: A (m, k)
+    16 x 16, B (n, k) 8 x 16, C (m, n) 16 x 8), as mma_step and mma_partials assume: A (row g + 8 v1, k 2t + v0 +
+    8 v2), B (token g, k 2t + v0 + 8 v1), C (row g + 8 v1, token 2t + v0), v = v0 + 2 v1 + 4 v2."""
+    g, t = lane // 4, lane % 4
+    if operand == "A":
+        return g + 8 * ((v // 2) % 2) + 16 * (2 * t + v % 2 + 8 * (v // 4))
+    if operand == "B":
+        return g + 8 * (2 * t + v % 2 + 8 * (v // 2))
+    return g + 8 * (v // 2) + 16 * (2 * t + v % 2)
+
+
+@needs_cutlass
+def test_mma_fragment_layouts_are_what_the_kernel_assumes():
+    """The warp MMA atom's thread-value layouts (CuTe's own description of mma.sync.m16n8k16 bf16) place every
+    fragment value where the mma path's K permutation and epilogue expect it."""
+    from model.kimi_k3.specialized.linear.kernel import BFloat16, Float32, cute
+
+    mismatches = {}
+
+    def check(operand, tv):
+        values = cute.size(tv, mode=[1])
+        mismatches[operand] = [(lane, v) for lane in range(32) for v in range(values)
+                               if tv((lane, v)) != _fragment_index(operand, lane, v)]
+
+    @cute.jit
+    def probe():
+        atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+        check("A", atom.tv_layout_A)
+        check("B", atom.tv_layout_B)
+        check("C", atom.tv_layout_C)
+
+    cute.compile(probe)
+    assert mismatches == {"A": [], "B": [], "C": []}, mismatches
+
+
 def _poison(shape, dtype=torch.bfloat16):
     return torch.full(shape, float("nan"), dtype=dtype)
 
