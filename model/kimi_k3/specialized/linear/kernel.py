@@ -400,6 +400,8 @@ if _IMPORT_ERROR is None:
         @cute.jit
         def gemv_step(self, x_load: cute.CopyAtom, mX: cute.Tensor, ring: cute.Tensor, slot: cutlass.Constexpr,
                       step, acc: cute.Tensor, k_vec: Int32):
+            """acc[m, p] += sum over the lane's 8 elements of W[row p] x[m]: each weight element converted once,
+            then one fp32 FMA chain per (token, row)."""
             P = self.cfg.rows_per_warp // 2
             w = [ring[None, p, slot].load().to(Float32) for p in range(P)]
             for m in cutlass.range_constexpr(self.m):
@@ -442,6 +444,9 @@ if _IMPORT_ERROR is None:
         @cute.jit
         def mma_step(self, x_load: cute.CopyAtom, mX: cute.Tensor, ring: cute.Tensor, slot: cutlass.Constexpr,
                      step, acc: cute.Tensor, k_vec: Int32, g: Int32):
+            """Two MMAs per (row tile, token tile): MMA h takes elements 4 h .. 4 h + 3 of the lane's 8 as its
+            fragment k-slots 2t, 2t+1, 2t+8, 2t+9, in W's rows and x's token alike (tests check CuTe's fragment
+            layout against this)."""
             M, RT = self.m, self.cfg.rows_per_warp // 16
             atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             for nt in cutlass.range_constexpr((M + 7) // 8):
@@ -456,11 +461,11 @@ if _IMPORT_ERROR is None:
                     if token < M:
                         cute.copy(x_load, x_src, xv)
                 for h in cutlass.range_constexpr(2):  # elements 4 h .. 4 h + 3 feed MMA h of the step
-                    b = cute.make_rmem_tensor((4, 1, 1), BFloat16)  # (k 0-1, k 8-9) of the fragment
+                    b = cute.make_rmem_tensor((4, 1, 1), BFloat16)  # k-slots (2t, 2t+1), (2t+8, 2t+9)
                     for e in cutlass.range_constexpr(4):
                         b[e] = xv[4 * h + e]
                     for rt in cutlass.range_constexpr(RT):
-                        # A fragment order: (row g, k 0-1), (row g+8, k 0-1), (row g, k 8-9), (row g+8, k 8-9)
+                        # A fragment: (row g, k-slots 2t..), (row g+8, 2t..), (row g, 2t+8..), (row g+8, 2t+8..)
                         a = cute.make_rmem_tensor((8, 1, 1), BFloat16)
                         for e in cutlass.range_constexpr(2):
                             a[e] = ring[4 * h + e, 2 * rt, slot]
