@@ -43,7 +43,8 @@ class GateOptions(BaseModel):
     precision: float = Field(default=0.02, gt=0, lt=1,
                              description="stop once each bounded statistic's 95 % interval is this narrow (relative)")
     host_iters: int = Field(default=30, ge=5, description="replays timed by host wall clock")
-    input_sets: int = Field(default=4, ge=2, description="distinct input sets rotated while timing")
+    input_sets: int = Field(default=8, ge=2, description="distinct input sets: rotated between one-call replays, "
+                                                          "all in one graph for the in-pipeline time")
 
     @model_validator(mode="after")
     def _blocks_ordered(self) -> "GateOptions":

@@ -23,7 +23,7 @@ import torch
 
 from gates.compare import digest as _tensor_digest
 from gates.trees import clone, copy_into, leaves
-from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, count_kernels
+from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -203,6 +203,12 @@ class BenchSession:
     Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
     hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
     streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
+
+    In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
+    input sets in one graph, an L2 flush before each call, as a decode step runs one layer after another with the
+    other layers' weights passing through the L2 between them; an identical graph of the N flushes alone is
+    replayed beside it. Each pair of replays gives (pipeline - flushes) / N: the per-call time with the graph's
+    launch paid once for N calls. The fresh inputs are copied into the N buffers before each pipeline replay.
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
@@ -217,35 +223,55 @@ class BenchSession:
             self.graphs[name] = capture_graph(lambda fn=fn, args=self.buffers[name], held=held:
                                               held.update(out=fn(*args)))
             self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
+        self.pipe_buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
+        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args) for args in self.pipe_buffers[name]],
+                                                 self.flush)
+                          for name, fn in self.fns.items()}
+        self.flushes = capture_pipeline([lambda: None] * len(self.sets), self.flush, warmup=1)
         self.replays = 0
 
     def _prepare(self, name: str) -> None:
         copy_into(self.buffers[name], self.sets[self.replays % len(self.sets)])
-        self.flush()
 
     def block(self, pairs: int) -> dict:
         order, events = list(self.fns), []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
                 self._prepare(name)
-                _sleep(PAD_CYCLES)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                _record(start)
-                _replay(self.graphs[name])
-                _record(end)
-                events.append((name, start, end))
+                events.append((name, *self._timed(self.graphs[name])))
             self.replays += 1
+        piped = []
+        for i in range(pairs):
+            for name in (order if i % 2 == 0 else order[::-1]):
+                for buffer, s in zip(self.pipe_buffers[name], self.sets):
+                    copy_into(buffer, s)
+                piped.append((name, self._timed(self.pipelines[name]), self._timed(self.flushes)))
         _synchronize()
         device_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for name, start, end in events:
             device_us[name].append(_elapsed_time(start, end) * 1e3)
-        return {"device_us": device_us}
+        n = len(self.sets)
+        pipeline_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for name, (s1, e1), (s2, e2) in piped:
+            pipeline_us[name].append((_elapsed_time(s1, e1) - _elapsed_time(s2, e2)) * 1e3 / n)
+        return {"device_us": device_us, "pipeline_us": pipeline_us}
+
+    def _timed(self, graph) -> tuple:
+        """Replay a graph from a cold L2 behind a spin kernel, bracketed by events (not yet read)."""
+        self.flush()
+        _sleep(PAD_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _record(start)
+        _replay(graph)
+        _record(end)
+        return start, end
 
     def finish(self, host_iters: int) -> dict:
         host_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for _ in range(host_iters):
             for name in self.fns:
                 self._prepare(name)
+                self.flush()
                 _synchronize()
                 t0 = _perf_counter()
                 _replay(self.graphs[name])

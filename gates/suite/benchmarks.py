@@ -1,11 +1,15 @@
 """Benchmark gate (GPU only): the candidate against the standard implementation at each contract benchmark point.
 
-Both are timed side by side in the candidate's process (gates.worker.BenchSession: CUDA-graph replays in
-interleaved pairs, fresh inputs copied in and the L2 flushed before every replay, a spin kernel so the events
-time the GPU and not the host's enqueueing, one event pair per replay, plus host wall time with a device-wide
-synchronize). The gate asks for blocks of pairs until the speedup and the fraction of the roofline are settled
-(gates.estimate: each block one observation, a 95 % interval over blocks); only raw samples come back, and
-medians, speedups, intervals and verdicts are computed here. Outputs produced while timing are checked against
+Both are timed side by side in the candidate's process (gates.worker.BenchSession), two ways:
+- in-pipeline, the headline: the N input sets in one CUDA graph, an L2 flush before each call, the flushes' own
+  identical graph replayed beside it and subtracted, per-call time = difference / N: the graph's launch latency is
+  paid once for N calls, as a decode step pays it once for its ~100 layers;
+- one call per graph replay (the gate's earlier method, kept as a second column): fresh inputs copied in and the
+  L2 flushed before every replay, so each replay also pays the graph's launch (~4 µs on the H200).
+Both in interleaved pairs, a spin kernel so the events time the GPU and not the host's enqueueing, plus host wall
+time with a device-wide synchronize. The gate asks for blocks of pairs until the in-pipeline speedup and the
+fraction of the roofline are settled (gates.estimate: each block one observation, a 95 % interval over blocks);
+only raw samples come back, and medians, speedups, intervals and verdicts are computed here. Outputs produced while timing are checked against
 the reference. A time under the roofline floor is an error (nothing runs faster than memory and math allow); a
 speedup over 10× is flagged for the reviewer, not celebrated.
 """
@@ -47,10 +51,13 @@ def speedup_summary(rows: list[dict]) -> str:
     return ", ".join(parts)
 
 
-def block_estimates(blocks: list[dict], floor_us: float | None) -> tuple[Estimate, Estimate | None]:
-    """The speedup and the fraction of the roofline, one observation per block of paired replays."""
-    speedups = tuple(paired_speedup(b["candidate"], b["standard"]) for b in blocks)
-    fractions = tuple(floor_us / statistics.median(b["candidate"]) for b in blocks) if floor_us else None
+def block_estimates(blocks: list[dict], floor_us: float | None,
+                    timing_key: str = "pipeline_us") -> tuple[Estimate, Estimate | None]:
+    """The speedup and the fraction of the roofline, one observation per block of paired replays (in-pipeline
+    times by default; `device_us` for one call per graph)."""
+    speedups = tuple(paired_speedup(b[timing_key]["candidate"], b[timing_key]["standard"]) for b in blocks)
+    fractions = (tuple(floor_us / statistics.median(b[timing_key]["candidate"]) for b in blocks)
+                 if floor_us else None)
     return Estimate(speedups), Estimate(fractions) if fractions else None
 
 
@@ -59,7 +66,7 @@ def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required
     """Blocks of paired device times from the open bench session, until the bounded statistics are settled."""
     blocks: list[dict] = []
     while True:
-        blocks.append(box.request("bench_block", pairs=opts.bench_pairs, timeout_s=BLOCK_TIMEOUT_S)["device_us"])
+        blocks.append(box.request("bench_block", pairs=opts.bench_pairs, timeout_s=BLOCK_TIMEOUT_S))
         speedup, fraction = block_estimates(blocks, floor_us)
         bounded = [(speedup, required)] + ([(fraction, min_fraction)] if fraction is not None else [])
         progress(f"block {len(blocks)}: {speedup.mean:.2f}× ± {speedup.half_width:.2f}")
@@ -70,20 +77,27 @@ def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required
 def judge_point(point: Point, blocks: list[dict], finish: dict, floor_us: float | None, required: float,
                 min_fraction: float | None) -> tuple[dict, list[str], list[str]]:
     """The row for one point from raw samples, its flags, and the reasons it is slower than the contract asks."""
-    samples = {k: [t for b in blocks for t in b[k]] for k in IMPLS}
-    cand, std = (timing(samples[k]) for k in IMPLS)
+    def samples(key: str) -> dict[str, dict]:
+        return {k: timing([t for b in blocks for t in b[key][k]]) for k in IMPLS}
+
+    piped, single = samples("pipeline_us"), samples("device_us")
+    cand, std = piped["candidate"], piped["standard"]
     host = {k: statistics.median(finish["host_us"][k]) for k in IMPLS}
     speedup, fraction = block_estimates(blocks, floor_us)
+    single_speedup, single_fraction = block_estimates(blocks, floor_us, "device_us")
     row = {"point": point.label, "series": point.series, "batch": point.batch, "candidate": cand, "standard": std,
            "host_median_us": host, "speedup": speedup.mean, "speedup_ci": [speedup.low, speedup.high],
            "block_speedups": list(speedup.values), "blocks": len(blocks), "floor_us": floor_us,
            "roofline_fraction": fraction.mean if fraction else None, "kernels": finish["kernels"],
-           "required_speedup": required, "min_roofline_fraction": min_fraction}
+           "required_speedup": required, "min_roofline_fraction": min_fraction,
+           "one_per_graph": {**single, "speedup": single_speedup.mean,
+                             "speedup_ci": [single_speedup.low, single_speedup.high],
+                             "roofline_fraction": single_fraction.mean if single_fraction else None}}
     flags, slower = [], []
     if speedup.mean > SUSPICIOUS_SPEEDUP:
         flags.append(f"{point.label}: {speedup.mean:.1f}× over the standard (more than {SUSPICIOUS_SPEEDUP:g}×): "
                      "check the standard and the measurement before believing it")
-    gap = {k: host[k] - (cand if k == "candidate" else std)["median_us"] for k in host}
+    gap = {k: host[k] - single[k]["median_us"] for k in host}  # host times one call per replay
     if gap["candidate"] > 2 * max(gap["standard"], 0.0) + HIDDEN_WORK_US:
         flags.append(f"{point.label}: host wall time exceeds GPU time by {gap['candidate']:.1f} µs (standard: "
                      f"{gap['standard']:.1f} µs): work outside the timed stream?")
@@ -153,12 +167,15 @@ def run(ctx: GateContext) -> GateResult:
     details = {"rows": rows, "required_speedup": c.benchmark.required_speedup,
                "min_roofline_fraction": c.benchmark.min_roofline_fraction,
                "peaks": {"mem_bw_Bps": m.mem_bw_Bps, "flops": m.bf16_flops, "source": m.source} if peaks else None,
-               "method": f"CUDA-graph replays in interleaved (candidate, standard) pairs, {opts.input_sets} input "
-                         f"sets rotated, L2 flushed (2× L2 written) and the stream held by a spin kernel before each "
-                         f"timed replay; blocks of {opts.bench_pairs} pairs until the speedup (median of paired "
-                         f"ratios) and the fraction of the roofline have a 95 % interval over blocks clear of their "
-                         f"bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
-                         f"host wall time over {opts.host_iters} replays with a device-wide synchronize",
+               "method": f"in-pipeline (the headline): {opts.input_sets} distinct input sets in one CUDA graph, the "
+                         f"L2 flushed (2× L2 written) before each call, an identical graph of the flushes alone "
+                         f"replayed beside it and subtracted, per-call time = difference / {opts.input_sets}; one call "
+                         f"per graph replay beside it (input sets rotated, L2 flushed before each replay); both in "
+                         f"interleaved (candidate, standard) pairs with the stream held by a spin kernel before each "
+                         f"timed replay; blocks of {opts.bench_pairs} pairs until the in-pipeline speedup (median of "
+                         f"paired ratios) and the fraction of the roofline have a 95 % interval over blocks clear of "
+                         f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
+                         f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize",
                "recheck_failures": [m for ms in findings.examples.values() for m in ms]}
     speedups = speedup_summary(rows)
     if impossible:

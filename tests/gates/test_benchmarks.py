@@ -10,7 +10,7 @@ from gates.registry import GateOptions
 from gates.status import Status
 from gates.suite import benchmarks
 from gates.suite.benchmarks import judge_point, time_point, timing
-from tests.gates.fixtures.helpers import kda_contract, run_gate, timed
+from tests.gates.fixtures.helpers import LAUNCH_US, kda_contract, paired_block, run_gate, timed
 
 POINT = Point(1, 0, (("heads", 12), ("head_dim", 128)), "bf16")
 JITTER = (0.98, 1.0, 1.0, 1.02, 1.1)
@@ -31,6 +31,18 @@ def test_faster_than_required():
     assert row["speedup"] == pytest.approx(2.0) and row["roofline_fraction"] == pytest.approx(0.5)
     assert row["blocks"] == 3 and row["speedup_ci"] == pytest.approx([2.0, 2.0])
     assert flags == [] and slower == []
+
+
+def test_the_headline_is_in_pipeline_and_one_call_per_graph_stands_beside_it():
+    """The graph's launch, paid by every one-call replay, lowers that column's speedup; the verdict uses the
+    in-pipeline times."""
+    row, _, slower = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=5.0, required=1.9,
+                                 min_fraction=None)
+    assert row["speedup"] == pytest.approx(2.0) and slower == []
+    one = row["one_per_graph"]
+    assert one["speedup"] == pytest.approx((20.0 + LAUNCH_US) / (10.0 + LAUNCH_US))
+    assert one["candidate"]["median_us"] == pytest.approx(10.0 + LAUNCH_US)
+    assert one["roofline_fraction"] == pytest.approx(5.0 / (10.0 + LAUNCH_US))
 
 
 @pytest.mark.parametrize("required, min_fraction, expected", [(2.5, None, "contract requires 2.5×"),
@@ -89,11 +101,11 @@ class ScriptedBox:
     def request(self, kind: str, **payload) -> dict:
         assert kind == "bench_block" and payload == {"pairs": 50, "timeout_s": benchmarks.BLOCK_TIMEOUT_S}
         self.served += 1
-        return {"device_us": self.blocks.pop(0)}
+        return self.blocks.pop(0)
 
 
 def block(candidate: float, standard: float) -> dict:
-    return {"candidate": jittered(candidate), "standard": jittered(standard)}
+    return paired_block(jittered(candidate), jittered(standard))
 
 
 def test_timing_stops_once_the_speedup_is_settled():
