@@ -21,7 +21,8 @@ from tests.gates.fixtures.helpers import timed
 
 REPO = Path(__file__).resolve().parents[2]
 # The minimum of the real tree that the attn_res contract's evidence covers.
-COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/attn_res.py",
+COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/ops/__init__.py",
+          "model/kimi_k3/ops/attn_res.py", "model/kimi_k3/ops/attn_res_standard.py", "model/kimi_k3/ops/op.py",
           "model/kimi_k3/specialized/__init__.py", "model/kimi_k3/specialized/attn_res_fused.py")
 KERNEL = "model/kimi_k3/specialized/attn_res_fused.py"
 CONTRACT = "contracts/attn_res.yaml"

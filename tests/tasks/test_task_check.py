@@ -75,7 +75,7 @@ def test_a_kernel_no_contract_names(task_repo):
                                             ("model/kimi_k3/specialized/rogue/kernel.py", "scope")}
 
 
-@pytest.mark.parametrize("changed", [KERNEL, "model/kimi_k3/attn_res.py"])
+@pytest.mark.parametrize("changed", [KERNEL, "model/kimi_k3/ops/attn_res.py"])
 def test_stale_evidence(task_repo, changed):
     """The kernel, or the reference its evidence covers, changed after the bundle was made."""
     if changed == KERNEL:

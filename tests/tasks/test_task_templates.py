@@ -144,9 +144,11 @@ def test_new_refuses(tasks_root, capsys, args, expected):
 
 
 def test_show(capsys):
+    assert main(["task", "show", "oproj_residual"]) == 0
+    assert "oproj_residual (not in the op registry yet)" in capsys.readouterr().out
     assert main(["task", "show", "kda_verify"]) == 0
     out = capsys.readouterr().out
-    assert "kda_verify (not in the op registry yet)" in out
+    assert "kda_verify (not in the op registry yet)" not in out
     assert "model/kimi_k3/specialized/kda_verify/**" in out and "gates/**" in out
     assert "Step 1: register the op" in out and "ReplaySSM" in out  # the brief, rendered
     assert main(["task", "show", "nope"]) == 2
