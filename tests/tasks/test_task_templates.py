@@ -150,6 +150,6 @@ def test_show(capsys):
     out = capsys.readouterr().out
     assert "kda_verify (not in the op registry yet)" not in out
     assert "model/kimi_k3/specialized/kda_verify/**" in out and "gates/**" in out
-    assert "Step 1: register the op" in out and "ReplaySSM" in out  # the brief, rendered
+    assert "Step 1: the op is registered" in out and "ReplaySSM" in out  # the brief, rendered
     assert main(["task", "show", "nope"]) == 2
     assert "no task 'nope'; tasks: fuse_decode_op" in capsys.readouterr().err
