@@ -9,11 +9,12 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from gates.bundle import load_bundle
-from gates.cli import UsageError
-from gates.evidence import find_bundles, judged_by_other_gate_code, rerender, verify_bundle, verify_tree
-from gates.sources import REPO_ROOT, harness_digest, relative
-from gates.status import Status
+from gates.core.sources import REPO_ROOT, harness_digest, relative
+from gates.core.status import Status
+from gates.evidence.bundle import load_bundle
+from gates.evidence.report import rerender
+from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
+from model.kimi_k3.cli import UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 
