@@ -11,14 +11,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from gates.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from gates.checks import benchmarks
 from gates.commands.gate import option_error, parse_ops
-from gates.contracts import load_contracts
-from gates.runner import new_options, run_gates, unknown_ops
-from gates.sources import REPO_ROOT
-from gates.status import Status
-from gates.suite import benchmarks
+from gates.core.contracts import load_contracts
+from gates.core.runner import new_options, run_gates, unknown_ops
+from gates.core.sources import REPO_ROOT
+from gates.core.status import Status
 from kernels.arch import detect
+from model.kimi_k3.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub) -> None:

@@ -9,11 +9,14 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from gates.bundle import load_bundle
-from gates.cli import UsageError
-from gates.evidence import find_bundles, judged_by_other_gate_code, rerender, verify_bundle, verify_tree
-from gates.sources import REPO_ROOT, harness_digest, relative
-from gates.status import Status
+from gates.core.sources import REPO_ROOT, harness_digest, relative
+from gates.core.status import Status
+from gates.evidence.bundle import load_bundle
+from gates.evidence.diff import DiffError, render_markdown
+from gates.evidence.diff import diff as evidence_diff
+from gates.evidence.report import rerender
+from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
+from model.kimi_k3.cli import EXIT_OK, UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 
@@ -35,6 +38,15 @@ def register(sub) -> None:
     render.add_argument("path", nargs="?", type=Path,
                         help="a bundle directory or a directory of bundles (default: evidence/)")
     render.set_defaults(func=run_render)
+    diff = verbs.add_parser("diff", help="what moved between two commits' bundles, per op and arch",
+                            description="Per op and arch: verdict and gate statuses, per-point speedups with their "
+                                        "intervals (in-pipeline and one call per graph), fractions of the floor, "
+                                        "kernel counts, registers and spills, the contract fields the bundle was "
+                                        "judged by (loosening flagged), eval figures; bundles added or removed.")
+    diff.add_argument("base", help="base revision (a commit, branch or tag)")
+    diff.add_argument("head", nargs="?", help="head revision (default: the working tree)")
+    diff.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    diff.set_defaults(func=run_diff)
 
 
 def _existing(path: Path) -> Path:
@@ -107,3 +119,14 @@ def run_render(args) -> int:
         else:
             out.print(f"[green]✓[/] {relative(directory)}: reports rendered again")
     return 1 if refused else 0
+
+
+def run_diff(args) -> int:
+    try:
+        text = render_markdown(evidence_diff(args.base, args.head), args.base, args.head)
+    except DiffError as e:
+        raise UsageError(str(e)) from None
+    Console(highlight=False).print(text, markup=False)
+    if args.out:
+        args.out.write_text(text)
+    return EXIT_OK

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from gates.compare import check_tensor
+from gates.core.compare import check_tensor
 from gates.problems import Case, Cost, Point, sample
 from model.kimi_k3.ops.attn_res import OP, attn_res
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gates.compare import check_tensor
+from gates.core.compare import check_tensor
 from gates.problems import Case, Cost, Point, UnsupportedPoint, sample
 from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
 from model.kimi_k3.ops.kda_decode import OP, kda_decode

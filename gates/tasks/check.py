@@ -17,10 +17,12 @@ from pathlib import Path
 
 import git
 
-from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
-from gates.evidence import INDEX_JSON, INDEX_MD, index_rows, verify_bundle
-from gates.report import render_index
-from gates.status import Status
+from gates.core.status import Status
+from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
+from gates.evidence.index import index_rows
+from gates.evidence.report import render_index
+from gates.evidence.verify import verify_bundle
+from gates.scope.policy import EVIDENCE_INDEX, bundle_key, change_problem
 from gates.tasks.render import render
 from gates.tasks.schema import TASKS_DIR, Task, TaskError, read_task
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
@@ -28,7 +30,6 @@ from kernels.contract import Contract, ContractError, contract_files, evidence_d
 SPECIALIZED = "model/kimi_k3/specialized/"
 # Kernel sources: changing one means changing its contract too (a kernel package's notes and results do not).
 KERNEL_SOURCES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
-EVIDENCE_INDEX = (f"evidence/{INDEX_JSON}", f"evidence/{INDEX_MD}")
 DISCLOSURE_KEYS = ("assisted-by", "co-authored-by")
 SIGN_OFF_KEY = "signed-off-by"
 TASK_KEY = "task"
@@ -269,12 +270,6 @@ def read_evidence(root: Path, op: str, arch: str) -> Evidence:
     return Evidence(op, arch, rel, bundle, problems)
 
 
-def bundle_key(path: str) -> tuple[str, str] | None:
-    """(op, arch) for a file of a bundle directory evidence/<op>/<arch>/<file>."""
-    parts = path.split("/")
-    return (parts[1], parts[2]) if len(parts) == 4 and parts[0] == "evidence" else None
-
-
 @dataclass
 class Report:
     task: Task
@@ -295,18 +290,10 @@ class Report:
 
 
 def check_scope(task: Task, branch: Branch) -> list[Violation]:
-    out = []
-    for path in branch.changed:
-        if path in EVIDENCE_INDEX:
-            continue  # judged by check_index
-        if key := bundle_key(path):
-            if key[0] not in task.ops:
-                out.append(Violation(path, "scope", f"evidence/ takes only generated bundles of the task's ops "
-                                                    f"({', '.join(task.ops)})"))
-            continue  # a bundle of a task op: check_evidence verifies it
-        if why := task.scope_problem(path):
-            out.append(Violation(path, "scope", why))
-    return out
+    """The policy's verdict on each changed path; a changed index is judged by check_index, a task op's bundle by
+    check_evidence."""
+    return [Violation(path, "scope", why) for path in branch.changed
+            if (why := change_problem(path, task.ops, task.allowed_globs, task.forbidden_globs))]
 
 
 def check_contracts(branch: Branch, kernels: dict[str, Kernel], errors: dict[str, list[str]]) -> list[Violation]:

@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from gates.bundle import load_bundle
+from gates.checks.benchmarks import judge_point
 from gates.cli import main
+from gates.core.status import GateResult, Status, worst
+from gates.evidence.bundle import load_bundle
 from gates.problems import Point
-from gates.status import GateResult, Status, worst
-from gates.suite.benchmarks import judge_point
 from tests.gates.fixtures.helpers import CONTRACTS, paired_block, timed
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from kernels.roofline import floor
 from gates.problems import (DISTRIBUTIONS, Point, ProblemError, UnsupportedPoint, batch_sizes, bench_point,
                             envelope_points, load_problem, sample)
+from kernels.roofline import floor
 from tests.gates.fixtures.helpers import kda_contract
 
 KDA = load_problem("kda_decode")

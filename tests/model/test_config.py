@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gates.commands.config import describe
+from model.kimi_k3.cli import describe
 from model.kimi_k3.config import ConfigError, KimiK3Config, preset
 
 

@@ -10,12 +10,12 @@ import git
 import pytest
 import yaml
 
+from gates.checks.benchmarks import judge_point
+from gates.core.runner import detect, environment, new_options
+from gates.core.status import GateResult, Status, worst
+from gates.evidence.bundle import Bundle, GitState, covered_sources, now, write_bundle
+from gates.evidence.report import render_reports
 from gates.problems import Point
-from gates.suite.benchmarks import judge_point
-from gates.bundle import Bundle, GitState, covered_sources, now, write_bundle
-from gates.report import render_reports
-from gates.runner import detect, environment, new_options
-from gates.status import GateResult, Status, worst
 from kernels.contract import load_contract
 from tests.gates.fixtures.helpers import timed
 

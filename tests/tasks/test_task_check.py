@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from gates.cli import main
-from gates.evidence import write_index
+from gates.evidence.index import write_index
 from gates.tasks.check import check, read_branch, summary, task_at_base
 from tests.tasks.conftest import (AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run,
                                   passed)

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from gates.cli import main
+from gates.scope.policy import matches
 from gates.tasks.scaffold import ScaffoldError, scaffold
-from gates.tasks.schema import TASKS_DIR, TaskError, load_task, load_tasks, matches
+from gates.tasks.schema import TASKS_DIR, TaskError, load_task, load_tasks
 from model.kimi_k3.ops.registry import OPS
 from tests.tasks.conftest import REPO, TASK
 
