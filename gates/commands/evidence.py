@@ -12,7 +12,7 @@ from rich.table import Table
 from gates.core.sources import REPO_ROOT, harness_digest, relative
 from gates.core.status import Status
 from gates.evidence.bundle import load_bundle
-from gates.evidence.diff import DiffError, render_markdown
+from gates.evidence.diff import DiffError, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
 from gates.evidence.report import rerender
 from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
@@ -123,7 +123,8 @@ def run_render(args) -> int:
 
 def run_diff(args) -> int:
     try:
-        text = render_markdown(evidence_diff(args.base, args.head), args.base, args.head)
+        text = render_markdown(evidence_diff(args.base, args.head), args.base, args.head,
+                               contract_changes(args.base, args.head))
     except DiffError as e:
         raise UsageError(str(e)) from None
     Console(highlight=False).print(text, markup=False)

@@ -180,13 +180,51 @@ def diff(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> 
     return [diff_bundles(base.get(key), head.get(key), *key) for key in sorted(set(base) | set(head))]
 
 
+def contract_changes(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> list[dict]:
+    """Judged fields of `contracts/*.yaml` that differ between two revisions (None: the working tree), each with
+    whether it loosens the bar; a contract added or removed is one entry with field None."""
+    import yaml
+
+    def contracts(rev: str | None) -> dict[str, dict]:
+        if rev is None:
+            return {p.name: yaml.safe_load(p.read_text()) or {} for p in (root / "contracts").glob("*.yaml")}
+        names = [p for p in _git(root, "ls-tree", "--name-only", rev, "contracts/").split() if p.endswith(".yaml")]
+        return {Path(p).name: yaml.safe_load(_git(root, "show", f"{rev}:{p}")) or {} for p in names}
+
+    base, head = contracts(base_rev), contracts(head_rev)
+    out = []
+    for name in sorted(set(base) | set(head)):
+        b, h = base.get(name), head.get(name)
+        if b is None or h is None:
+            out.append({"contract": name, "field": None, "base": b is not None, "head": h is not None,
+                        "loosened": False})
+            continue
+        for f in JUDGED_FIELDS:
+            if b.get(f) != h.get(f):
+                out.append({"contract": name, "field": f, "base": b.get(f), "head": h.get(f),
+                            "loosened": loosened(f, b.get(f), h.get(f))})
+    return out
+
+
 def _num(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None) -> str:
-    """The diff as Markdown: one section per bundle that moved, tables of the moves."""
+def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None,
+                    contracts: list[dict] | None = None) -> str:
+    """The diff as Markdown: the contracts' judged fields that moved (loosening first), then one section per bundle
+    that moved, tables of the moves."""
     lines = [f"## Evidence diff: `{base_rev}` → `{head_rev or 'working tree'}`", ""]
+    if contracts:
+        lines += ["| contract | field | base | head | |", "|---|---|---|---|---|"]
+        for c in sorted(contracts, key=lambda c: not c["loosened"]):
+            if c["field"] is None:
+                lines.append(f"| {c['contract']} | (whole contract) | {'present' if c['base'] else '-'} | "
+                             f"{'present' if c['head'] else '-'} | {'added' if c['head'] else 'removed'} |")
+            else:
+                lines.append(f"| {c['contract']} | {c['field']} | `{json.dumps(c['base'])}` | `{json.dumps(c['head'])}` | "
+                             f"{'**loosened: say why**' if c['loosened'] else ''} |")
+        lines.append("")
     moved = [d for d in diffs if d.change != "unchanged"]
     if not moved:
         return "\n".join(lines + ["No evidence bundle changed.", ""])

@@ -19,6 +19,8 @@ import git
 
 from gates.core.status import Status
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
+from gates.evidence.diff import DiffError, contract_changes, render_markdown
+from gates.evidence.diff import diff as evidence_diff
 from gates.evidence.index import index_rows
 from gates.evidence.report import render_index
 from gates.evidence.verify import verify_bundle
@@ -90,6 +92,7 @@ class Branch:
     base: str
     base_sha: str
     head_sha: str
+    merge_base_sha: str
     changed: tuple[str, ...]
     commits: tuple[CommitInfo, ...]
     uncommitted: tuple[str, ...]
@@ -125,7 +128,7 @@ def read_branch(repo: git.Repo, base: str) -> Branch:
     commits = [CommitInfo(c.hexsha, c.summary, tuple(c.trailers_list))
                for c in repo.iter_commits(f"{base_commit.hexsha}..{head.hexsha}") if len(c.parents) < 2]
     return Branch(Path(repo.working_tree_dir).resolve(), base, base_commit.hexsha, head.hexsha,
-                  tuple(sorted(changed)), tuple(reversed(commits)), uncommitted_paths(repo))
+                  merge_bases[0].hexsha, tuple(sorted(changed)), tuple(reversed(commits)), uncommitted_paths(repo))
 
 
 def uncommitted_paths(repo: git.Repo) -> tuple[str, ...]:
@@ -455,5 +458,12 @@ def summary(report: Report, link_base: str = "") -> str:
     def people(*keys: str) -> list[str]:
         return sorted({v for c in report.branch.commits for v in c.values(*keys)})
 
+    b = report.branch
+    try:
+        moved = render_markdown(evidence_diff(b.merge_base_sha, b.head_sha, b.root), b.merge_base_sha[:12],
+                                b.head_sha[:12], contract_changes(b.merge_base_sha, b.head_sha, b.root))
+    except DiffError as e:
+        moved = f"The evidence diff could not be made: {e}"
     return render("pr_summary.md.j2", r=report, rules=list(RULES), owners=people(SIGN_OFF_KEY),
-                  assistants=people(*DISCLOSURE_KEYS), link=lambda path: f"{link_base}{path}")
+                  assistants=people(*DISCLOSURE_KEYS), link=lambda path: f"{link_base}{path}",
+                  evidence_diff=moved.replace("## Evidence diff", "### Evidence diff", 1))

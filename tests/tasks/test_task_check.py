@@ -190,6 +190,16 @@ def test_cli_lists_violations_one_per_line(task_repo, capsys, tmp_path):
         "3 violation(s) of task attn_res_mix"]
     assert "### Task check: 3 violation(s)" in out and summary.read_text() == out.removesuffix("\n")
     assert "| `README.md` | scope | outside the task's allowed paths |" in out
+    assert "### Evidence diff" in out and "No evidence bundle changed." in out
+
+
+def test_summary_shows_a_loosened_contract(task_repo):
+    contract = task_repo.root / "contracts" / "attn_res.yaml"
+    contract.write_text(contract.read_text().replace("batch: {min: 1, max: 64}", "batch: {min: 1, max: 128}"))
+    task_repo.commit("wider batch", "Task: attn_res_mix", AGENT, OWNER)
+    branch = read_branch(task_repo.repo, "main")
+    text = summary(check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch))
+    assert "| attn_res.yaml | batch |" in text and "loosened: say why" in text
 
 
 @pytest.mark.parametrize("tasks, expected", [

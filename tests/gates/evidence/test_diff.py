@@ -66,3 +66,20 @@ def test_two_commits_of_the_repository():
     moved = [d for d in diffs if (d.op, d.arch) == ("kda_decode", "sm_90")]
     assert moved and moved[0].change in ("changed", "unchanged")
     assert "Evidence diff" in render_markdown(diffs, revs[1], revs[0])
+
+
+def test_a_loosened_contract_field_is_flagged_between_revisions(tmp_path):
+    """Working tree against HEAD: a wider tolerance in a contract file shows, loosening first."""
+    from gates.evidence.diff import contract_changes
+
+    root = tmp_path / "repo"
+    (root / "contracts").mkdir(parents=True)
+    contract = root / "contracts" / "op.yaml"
+    contract.write_text("op: op\ntolerance: {atol: 0.001, rtol: 0.01, max_rel_l2: 0.001}\nbatch: {min: 1, max: 8}\n")
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
+        subprocess.run(["git", *args], cwd=root, check=True)
+    contract.write_text("op: op\ntolerance: {atol: 0.01, rtol: 0.01, max_rel_l2: 0.001}\nbatch: {min: 2, max: 8}\n")
+    changes = contract_changes("HEAD", None, root)
+    assert {(c["field"], c["loosened"]) for c in changes} == {("tolerance", True), ("batch", False)}
+    text = render_markdown([], "HEAD", None, changes)
+    assert text.index("tolerance") < text.index("batch") and "loosened: say why" in text
