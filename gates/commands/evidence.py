@@ -11,6 +11,7 @@ from rich.table import Table
 
 from gates.core.sources import REPO_ROOT, harness_digest, relative
 from gates.core.status import Status
+from gates.evidence import decode
 from gates.evidence.bundle import load_bundle
 from gates.evidence.diff import DiffError, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
@@ -47,6 +48,13 @@ def register(sub) -> None:
     diff.add_argument("head", nargs="?", help="head revision (default: the working tree)")
     diff.add_argument("--out", type=Path, help="also write the Markdown to this file")
     diff.set_defaults(func=run_diff)
+    dec = verbs.add_parser("decode", help="make the decode bundle from `bench layer` / `bench step` records",
+                           description="One bundle (evidence/decode/<arch>/ by default) from the JSON records of "
+                                       "`k3forge bench layer|step --json`: one commit, one device; it covers every "
+                                       "source the runs loaded.")
+    dec.add_argument("records", nargs="+", type=Path, help="JSON records written by bench layer / bench step")
+    dec.add_argument("--out", type=Path, help="bundle directory (default: evidence/decode/<arch>)")
+    dec.set_defaults(func=run_decode)
 
 
 def _existing(path: Path) -> Path:
@@ -130,4 +138,15 @@ def run_diff(args) -> int:
     Console(highlight=False).print(text, markup=False)
     if args.out:
         args.out.write_text(text)
+    return EXIT_OK
+
+
+def run_decode(args) -> int:
+    try:
+        bundle = decode.from_records(args.records)
+    except decode.DecodeError as e:
+        raise UsageError(str(e)) from None
+    out = decode.write(bundle, args.out or REPO_ROOT / "evidence" / "decode" / bundle.arch)
+    Console(highlight=False).print(f"wrote {relative(out)}: {len(bundle.layers)} layer rows, {len(bundle.steps)} step "
+                                   f"rows, {len(bundle.sources)} sources covered", markup=False)
     return EXIT_OK

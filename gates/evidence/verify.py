@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gates.core.sources import HARNESS_DIRS, REPO_ROOT, resolve, sha256_file
+from gates.evidence import decode
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, load_bundle
 
 
@@ -62,6 +63,11 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT) -> list[str]:
     """Every reason not to trust the bundle at `directory`: broken integrity, unreadable schema, stale sources."""
     directory = Path(directory)
     problems = check_integrity(directory)
+    if decode.is_decode_bundle(directory):
+        try:
+            return problems + [f"{directory}: {p}" for p in decode.check_freshness(decode.load(directory), root)]
+        except ValidationError as e:
+            return problems + [off_schema(directory / BUNDLE_FILE, e)]
     try:
         bundle = load_bundle(directory)
     except FileNotFoundError:

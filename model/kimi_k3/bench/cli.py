@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kernels.arch import detect
 from ..config import preset
 from ..dispatch import DECODE_BACKENDS
 from ..ops.registry import REPO_ROOT
@@ -99,7 +100,7 @@ def loaded_sources() -> dict[str, str]:
 
 def run_environment() -> dict:
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "commit": os.environ.get("K3FORGE_COMMIT") or _git_head()}
+            "commit": os.environ.get("K3FORGE_COMMIT") or _git_head(), "arch": detect().arch}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30))

@@ -22,6 +22,7 @@ import torch
 
 from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
+from ..cli import UsageError
 from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
 from ..ops.registry import OPS, load_specialized
@@ -33,8 +34,8 @@ HEADROOM_BYTES = 8 << 30  # left free on the device for graphs, workspaces and t
 FLOOR_ARCH_OFF_GPU = "sm_90"
 
 
-class BenchError(ValueError):
-    """A request the device cannot hold or the bench cannot run; the message says what fits."""
+class BenchError(UsageError):
+    """A request the device cannot hold or the bench cannot run; the message says what fits (one line, exit 2)."""
 
 
 @dataclass
