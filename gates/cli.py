@@ -14,7 +14,7 @@ from rich.console import Console
 
 import gates.commands
 import model.kimi_k3.cli
-from model.kimi_k3.cli import EXIT_USAGE, UsageError
+from model.kimi_k3.errors import EXIT_USAGE, UsageError
 
 AREAS = (model.kimi_k3.cli, gates.commands)
 

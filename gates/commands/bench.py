@@ -22,7 +22,7 @@ from gates.core.sources import REPO_ROOT
 from gates.core.status import Status
 from kernels.arch import detect
 from model.kimi_k3.bench.cli import add_commands as add_decode_benches
-from model.kimi_k3.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub) -> None:

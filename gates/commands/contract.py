@@ -19,7 +19,7 @@ from rich.table import Table
 
 from gates.core.contracts import check_contracts, load_contracts
 from kernels.contract import contract_files, load_contract
-from model.kimi_k3.cli import EXIT_OK, EXIT_USAGE, UsageError
+from model.kimi_k3.errors import EXIT_OK, EXIT_USAGE, UsageError
 from model.kimi_k3.ops.registry import REPO_ROOT, registry_problems
 
 BUNDLE = "bundle.json"

@@ -22,7 +22,7 @@ from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
 from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
-from model.kimi_k3.cli import EXIT_FAILED, EXIT_OK, UsageError
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}

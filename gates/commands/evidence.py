@@ -17,7 +17,7 @@ from gates.evidence.diff import DiffError, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
 from gates.evidence.report import rerender
 from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
-from model.kimi_k3.cli import EXIT_OK, UsageError
+from model.kimi_k3.errors import EXIT_OK, UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 

@@ -16,7 +16,7 @@ from gates.core.runner import Reporter, gate_all, new_options
 from gates.core.sources import REPO_ROOT, relative
 from gates.core.status import GateResult, Status
 from kernels.contract import contract_files
-from model.kimi_k3.cli import UsageError
+from model.kimi_k3.errors import UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 MARK = {Status.PASSED: "✓", Status.NOT_RUN: "–"}

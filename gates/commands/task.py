@@ -18,7 +18,7 @@ from rich.table import Table
 from gates.core.sources import REPO_ROOT
 from gates.scope.policy import CORE_FORBIDDEN
 from gates.tasks.schema import TASKS_DIR, TaskError, brief_path, find_task, load_tasks
-from model.kimi_k3.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub) -> None:

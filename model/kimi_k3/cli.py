@@ -1,9 +1,9 @@
 """The model area of the `k3forge` command: `config show`, `ckpt make` and `generate` (`gates/cli.py` adds the
 gating area's commands beside them), and the command line's shared vocabulary.
 
-The vocabulary (UsageError and the exit codes) is defined here, in the lower layer, because `gates` imports
-`model` and never the reverse: the gating area's commands raise this same UsageError, and `gates/cli.py`
-turns it into one line and exit code 2 for both areas.
+The vocabulary (UsageError and the exit codes) is defined in the lower layer (`model/kimi_k3/errors.py`),
+because `gates` imports `model` and never the reverse: the gating area's commands raise this same UsageError,
+and `gates/cli.py` turns it into one line and exit code 2 for both areas.
 
     config show   the config (Hugging Face field names), MLA layer ids and every rank-local weight
     ckpt make     a random, well-scaled checkpoint in the Hugging Face layout, with its tokenizer
@@ -27,15 +27,11 @@ from model.kimi_k3.dispatch import DECODE_BACKENDS
 from model.kimi_k3.distributed import run_tp
 from model.kimi_k3.drafters import Drafter, NgramDrafter, SyntheticDrafter
 from model.kimi_k3.engine import Engine, Generation, SamplingParams
+from model.kimi_k3.errors import UsageError
 from model.kimi_k3.loader import load_config, load_model
 from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.parallel import TP
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; printed without a traceback, exit code 2."""
 
 
 def register(sub) -> None:

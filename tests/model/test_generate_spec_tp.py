@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gates.cli import main
-from model.kimi_k3.cli import EXIT_OK, EXIT_USAGE
+from model.kimi_k3.errors import EXIT_OK, EXIT_USAGE
 
 MAX_NEW = 8
 

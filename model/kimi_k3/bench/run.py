@@ -22,7 +22,7 @@ import torch
 
 from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
-from ..cli import UsageError
+from ..errors import UsageError
 from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
 from ..ops.registry import OPS, load_specialized
