@@ -104,13 +104,15 @@ def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
     for (kind, tp), rows in sorted(groups.items()):
         batches = sorted({r["batch"] for r in rows})
         series: dict[str, list] = {}
+        floor: list = [None] * len(batches)
         for r in rows:
             if r["us"] is None:
                 continue
             series.setdefault(BACKEND_LABEL.get(r["backend"], r["backend"]), [None] * len(batches))[
                 batches.index(r["batch"])] = r["us"]
-            series.setdefault("floor", [None] * len(batches))[batches.index(r["batch"])] = r["floor_us"]
+            floor[batches.index(r["batch"])] = r["floor_us"]
         if series:
+            series["floor"] = floor
             plots[f"layer {kind} TP{tp}"] = Markup(bar_chart(
                 f"{kind.upper()} layer, TP{tp}: µs per layer in-pipeline", [str(b) for b in batches], series,
                 y_label="µs per layer", value_format="{:.0f}"))
@@ -142,7 +144,8 @@ def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html.j2"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(num=lambda v, spec=".1f": "–" if v is None else format(v, spec),
-                       pct=lambda v: "–" if v is None else f"{v:.0%}", backend=lambda b: BACKEND_LABEL.get(b, b))
+                       pct=lambda v: "–" if v is None else f"{v:.0%}", backend=lambda b: BACKEND_LABEL.get(b, b),
+                       by_time=lambda ops: sorted(ops.items(), key=lambda item: -item[1]["us"]))
     return env
 
 
