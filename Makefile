@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
 # GPU runners have no package index. On a runner (its own Python has CUDA torch) where `make wheelhouse` left

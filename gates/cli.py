@@ -22,7 +22,8 @@ err = Console(stderr=True, highlight=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="k3forge", description="Contracted, evidence-gated kernels for Kimi K3 decoding.")
+    parser = argparse.ArgumentParser(prog="k3forge",
+                                     description="Contracted, evidence-gated kernels for Kimi K3 decoding.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for area in AREAS:
         area.register(sub)

@@ -28,7 +28,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-
 PAD_CYCLES = 200_000  # the spin before a timed replay: ~100 us at H200 clocks, longer than the host's enqueueing
 
 

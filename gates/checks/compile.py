@@ -88,5 +88,5 @@ def run(ctx: GateContext) -> GateResult:
                       summary=f"{keys} key(s) × {len(archs)} arch(s) compiled ({', '.join(archs)}), within bounds")
 
 
-GATE = Gate(NAME, TITLE, "every compile key builds for every validated and declared arch, within the resource bounds", run,
-            needs=("contracts",))
+GATE = Gate(NAME, TITLE, "every compile key builds for every validated and declared arch, within the resource bounds",
+            run, needs=("contracts",))

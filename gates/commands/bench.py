@@ -71,7 +71,8 @@ def run(args) -> int:
 
 
 def _table(op: str, result) -> Table:
-    table = Table(title=f"{op}: {result.status.value} ({result.summary if result.status is Status.PASSED else result.reason})")
+    table = Table(title=f"{op}: {result.status.value} "
+                        f"({result.summary if result.status is Status.PASSED else result.reason})")
     for col in ("point", "candidate µs", "standard µs", "speedup [95 %]", "blocks", "required", "of roofline",
                 "kernels"):
         table.add_column(col, overflow="fold")

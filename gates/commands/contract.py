@@ -81,7 +81,8 @@ def run_show(args) -> int:
     table.add_column(style="bold")
     table.add_column()
     for key, value in contract.model_dump(mode="json", exclude={"schema_version"}, exclude_none=True).items():
-        text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None, sort_keys=False).strip()
+        text = (value if isinstance(value, str)
+                else yaml.safe_dump(value, default_flow_style=None, sort_keys=False).strip())
         table.add_row(key, escape(text))
     for arch, rel in contract.evidence_dirs().items():
         present = (args.root / rel / BUNDLE).is_file()

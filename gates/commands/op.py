@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from model.kimi_k3.errors import EXIT_OK, UsageError
 from kernels.contract import ContractError, contract_files, load_contract
+from model.kimi_k3.errors import EXIT_OK, UsageError
 from model.kimi_k3.ops.registry import OPS, REPO_ROOT, Op, import_entry_point
 
 out = Console(highlight=False)

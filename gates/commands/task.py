@@ -131,8 +131,16 @@ def run_new(args) -> int:
 
 
 def run_check(args) -> int:
-    from gates.tasks.check import (CannotCheck, check, default_base, open_repo, read_branch, summary, task_at_base,
-                                   task_name)
+    from gates.tasks.check import (
+        CannotCheck,
+        check,
+        default_base,
+        open_repo,
+        read_branch,
+        summary,
+        task_at_base,
+        task_name,
+    )
 
     try:
         repo = open_repo(args.repo)

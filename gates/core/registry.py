@@ -78,7 +78,8 @@ class GateContext:
         """Why the candidate cannot run on this machine, or None when it can."""
         c, m = self.contract, self.machine
         if not m.is_gpu:
-            return None if c.backend == "torch" else f"backend {c.backend} runs only on a CUDA GPU; this machine has none"
+            return (None if c.backend == "torch"
+                    else f"backend {c.backend} runs only on a CUDA GPU; this machine has none")
         targets = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
         if m.cute_arch not in {cute_arch_for(t) for t in targets}:
             return f"this machine is {m.arch}; the contract targets {', '.join(targets)}"

@@ -63,7 +63,8 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
         blocked = next((n for n in gate.needs if n in ctx.results and ctx.results[n].status.failed), None)
         t0 = time.perf_counter()
         if blocked is not None:
-            result = GateResult.not_run(gate.name, gate.title, f"the {blocked} gate {ctx.results[blocked].status.value}")
+            result = GateResult.not_run(gate.name, gate.title,
+                                        f"the {blocked} gate {ctx.results[blocked].status.value}")
         else:
             try:
                 with one_thread():
@@ -78,8 +79,8 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
     return list(ctx.results.values())
 
 
-def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState, harness: str,
-                options: GateOptions, results: list[GateResult], command: str) -> Bundle:
+def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState,
+                harness: str, options: GateOptions, results: list[GateResult], command: str) -> Bundle:
     try:
         problem_file = load_problem(contract.op).source
     except ProblemError:

@@ -224,7 +224,8 @@ class BenchSession:
                                               held.update(out=fn(*args)))
             self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
         self.pipe_buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
-        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args) for args in self.pipe_buffers[name]],
+        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args)
+                                                  for args in self.pipe_buffers[name]],
                                                  self.flush)
                           for name, fn in self.fns.items()}
         self.flushes = capture_pipeline([lambda: None] * len(self.sets), self.flush, warmup=1)

@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gates.core.status import Status
 
-
 # An eval ends PASSED, FAILED_EVAL (a statistic exceeded its bound), NOT_RUN (the reason says why; not a
 # pass) or ERROR (the eval itself crashed): the gate runner's statuses.
 # A NaN or infinite statistic is evidence too: JSON carries it as the string "NaN" / "Infinity", not null.

@@ -92,7 +92,8 @@ def make_proj(cols: KDAColumns, batch: int, device="cpu", seed: int = 0, dist: s
     return x.to(device=device, dtype=torch.bfloat16)
 
 
-def make_slots(batch: int, num_slots: int, pattern: str, device="cpu", seed: int = 0, dtype=torch.int64) -> torch.Tensor:
+def make_slots(batch: int, num_slots: int, pattern: str, device="cpu", seed: int = 0,
+               dtype=torch.int64) -> torch.Tensor:
     """'contiguous': slots 0..B-1; 'offset': a contiguous run not starting at 0; 'scattered': distinct random
     slots in a larger cache, in random order."""
     gen = torch.Generator().manual_seed(seed)

@@ -175,7 +175,8 @@ def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
             known = sorted(b.name.removesuffix(".yaml") for b in (tree / TASKS_DIR).blobs if b.name.endswith(".yaml"))
         except KeyError:
             known = []
-        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; tasks there: {', '.join(known) or 'none'}")
+        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; "
+                        f"tasks there: {', '.join(known) or 'none'}")
     return read_task(found, text(f"{TASKS_DIR}/{name}.md"), source)
 
 
@@ -377,16 +378,17 @@ def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]
     out = []
     bounds = task.success.numerics
     for k in (k for k in touched if k.op in task.ops):
-        for field in ("tolerance", "state_tolerance"):
-            if (tol := getattr(k.contract, field)) is None:
+        for tol_name in ("tolerance", "state_tolerance"):
+            if (tol := getattr(k.contract, tol_name)) is None:
                 continue
             for name in ("atol", "rtol", "max_rel_l2", "max_units"):
                 bound = getattr(bounds, name)
                 if bound is not None and getattr(tol, name) > bound:
-                    out.append(Violation(k.contract_path, "thresholds", f"{field}.{name} {getattr(tol, name):g} is "
-                                                                        f"looser than the task's {bound:g}"))
+                    out.append(Violation(k.contract_path, "thresholds",
+                                         f"{tol_name}.{name} {getattr(tol, name):g} is "
+                                         f"looser than the task's {bound:g}"))
             if bounds.min_close_fraction is not None and tol.min_close_fraction < bounds.min_close_fraction:
-                out.append(Violation(k.contract_path, "thresholds", f"{field}.min_close_fraction "
+                out.append(Violation(k.contract_path, "thresholds", f"{tol_name}.min_close_fraction "
                                      f"{tol.min_close_fraction:g} is looser than the task's "
                                      f"{bounds.min_close_fraction:g}"))
     for ev in evidence:

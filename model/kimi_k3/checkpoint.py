@@ -122,7 +122,8 @@ def write_checkpoint(cfg: KimiK3Config, out: str | Path, seed: int = 0, nested: 
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, out / fname, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, fname))
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(nested=nested), indent=2))
     save_tokenizer(build_tokenizer(cfg), out)
     return out

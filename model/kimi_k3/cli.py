@@ -33,7 +33,6 @@ from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.parallel import TP
 
 
-
 def register(sub) -> None:
     """Add this area's commands to the `k3forge` subparsers; each parser's `func` is its handler -> exit code."""
     _register_config(sub)
@@ -115,7 +114,8 @@ def run_ckpt_make(args) -> int:
         cfg = cfg.model_copy(update={"quantization_config": None})
     size = sum(t.dtype.itemsize * _numel(t.shape) for t in checkpoint_tensors(cfg).values()) / 1e9
     if size > args.max_gb:
-        raise UsageError(f"--preset {args.preset}: the checkpoint would be {size:,.0f} GB (limit --max-gb {args.max_gb})")
+        raise UsageError(f"--preset {args.preset}: the checkpoint would be {size:,.0f} GB "
+                         f"(limit --max-gb {args.max_gb})")
     with Console(stderr=True).status(f"writing {args.preset} checkpoint to {args.out}"):
         out = write_checkpoint(cfg, args.out, seed=args.seed, nested=not args.flat)
     print(out)
@@ -151,7 +151,8 @@ def _register_generate(sub) -> None:
     p.add_argument("--drafter", help="with --spec-tokens: ngram (prompt lookup, the default) or synthetic:A "
                                      "(replays the greedy trajectory so that exactly A drafts are accepted per step)")
     p.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
-                   help="auto: the standard path (default); latency_specialized: contracted kernels inside their envelopes")
+                   help="auto: the standard path (default); "
+                        "latency_specialized: contracted kernels inside their envelopes")
     p.add_argument("--json", action="store_true",
                    help="end with one JSON line: tokens, logprobs, dispatch counts (and accepted_per_step)")
     p.set_defaults(func=run_generate)

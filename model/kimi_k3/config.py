@@ -126,7 +126,8 @@ class KimiK3Config(BaseModel):
     def _check_quantization(self) -> None:
         q = self.quantization_config or {}
         if q.get("quant_method") != "compressed-tensors":
-            raise ValueError(f"quantization_config.quant_method: {q.get('quant_method')!r}, expected 'compressed-tensors'")
+            raise ValueError(f"quantization_config.quant_method: {q.get('quant_method')!r}, "
+                             "expected 'compressed-tensors'")
         if q.get("format") != "mxfp4-pack-quantized":
             raise ValueError(f"quantization_config.format: {q.get('format')!r}, expected 'mxfp4-pack-quantized'")
         for name, group in (q.get("config_groups") or {}).items():

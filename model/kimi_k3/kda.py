@@ -43,10 +43,12 @@ class KimiDeltaAttention(Weighted):
         )
         used = 4 * self.cols.p + rank + self.cols.heads
         self.declare(Binding("in_proj", in_parts, pad_rows=self.cols.width - used))
-        self.declare(Binding("conv_weight", tuple(sharded(f"{c}_conv1d.weight", (p, 1, wc), fp32, "conv") for c in "qkv")))
+        self.declare(Binding("conv_weight",
+                             tuple(sharded(f"{c}_conv1d.weight", (p, 1, wc), fp32, "conv") for c in "qkv")))
         self.declare(single("f_b", pre + "f_b_proj.weight", (p, rank), bf16, shard_dim=0))
         a_log_len = -(-h // A_LOG_STORED) * A_LOG_STORED
-        self.declare(Binding("A_log", (Part(CkptTensor(pre + "A_log", (a_log_len,), fp32, f"a_log:{h}"), 0, extent=h),)))
+        self.declare(Binding("A_log",
+                             (Part(CkptTensor(pre + "A_log", (a_log_len,), fp32, f"a_log:{h}"), 0, extent=h),)))
         self.declare(single("dt_bias", pre + "dt_bias", (p,), fp32, "dt_bias", shard_dim=0))
         self.declare(single("o_norm", pre + "o_norm.weight", (k,), fp32, "ones"))
         self.declare(single("o_proj", pre + "o_proj.weight", (d, p), bf16, shard_dim=1))

@@ -21,7 +21,8 @@ class LatentMoE(Weighted):
         pre = f"model.layers.{layer}.block_sparse_moe."
         d, lat, n_exp = cfg.hidden_size, cfg.routed_expert_hidden_size, cfg.num_experts
         inter, shared = cfg.moe_intermediate_size, cfg.shared_intermediate_size
-        self.top_k, self.renormalize, self.scaling = cfg.num_experts_per_token, cfg.moe_renormalize, cfg.routed_scaling_factor
+        self.top_k, self.renormalize, self.scaling = (cfg.num_experts_per_token, cfg.moe_renormalize,
+                                                      cfg.routed_scaling_factor)
         self.beta, self.beta_lin, self.eps = cfg.activation_situ_beta, cfg.activation_situ_linear_beta, cfg.rms_norm_eps
         bf16, u8 = torch.bfloat16, torch.uint8
 
@@ -31,7 +32,8 @@ class LatentMoE(Weighted):
         self.declare(single("latent_norm", pre + "routed_expert_norm.weight", (lat,), bf16, "ones"))
         self.declare(single("up_proj", pre + "routed_expert_up_proj.weight", (d, lat), bf16))
         self.declare(Binding("shared_gate_up", tuple(
-            Part(CkptTensor(f"{pre}shared_experts.{n}_proj.weight", (shared, d), bf16), shard_dim=0) for n in ("gate", "up")
+            Part(CkptTensor(f"{pre}shared_experts.{n}_proj.weight", (shared, d), bf16), shard_dim=0)
+            for n in ("gate", "up")
         )))
         self.declare(single("shared_down", pre + "shared_experts.down_proj.weight", (d, shared), bf16, shard_dim=1))
 
@@ -39,8 +41,10 @@ class LatentMoE(Weighted):
         # Each tensor is (checkpoint suffix, full shape, dtype, shard dim, rank-local size after padding).
         if cfg.experts_quantized:
             g = MXFP4_GROUP
-            w13_tensors = [("weight_packed", (inter, lat // 2), u8, 0, local), ("weight_scale", (inter, lat // g), u8, 0, local)]
-            w2_tensors = [("weight_packed", (lat, inter // 2), u8, 1, local // 2), ("weight_scale", (lat, inter // g), u8, 1, local // g)]
+            w13_tensors = [("weight_packed", (inter, lat // 2), u8, 0, local),
+                           ("weight_scale", (inter, lat // g), u8, 0, local)]
+            w2_tensors = [("weight_packed", (lat, inter // 2), u8, 1, local // 2),
+                          ("weight_scale", (lat, inter // g), u8, 1, local // g)]
         else:
             w13_tensors = [("weight", (inter, lat), bf16, 0, local)]
             w2_tensors = [("weight", (lat, inter), bf16, 1, local)]

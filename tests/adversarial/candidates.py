@@ -12,7 +12,6 @@ import hashlib
 import torch
 
 from model.kimi_k3.ops.kda import KDAColumns, conv_update, prepare
-
 from model.kimi_k3.ops.kda_decode import kda_decode
 
 TILE_ROWS = 4

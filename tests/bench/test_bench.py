@@ -9,8 +9,14 @@ import torch
 
 from model.kimi_k3.bench.cli import add_commands
 from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes
-from model.kimi_k3.bench.run import (BenchError, batch_points, bench_layers, bench_step, schedule,
-                                     speculative_tokens_per_step)
+from model.kimi_k3.bench.run import (
+    BenchError,
+    batch_points,
+    bench_layers,
+    bench_step,
+    schedule,
+    speculative_tokens_per_step,
+)
 from model.kimi_k3.config import preset
 
 CPU = torch.device("cpu")

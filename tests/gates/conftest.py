@@ -47,8 +47,8 @@ def synthetic_benchmarks(required: float = 1.5) -> GateResult:
     return GateResult(gate="benchmarks", title="Benchmarks", status=Status.SLOWER if slower else Status.PASSED,
                       reason="; ".join(slower), flags=flags, summary="synthetic", seconds=12.0,
                       details={"rows": rows, "required_speedup": required, "min_roofline_fraction": None,
-                               "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12, "source": "declared"}, "method": "synthetic samples",
-                               "recheck_failures": []})
+                               "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12, "source": "declared"},
+                               "method": "synthetic samples", "recheck_failures": []})
 
 
 @pytest.fixture

@@ -82,7 +82,8 @@ def test_expert_padding_is_zero(tiny_ckpt):
 
 def test_missing_tensor(ckpt):
     rewrite(ckpt, lambda t: t.pop(EXPERT))
-    with pytest.raises(CheckpointError, match=r"missing tensor language_model\.model\.layers\.1\.block_sparse_moe\.experts\.3\.w2\.weight_packed"):
+    with pytest.raises(CheckpointError, match=r"missing tensor language_model\.model\.layers\.1\.block_sparse_moe"
+                                              r"\.experts\.3\.w2\.weight_packed"):
         load_model(ckpt)
 
 

@@ -24,7 +24,8 @@ def test_tiny_preset_exercises_every_part():
 
 def test_nested_and_flat_configs_parse_alike():
     cfg = preset("tiny")
-    assert KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=True)) == KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=False))
+    assert (KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=True))
+            == KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=False)))
 
 
 def test_unknown_fields_are_kept_but_bad_values_are_named():

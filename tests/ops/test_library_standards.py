@@ -21,18 +21,32 @@ import pytest
 import torch
 
 from model.kimi_k3 import mxfp4
-from model.kimi_k3.ops.attn_res import attn_res
-from model.kimi_k3.ops.rms_norm import rms_norm
-from model.kimi_k3.ops.moe_experts import moe_experts
-from model.kimi_k3.ops.moe_route import moe_route as route
-from model.kimi_k3.ops.situ_mlp import situ
 from model.kimi_k3.ops import attn_res_standard as A
 from model.kimi_k3.ops import moe_experts_standard as M
 from model.kimi_k3.ops import rms_norm_standard as R
+from model.kimi_k3.ops.attn_res import attn_res
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_route import moe_route as route
 from model.kimi_k3.ops.probe_standards import (
-    K3_BETA, K3_BETA_LIN, K3_EPS, K3_EXPERTS, K3_HIDDEN, K3_INTER, K3_LATENT, K3_TOP_K, compare, fmt,
-    make_attn_res_case, make_mxfp4_experts, make_rms_case, make_routing, make_z, passes,
+    K3_BETA,
+    K3_BETA_LIN,
+    K3_EPS,
+    K3_EXPERTS,
+    K3_HIDDEN,
+    K3_INTER,
+    K3_LATENT,
+    K3_TOP_K,
+    compare,
+    fmt,
+    make_attn_res_case,
+    make_mxfp4_experts,
+    make_rms_case,
+    make_routing,
+    make_z,
+    passes,
 )
+from model.kimi_k3.ops.rms_norm import rms_norm
+from model.kimi_k3.ops.situ_mlp import situ
 
 gpu = pytest.mark.gpu
 BETA, BETA_LIN = 4.0, 25.0
@@ -73,7 +87,8 @@ def test_fallback_equals_reference_cpu(k, dtype, dense):
     # a tiny chunk budget: several chunks, one pair per chunk
     for budget in (1, 1 << 30):
         out = M.moe_experts_fallback(z, ids, weights, w13, w2, BETA, BETA_LIN, max_temp_bytes=budget)
-        m = compare(out, ref, atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=1e-4 if dtype == torch.float32 else 1.6e-2)
+        m = compare(out, ref, atol=1e-5 if dtype == torch.float32 else 2e-2,
+                    rtol=1e-4 if dtype == torch.float32 else 1.6e-2)
         assert out.dtype == torch.float32 and out.shape == ref.shape
         assert m["rel_l2"] <= (1e-5 if dtype == torch.float32 else 1e-2) and m["close_frac"] == 1.0, fmt(m)
 
@@ -126,7 +141,8 @@ def _check_alignment(ids, e, block, sorted_ids, expert_ids, ntp, exact_order=Tru
         rows = rows[rows < n]
         ex = int(expert_ids[b])
         assert rows.numel() > 0, f"block {b} has no pair"
-        assert bool((flat[rows] == ex).all()), f"block {b}: pairs of experts {flat[rows].tolist()} in expert {ex}'s block"
+        assert bool((flat[rows] == ex).all()), (f"block {b}: pairs of experts {flat[rows].tolist()} "
+                                                f"in expert {ex}'s block")
         assert ex >= prev, "groups in expert order"
         prev = ex
         if exact_order:

@@ -10,8 +10,8 @@ with compensation and rounds it the same way (checked on the CPU against the ker
 fp32 sum, as in the standard's cuBLAS GEMM, rounds a few r per step the other way, and the gate amplifies
 such a flip (up to ~20x through exp(A_log)): the generic checks are graded (relative L2 and the fraction of
 elements within tolerance) so that they hold for the standard too, and `test_decays_round_like_the_reference`
-reads the kernel's decays and holds them to the reference's. With `exact_gemm=True` the f_a/f_b values are dyadic so every
-order gives the same exact product.
+reads the kernel's decays and holds them to the reference's. With `exact_gemm=True` the f_a/f_b values are dyadic so
+every order gives the same exact product.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import functools
 import pytest
 import torch
 
+from gates.problems.kda_decode import make_case, make_proj
 from kernels.cute import cutlass_available
 from model.kimi_k3.ops.kda import KDAColumns
 from model.kimi_k3.ops.kda_decode import kda_decode
-from gates.problems.kda_decode import make_case, make_proj
 
 CUTLASS_OK, CUTLASS_WHY = cutlass_available()
 needs_cutlass = pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")

@@ -34,7 +34,8 @@ TASK = {
     "ops": ["attn_res"],
     "allowed": ["model/kimi_k3/specialized/{op}_fused.py", "contracts/{op}.yaml", "tests/specialized/**"],
     "required_gates": ["contracts", "numerics"],
-    "envelope": {"archs": ["cpu"], "tp_sizes": [1], "batch": {"min": 1, "max": 64}, "spec_tokens": {"min": 0, "max": 7}},
+    "envelope": {"archs": ["cpu"], "tp_sizes": [1], "batch": {"min": 1, "max": 64},
+                 "spec_tokens": {"min": 0, "max": 7}},
     "success": {"numerics": {"max_rel_l2": 1e-4}},
     "checklist": ["The mix sums the sources in fp32."],
 }

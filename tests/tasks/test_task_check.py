@@ -11,8 +11,7 @@ import pytest
 from gates.cli import main
 from gates.evidence.index import write_index
 from gates.tasks.check import check, read_branch, summary, task_at_base
-from tests.tasks.conftest import (AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run,
-                                  passed)
+from tests.tasks.conftest import AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run, passed
 
 
 def violations(r, base: str = "main") -> list[tuple[str, str, str]]:
@@ -138,7 +137,8 @@ def test_gates_thresholds_and_envelope(task_repo):
     task_repo.commit("kernel", *TRAILERS)
     found = violations(task_repo, base="task")
     assert ("evidence/attn_res/cpu", "thresholds",
-            "batch 1: 1.30× over the standard at batch 1 · sources 9 · hidden 7168 · fp32; the task requires 1.5×") in found
+            "batch 1: 1.30× over the standard at batch 1 · sources 9 · hidden 7168 · fp32; "
+            "the task requires 1.5×") in found
     assert any(p == "evidence/attn_res/cpu" and r == "thresholds" and m.startswith("batch 8: no speedup measured")
                for p, r, m in found)
     assert (CONTRACT, "thresholds", "tolerance.max_rel_l2 1e-05 is looser than the task's 1e-06") in found

@@ -17,6 +17,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from kernels.arch import detect
+
 from ..config import preset
 from ..dispatch import DECODE_BACKENDS
 from ..ops.registry import REPO_ROOT

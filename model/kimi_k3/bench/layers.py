@@ -143,4 +143,5 @@ def standard_copy_bytes(cfg: KimiK3Config, layer_id: int, tp_size: int) -> int:
         return 0
     with torch.device("meta"):
         layer = DecoderLayer(cfg, layer_id, RankOfTP(size=tp_size), torch.bfloat16)
-    return sum(p.numel() * p.element_size() for name, p in layer.ffn.named_parameters() if name.startswith(("w13", "w2")))
+    return sum(p.numel() * p.element_size() for name, p in layer.ffn.named_parameters()
+               if name.startswith(("w13", "w2")))

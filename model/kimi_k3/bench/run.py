@@ -22,9 +22,10 @@ import torch
 
 from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
-from ..errors import UsageError
+
 from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
+from ..errors import UsageError
 from ..ops.registry import OPS, load_specialized
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
 from .trace import RecordingDispatcher, call_costs, op_trace
@@ -312,7 +313,8 @@ def build_head(cfg: KimiK3Config, tp: int, tokens: int, device: torch.device, se
     d, eps, dtype = cfg.hidden_size, cfg.rms_norm_eps, torch.bfloat16
     with torch.device(device):
         modules = torch.nn.ModuleList([AttnResWeights("model.", "output_attn_res", d, eps, rank, dtype),
-                                       RMSNorm("model.norm.weight", d, eps, rank, dtype), VocabParallel(cfg, rank, dtype)])
+                                       RMSNorm("model.norm.weight", d, eps, rank, dtype),
+                                       VocabParallel(cfg, rank, dtype)])
     gen = torch.Generator(device).manual_seed(seed)
     fill_random_(modules, gen)
     sources = [torch.randn(tokens, d, generator=gen, device=device).to(dtype)

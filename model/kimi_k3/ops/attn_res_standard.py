@@ -43,7 +43,8 @@ def standard_label() -> str:
     return "torch composition: one stack, fp32 math (fused rms_norm for the scores, softmax, weighted sum)"
 
 
-def attn_res_standard(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float) -> torch.Tensor:
+def attn_res_standard(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor,
+                      eps: float) -> torch.Tensor:
     """Same signature and semantics as `attn_res.attn_res` -> [T, D] in the sources' dtype."""
     s = torch.stack(sources).float()  # [m, T, D]
     w = norm_w.float() * proj_w.reshape(-1)  # fp32 (bf16 x bf16 is exact in fp32)
@@ -62,7 +63,8 @@ def flash_attn_res_available() -> tuple[bool, str]:
     return True, "ok"
 
 
-def attn_res_flash_padded(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float) -> torch.Tensor:
+def attn_res_flash_padded(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor,
+                          eps: float) -> torch.Tensor:
     """flash-attn-res's phase-1 kernel on sources zero-padded to a power-of-two D (see the module docstring).
     bf16 output by construction; for timing the library kernel, not the standard."""
     from flash_attn_res.ops.phase_1 import phase_1_batched_attention_triton_op

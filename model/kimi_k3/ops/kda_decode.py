@@ -12,6 +12,7 @@ import torch
 from .kda import KDAColumns, KDAWeights, conv_update, finish, prepare
 from .op import Cost, Op, nbytes
 
+
 def kda_decode(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
                w: KDAWeights) -> torch.Tensor:
     """One decode token per sequence: the whole KDA step after the input projection, reference form.

@@ -45,7 +45,8 @@ def _load_fla():
 def standard_available() -> tuple[bool, str]:
     """(True, 'ok') when the standard composition can run here, else (False, reason)."""
     if not torch.cuda.is_available():
-        return False, "no CUDA device: the standard KDA decode is built from FLA's Triton GPU kernels (use the reference on CPU)"
+        return False, ("no CUDA device: the standard KDA decode is built from FLA's Triton GPU kernels "
+                       "(use the reference on CPU)")
     if _load_fla() is None:
         return False, _FLA_ERROR
     return True, "ok"

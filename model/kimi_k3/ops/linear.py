@@ -31,5 +31,6 @@ def cost(x, weight):
     return Cost(bytes=nbytes(x, weight) + t * n * x.element_size(), flops=2 * t * n * k)
 
 
-OP = Op("linear", linear, shapes=("out_features", "in_features"), dtypes=("weights",), signature_of=signature, cost_of=cost,
-        gpu_standard="model.kimi_k3.ops.linear:linear_standard", standard_label="cuBLAS through torch F.linear")
+OP = Op("linear", linear, shapes=("out_features", "in_features"), dtypes=("weights",), signature_of=signature,
+        cost_of=cost, gpu_standard="model.kimi_k3.ops.linear:linear_standard",
+        standard_label="cuBLAS through torch F.linear")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.contract import Tolerance
+
 from .op import Cost, Op, nbytes
 
 

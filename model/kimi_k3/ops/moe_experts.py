@@ -58,6 +58,7 @@ def cost(z, ids, weights, w13, w2, beta, beta_lin):
 
 
 OP = Op("moe_experts", moe_experts, shapes=("experts", "top_k", "latent_dim"), dtypes=("weights",),
-        signature_of=signature, cost_of=cost, gpu_standard="model.kimi_k3.ops.moe_experts_standard:moe_experts_standard",
+        signature_of=signature, cost_of=cost,
+        gpu_standard="model.kimi_k3.ops.moe_experts_standard:moe_experts_standard",
         standard_label="humming 0.1.20 MoE W4A16 (MXFP4) indexed GEMMs with SiTU fused (Triton routing alignment and "
                        "slot sum); a gathered-dequantization PyTorch composition where humming cannot serve")

@@ -299,9 +299,9 @@ def moe_align_block_size_triton(ids: torch.Tensor, num_experts: int, block_size:
     expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=dev)
     ntp = torch.empty(1, dtype=torch.int32, device=dev)
     work = torch.empty(2 * e_pad, dtype=torch.int32, device=dev)
-    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, ntp, work, n, num_experts, max_blocks, max_blocks * block_size,
-                            BLOCK_M=block_size, E_PAD=e_pad, CHUNK=256, LOG_E=max(1, num_experts.bit_length()),
-                            num_warps=8)
+    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, ntp, work, n, num_experts, max_blocks,
+                            max_blocks * block_size, BLOCK_M=block_size, E_PAD=e_pad, CHUNK=256,
+                            LOG_E=max(1, num_experts.bit_length()), num_warps=8)
     return sorted_ids, expert_ids, ntp
 
 
@@ -622,7 +622,8 @@ def _byte_lut(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return lut
 
 
-def gather_dequantize(packed: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def gather_dequantize(packed: torch.Tensor, scale: torch.Tensor, experts: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
     """Dense [P, N, K] weights in `dtype` of experts[p] from MXFP4 (packed [E, N, K/2], scale [E, N, K/32]).
 
     Exact: every E2M1 value times a power of two is representable (as in `mxfp4.dequantize`)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from kernels.contract import Tolerance
+
 from .op import Cost, Op, nbytes
 
 
@@ -45,7 +46,7 @@ def cost(x, gate_w, bias, top_k, renormalize, scaling):
 
 
 # The weights are fp32 from fp32 scores; ids are compared exactly by the checker (near-ties reported apart).
-OP = Op("moe_route", moe_route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
-        gpu_standard="model.kimi_k3.ops.moe_route:moe_route_standard",
+OP = Op("moe_route", moe_route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",), signature_of=signature,
+        cost_of=cost, gpu_standard="model.kimi_k3.ops.moe_route:moe_route_standard",
         standard_label="cuBLAS bf16 GEMM with fp32 output (GateLinear), torch sigmoid / topk / gather",
         standard_tolerance=Tolerance(atol=1e-4, rtol=1e-3, max_rel_l2=1e-4, min_close_fraction=0.999))

@@ -253,11 +253,12 @@ class Probe:
 
 
 def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
-    from model.kimi_k3.ops.moe_experts import moe_experts
     from model.kimi_k3.ops import moe_experts_standard as M
+    from model.kimi_k3.ops.moe_experts import moe_experts
 
     inter, inter_real = K3_INTER[tp]
-    print(f"\n== moe_experts TP{tp}: E={K3_EXPERTS} I={inter} (real {inter_real}) L={K3_LATENT} k={K3_TOP_K} ==", flush=True)
+    print(f"\n== moe_experts TP{tp}: E={K3_EXPERTS} I={inter} (real {inter_real}) L={K3_LATENT} k={K3_TOP_K} ==",
+          flush=True)
     print(f"   standard: {M.standard_label()}", flush=True)
     t0 = time.time()
     w13, w2 = make_mxfp4_experts(K3_EXPERTS, inter, K3_LATENT, inter_real=inter_real, seed=tp)
@@ -274,7 +275,8 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
         p.info[key]["prepare_s"] = time.time() - t0
         if experts is not None:
             p.info[key]["extra_device_bytes"] = experts.extra_bytes
-            print(f"   humming prepare (repack) {time.time() - t0:.1f}s, extra device bytes {experts.extra_bytes / 2**30:.3f} GiB",
+            print(f"   humming prepare (repack) {time.time() - t0:.1f}s, "
+                  f"extra device bytes {experts.extra_bytes / 2**30:.3f} GiB",
                   flush=True)
             warm = p.guard(f"moe TP{tp} humming warmup", lambda: experts.warmup(batches, K3_TOP_K))
             p.info[key]["warmup"] = warm
@@ -283,7 +285,8 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
     for t in batches:
         ids, weights = make_routing(t, K3_EXPERTS, K3_TOP_K, seed=100 + t)
         z = make_z(t, K3_LATENT, seed=t)
-        ref = p.guard(f"moe TP{tp} T={t} reference", lambda: moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN))
+        ref = p.guard(f"moe TP{tp} T={t} reference",
+                      lambda: moe_experts(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN))
         ref_time = None
         if ref is not None and p.ref_iters > 0:
             ref_time = p.guard(f"moe TP{tp} T={t} reference timing", lambda: _eager_time(
@@ -297,7 +300,8 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
                 variants.append((f"humming/situ={mode} TP{tp}",
                                  (lambda mode=mode: experts(z, ids, weights, K3_BETA, K3_BETA_LIN, situ=mode))))
         if fallback_timing or experts is None:
-            variants.append((f"fallback TP{tp}", lambda: M.moe_experts_fallback(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)))
+            variants.append((f"fallback TP{tp}",
+                             lambda: M.moe_experts_fallback(z, ids, weights, w13, w2, K3_BETA, K3_BETA_LIN)))
 
         for name, fn in variants:
             def one(name=name, fn=fn):
@@ -321,8 +325,8 @@ def probe_moe(p: Probe, tp: int, batches: list[int], fallback_timing: bool):
 
 
 def probe_attn_res(p: Probe, batches: list[int], sources: list[int], flash: bool):
-    from model.kimi_k3.ops.attn_res import attn_res
     from model.kimi_k3.ops import attn_res_standard as A
+    from model.kimi_k3.ops.attn_res import attn_res
 
     print(f"\n== attn_res D={K3_HIDDEN}: {A.standard_label()} ==", flush=True)
     p.info["attn_res"] = {"label": A.standard_label(), "flash_attn_res": list(A.flash_attn_res_available())}
@@ -352,8 +356,8 @@ def probe_attn_res(p: Probe, batches: list[int], sources: list[int], flash: bool
 
 
 def probe_rms_norm(p: Probe, batches: list[int], dims: list[int]):
-    from model.kimi_k3.ops.rms_norm import rms_norm
     from model.kimi_k3.ops import rms_norm_standard as R
+    from model.kimi_k3.ops.rms_norm import rms_norm
 
     ok, why = R.standard_available()
     print(f"\n== rms_norm: {R.standard_label()} (available: {ok}, {why}) ==", flush=True)
@@ -405,7 +409,8 @@ def print_table(p: Probe):
         spd = r.get("speedup_vs_reference")
         print(f"{r['op']:<9} {r['variant']:<26} {r['T']:>4} {t.get('median_us', float('nan')):>10.1f} "
               f"{t.get('iqr_us', float('nan')):>8.1f} {str(t.get('graph', '-')):>5} "
-              f"{str(t.get('graph_equals_eager', '-')):>5} {(f'{spd:.2f}x' if spd else '-'):>7} {str(r.get('kernels_per_call', '-')):>5} "
+              f"{str(t.get('graph_equals_eager', '-')):>5} {(f'{spd:.2f}x' if spd else '-'):>7} "
+              f"{str(r.get('kernels_per_call', '-')):>5} "
               f"{n.get('rel_l2', float('nan')):>9.2e} {n.get('close_frac', float('nan')):>8.5f} {str(r.get('ok')):>5}")
     print("-" * 124)
     print("g=e: the graph replay's output is bitwise equal to an eager call's; x ref: reference time / this time "
@@ -427,14 +432,16 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="directory for probe_standards.json")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--tp", type=int, nargs="+", default=[8], choices=sorted(K3_INTER))
-    ap.add_argument("--ops", nargs="+", default=["moe", "attn_res", "rms_norm"], choices=["moe", "attn_res", "rms_norm"])
+    ap.add_argument("--ops", nargs="+", default=["moe", "attn_res", "rms_norm"],
+                    choices=["moe", "attn_res", "rms_norm"])
     ap.add_argument("--iters", type=int, default=100, help="timed graph replays per measurement")
     ap.add_argument("--ref-iters", type=int, default=3, help="eager timed calls of the (uncapturable) MoE reference")
     ap.add_argument("--attn-sources", type=int, nargs="+", default=[9])
     ap.add_argument("--rms-dims", type=int, nargs="+", default=[K3_HIDDEN, K3_LATENT])
     ap.add_argument("--no-fallback-timing", action="store_true", help="skip the MoE PyTorch fallback")
     ap.add_argument("--flash-attn-res", action="store_true", help="also time flash-attn-res on zero-padded D")
-    ap.add_argument("--dry-run", action="store_true", help="CPU, small shapes, wall-clock timers: checks the probe itself")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, small shapes, wall-clock timers: checks the probe itself")
     a = ap.parse_args(argv)
     if a.dry_run:
         _dry_run_shapes()

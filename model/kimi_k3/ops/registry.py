@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from kernels.contract import Contract, ContractError, contract_files, load_contract
+
 from .op import Op, Signature, dtype_name, entry_point, import_entry_point
 
 __all__ = ["OPS", "Op", "Signature", "Specialized", "Implementations", "dtype_name", "entry_point",

@@ -43,6 +43,6 @@ def cost(x, gate_up, down, beta, beta_lin):
                 flops=2 * t * (gate_up.numel() + down.numel()) + 10 * t * down.shape[1])
 
 
-OP = Op("situ_mlp", situ_mlp, shapes=("intermediate", "hidden"), dtypes=("weights",), signature_of=signature, cost_of=cost,
-        gpu_standard="model.kimi_k3.ops.situ_mlp:situ_mlp_standard",
+OP = Op("situ_mlp", situ_mlp, shapes=("intermediate", "hidden"), dtypes=("weights",), signature_of=signature,
+        cost_of=cost, gpu_standard="model.kimi_k3.ops.situ_mlp:situ_mlp_standard",
         standard_label="cuBLAS (torch F.linear) for gate_up and down, SiTU as torch elementwise ops")

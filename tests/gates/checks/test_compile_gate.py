@@ -1,6 +1,7 @@
 """The compile gate: CuTe DSL kernels compile for every target arch on a CPU machine, within resource bounds."""
 
 import importlib.util
+
 import pytest
 
 from gates.checks import compile as compile_gate
@@ -9,7 +10,8 @@ from kernels.contract import Resources
 from tests.gates.fixtures.helpers import kda_contract, run_gate
 
 needs_cutlass = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
-                                   reason="nvidia-cutlass-dsl not installed (pip install 'nvidia-cutlass-dsl[cu13]==4.8.1')")
+                                   reason="nvidia-cutlass-dsl not installed "
+                                          "(pip install 'nvidia-cutlass-dsl[cu13]==4.8.1')")
 FIXTURES = "tests.gates.fixtures"
 
 
@@ -17,8 +19,9 @@ H200 = {"arch": "sm_90", "devices": ["NVIDIA H200"]}
 
 
 def cute_contract(implementation: str, archs: list[dict], blocks=(128, 256)):
-    return kda_contract(op="reverse_scale", backend="cutedsl", implementation=implementation, shapes={"block": list(blocks)},
-                        benchmark={"points": [{"batch": 1}], "required_speedup": 1.0}, hardware={"declared": archs})
+    return kda_contract(op="reverse_scale", backend="cutedsl", implementation=implementation,
+                        shapes={"block": list(blocks)}, benchmark={"points": [{"batch": 1}], "required_speedup": 1.0},
+                        hardware={"declared": archs})
 
 
 @needs_cutlass

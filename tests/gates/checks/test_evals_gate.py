@@ -40,6 +40,7 @@ def test_the_kernel_runs_only_in_the_sandbox(monkeypatch):
 
 
 def test_a_candidate_that_tampers_is_an_error():
-    contract = load_contract(ATTN_RES).model_copy(update={"implementation": "tests.adversarial.patches_timer:kda_decode"})
+    contract = load_contract(ATTN_RES).model_copy(
+        update={"implementation": "tests.adversarial.patches_timer:kda_decode"})
     result = run_gate(evals.GATE, contract, ATTN_RES)
     assert result.status is Status.ERROR and "replaced time.perf_counter" in result.reason

@@ -53,7 +53,8 @@ def test_the_state_may_have_its_own_tolerance():
     off = "tests.adversarial.candidates:one_state_element_off"
     strict = run_gate(numerics.GATE, kda_contract(implementation=off))
     assert strict.status is Status.FAILED_NUMERICS and "state" in failed_checks(strict)
-    assert "tolerance units (limit 3)" in next(c for c in strict.details["checks"] if c["check"] == "state")["examples"][0]
+    state_check = next(c for c in strict.details["checks"] if c["check"] == "state")
+    assert "tolerance units (limit 3)" in state_check["examples"][0]
     # the fixture's state is small (512 elements a sequence): one element is 0.2 % of it and of its norm
     state_tol = {"atol": 1e-3, "rtol": 1.6e-2, "max_rel_l2": 5e-2, "min_close_fraction": 0.99, "max_units": 10}
     loose = run_gate(numerics.GATE, kda_contract(implementation=off, state_tolerance=state_tol))
@@ -67,8 +68,6 @@ def test_a_failure_names_the_input_seed_that_reproduces_it():
     """Each failing example carries its input's seed: the problem draws the same input from it again, and the
     candidate fails there the same way, so a failure on the GPU can be studied without rerunning the gate."""
     import re
-
-    import torch
 
     from gates.core.compare import check_tensor
     from gates.problems import envelope_points, load_problem

@@ -28,6 +28,7 @@ def test_table_shows_speedups_with_their_intervals():
     console = Console(record=True, width=200)
     console.print(_table("kda_decode", synthetic_benchmarks(required=1.5)))
     text = console.export_text()
-    cells = [c.strip() for c in next(line for line in text.splitlines() if line.startswith("│ batch 64 · heads 6")).split("│")]
+    row = next(line for line in text.splitlines() if line.startswith("│ batch 64 · heads 6"))
+    cells = [c.strip() for c in row.split("│")]
     assert re.fullmatch(r"\d\.\d\d× \[\d\.\d\d, \d\.\d\d\]", cells[4]) and cells[5:7] == ["3", "1.5×"]
     assert text.lstrip().startswith("kda_decode: SLOWER")  # the 6-head batch-64 point is under 1.5×

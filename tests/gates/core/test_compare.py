@@ -18,7 +18,8 @@ def _ref(n=10_000):
     ("one element 2 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([2e-3])), True, None),
     ("one element 4 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([4e-3])), False, "max error"),
     ("all within, but half a unit on average", lambda x: x + 5e-4, False, "mean error"),
-    ("one in a hundred off", lambda x: torch.where(torch.arange(x.numel()) % 100 == 0, x + 2e-3, x), False, "within tolerance"),
+    ("one in a hundred off", lambda x: torch.where(torch.arange(x.numel()) % 100 == 0, x + 2e-3, x), False,
+     "within tolerance"),
     ("a NaN", lambda x: x.index_fill(0, torch.tensor([3]), float("nan")), False, "NaN/inf"),
 ])
 def test_graded(name, perturb, passed, problem):
@@ -53,7 +54,8 @@ def test_relative_norm_bound():
     assert not check.passed and check.rel_l2 == pytest.approx(0.02, rel=1e-6)
 
 
-@pytest.mark.parametrize("got", [torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2, dtype=torch.float64)])
+@pytest.mark.parametrize("got", [torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16),
+                                 torch.zeros(2, 2, dtype=torch.float64)])
 def test_shape_and_dtype_first(got):
     check = check_tensor("out", got, torch.zeros(2, 2), TOL)
     assert not check.passed and "expected torch.float32 (2, 2)" in check.problems[0]

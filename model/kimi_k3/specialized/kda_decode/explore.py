@@ -59,10 +59,10 @@ def parse_tuning(text: str) -> dict | None:
 
 
 def main(argv=None):
+    from gates.problems.kda_decode import make_case
     from kernels.arch import detect
     from kernels.timing import time_op
     from model.kimi_k3.specialized.kda_decode.bench import check_against_reference, step_floor
-    from gates.problems.kda_decode import make_case
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])

@@ -81,7 +81,8 @@ class KDADecodeConfig:
 
     def __post_init__(self):
         if self.head_dim != 128:
-            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 (8 warps x 16 rows, 32 lanes x 4)")
+            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 "
+                             "(8 warps x 16 rows, 32 lanes x 4)")
         if self.rank != 128:
             raise ValueError(f"rank {self.rank}: the f_b GEMV mapping needs 128 (16 lanes x 8 bf16 per row)")
         if self.conv_width != 4:

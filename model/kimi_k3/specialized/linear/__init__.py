@@ -5,10 +5,11 @@
     >>> linear_cute(x, weight, out=y)                           # into a preallocated [M, N] bf16 / fp32 tensor
     >>> linear_cute(x, weight, config=dataclasses.replace(LinearConfig.for_shape(m, n, k), stages=2))
 
-Envelope: M <= 64 tokens; any N (M = 0 or N = 0 return an empty y without a launch); K a positive multiple of 32 (of 128 for the gemv path, which M <= 8 takes when
-K allows); weight contiguous; x with unit column stride and a row stride that is a multiple of 8 elements (a
-column slice of a wider tensor is fine); x and weight 16-byte aligned; y contiguous and not overlapping x or
-weight; every index below 2^31. Anything else raises ValueError before anything is written.
+Envelope: M <= 64 tokens; any N (M = 0 or N = 0 return an empty y without a launch); K a positive multiple of 32 (of
+128 for the gemv path, which M <= 8 takes when K allows); weight contiguous; x with unit column stride and a row
+stride that is a multiple of 8 elements (a column slice of a wider tensor is fine); x and weight 16-byte aligned; y
+contiguous and not overlapping x or weight; every index below 2^31. Anything else raises ValueError before anything
+is written.
 """
 
 from __future__ import annotations

@@ -217,7 +217,8 @@ def main(argv=None) -> int:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         lock, barrier, queue = ctx.Lock(), ctx.Barrier(procs), ctx.Queue()
         shards = [shapes[i::procs] for i in range(procs)]
-        workers = [ctx.Process(target=worker, args=(shard, args.tokens, args, lock, barrier, queue)) for shard in shards]
+        workers = [ctx.Process(target=worker, args=(shard, args.tokens, args, lock, barrier, queue))
+                   for shard in shards]
         for p in workers:
             p.start()
         expected = len(shapes) * len(args.tokens)
