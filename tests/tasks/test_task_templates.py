@@ -138,6 +138,25 @@ def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
     assert (tasks_root / written[0]).read_text() == before
 
 
+def test_new_adopts_a_kernel_written_before_its_contract(tasks_root, capsys):
+    """The kernel package and its test exist: --adopt writes the missing contract naming the kernel's own entry
+    point, keeps the rest as they are, and lists them."""
+    kernel = tasks_root / "model/kimi_k3/specialized/moe_route/__init__.py"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("def route_fast(*args):\n    raise NotImplementedError\n")
+    entry = "model.kimi_k3.specialized.moe_route:route_fast"
+    assert main(["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root),
+                 "--adopt", entry]) == 0
+    out = capsys.readouterr().out
+    assert "kept model/kimi_k3/specialized/moe_route/__init__.py (already there)" in out
+    assert "wrote contracts/moe_route.yaml" in out
+    assert f"implementation: {entry}" in (tasks_root / "contracts/moe_route.yaml").read_text()
+    assert kernel.read_text().startswith("def route_fast")
+    assert main(["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root),
+                 "--adopt", "model.kimi_k3.specialized.other:f"]) == 2
+    assert "lives in model.kimi_k3.specialized.moe_route" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--op", "kda_decode", "--owner", OWNER], "--op kda_decode: not an op of task moe_router (its ops: moe_route)"),
     (["--op", "moe_route"], "name the contract's human owner with --owner"),  # no git identity in a bare dir
