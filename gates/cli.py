@@ -44,11 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def error_message(e: BaseException) -> str:
     """What went wrong, in the words of the file or option concerned: an OSError as `path: reason`, a pydantic
-    error as its `field: problem` lines."""
+    error as its `model: field: problem`s on one line."""
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     if isinstance(e, ValidationError):
-        return "\n".join(problem_lines(e.title, e))
+        return "; ".join(problem_lines(e.title, e))
     return str(e)
 
 

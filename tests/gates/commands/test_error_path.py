@@ -6,6 +6,7 @@ import shutil
 import time
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from gates.cli import EXIT_INTERRUPTED, error_message, main
 from gates.tasks.schema import load_tasks
@@ -139,3 +140,13 @@ def test_ckpt_make_refuses_an_out_that_is_a_file(tmp_path, capsys):
     out.write_text("")
     assert main(["ckpt", "make", "--out", str(out)]) == 2
     assert "exists and is not a directory" in error_line(capsys)
+
+
+def test_a_validation_error_is_one_line():
+    class Options(BaseModel):
+        trials: int
+        runs: int
+
+    with pytest.raises(ValidationError) as e:
+        Options(trials="x", runs="y")
+    assert error_message(e.value).count("\n") == 0 and "Options: trials:" in error_message(e.value)
