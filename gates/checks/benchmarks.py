@@ -159,6 +159,26 @@ class RecordedTiming(BaseModel):
         return self
 
 
+class RecordedOnePerGraph(BaseModel):
+    """The one-call-per-graph column of a row: its timings, paired speedup and fraction of the roofline."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate: RecordedTiming
+    standard: RecordedTiming
+    speedup: PositiveFloat
+    speedup_ci: tuple[float | None, float | None]
+    roofline_fraction: NonNegativeFloat | None
+
+    @model_validator(mode="after")
+    def _follows_from_its_medians(self) -> "RecordedOnePerGraph":
+        from_medians = self.standard.median_us / self.candidate.median_us
+        if not 1 / POOLED_SLACK <= self.speedup / from_medians <= POOLED_SLACK:
+            raise ValueError(f"one call per graph: speedup {self.speedup:.4g} is far from the {from_medians:.4g} the "
+                             "recorded medians give")
+        return self
+
+
 class RecordedRow(BaseModel):
     """A judge_point() row as a bundle records it, with what follows from its own samples."""
 
@@ -179,6 +199,7 @@ class RecordedRow(BaseModel):
     kernels: dict[str, NonNegativeInt]
     required_speedup: PositiveFloat
     min_roofline_fraction: float | None = Field(ge=0, le=1)
+    one_per_graph: RecordedOnePerGraph | None = None  # absent in bundles made before in-pipeline timing
 
     @model_validator(mode="after")
     def _follows_from_its_samples(self) -> "RecordedRow":
