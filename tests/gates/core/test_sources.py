@@ -20,18 +20,20 @@ def test_contract_roles():
     assert roles["tests/gates/fixtures/contracts/kda_decode.yaml"] == ["contract"]
     assert roles["gates/problems/kda_decode.py"] == ["problem"]
     assert roles["tests/gates/fixtures/kda_candidate.py"] == ["implementation"]
-    assert roles["model/kimi_k3/ops/kda.py"] == ["reference"]
+    assert roles["model/kimi_k3/ops/kda_decode.py"] == ["reference"]
+    assert roles["model/kimi_k3/ops/kda.py"] == ["dependency"]  # the KDA math the reference imports
     assert roles["model/kimi_k3/ops/kda_decode_standard.py"] == ["standard"]
     assert [p for p in roles if p.startswith("gates/")] == ["gates/problems/kda_decode.py"]  # not the harness
     assert all(len(s.sha256) == 64 for s in sources)
 
 
 def test_one_file_in_two_roles():
-    contract = load_contract(REPO_ROOT / "contracts" / "attn_res.yaml")
-    sources = covered_sources(contract, REPO_ROOT / "contracts" / "attn_res.yaml", load_problem("attn_res").source)
+    """linear's reference and its cuBLAS standard live in one op module."""
+    contract = load_contract(REPO_ROOT / "contracts" / "linear.yaml")
+    sources = covered_sources(contract, REPO_ROOT / "contracts" / "linear.yaml", load_problem("linear").source)
     roles = {s.path: s.roles for s in sources}
-    assert roles["model/kimi_k3/attn_res.py"] == ["reference", "standard"]
-    assert roles["model/kimi_k3/specialized/attn_res_fused.py"] == ["implementation"]
+    assert roles["model/kimi_k3/ops/linear.py"] == ["reference", "standard"]
+    assert roles["model/kimi_k3/specialized/linear/__init__.py"] == ["implementation"]
 
 
 def test_the_harness_digest_follows_the_gate_code_only(tmp_path):
