@@ -23,14 +23,17 @@ log = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """Register k3forge's K3 model class with vLLM's model registry. Re-entrant: a second call re-registers
-    the same import string, which changes nothing."""
-    from vllm import ModelRegistry  # imported here: importing this package must not need vLLM
-
+    """Register k3forge's K3 model class with vLLM's model registry, and its config hook. Re-entrant: a second
+    call registers the same import string and hook again, which changes nothing."""
     import vllm
+    from vllm import ModelRegistry  # imported here: importing this package must not need vLLM
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from .hooks import K3ForgeConfigHook
 
     if vllm.__version__.split("+")[0] != VLLM_VERSION:
         log.warning("k3forge's vLLM plugin is written for vLLM %s; this is %s (its module paths may differ)",
                     VLLM_VERSION, vllm.__version__)
     for arch in ARCHITECTURES:
         ModelRegistry.register_model(arch, MODEL_CLASS)
+        MODELS_CONFIG_MAP[arch] = K3ForgeConfigHook  # replaces vLLM's hook for its own K3 class (hooks.py)

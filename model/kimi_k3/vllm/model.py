@@ -16,7 +16,6 @@ decoding and no prefix caching yet (a request's KDA state is kept for its last t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -27,22 +26,18 @@ from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalcu
 from vllm.model_executor.models.interfaces import IsHybrid
 
 from . import k3
-from .layers import KDAStateLayer, MLACacheLayer, kda_state_dtypes, kda_state_shapes
+from .hooks import STASH
+from .layers import KDAStateLayer, MLACacheLayer, kda_state_dtypes, kda_state_shapes, step_metadata
 from .options import PluginOptions
 
 
 def k3_config(vllm_config: VllmConfig) -> "k3.KimiK3Config":
-    """k3forge's config of the checkpoint: its config.json where the model is a directory (vLLM's own config
-    hooks rewrite some fields, e.g. the quantization method), else vLLM's text config."""
-    model_config = vllm_config.model_config
-    path = Path(model_config.model)
-    if (path / "config.json").is_file():
-        return k3.KimiK3Config.from_file(path)
-    raw = model_config.hf_text_config.to_dict()
-    quant = raw.get("quantization_config")
-    if isinstance(quant, dict) and quant.get("format") == "mxfp4-pack-quantized":
-        raw["quantization_config"] = {**quant, "quant_method": "compressed-tensors"}
-    return k3.KimiK3Config.from_hf_dict(raw, source=f"{model_config.model} (text config)")
+    """k3forge's config of the checkpoint, from vLLM's text config with the quantization config the plugin's
+    config hook kept aside (hooks.py)."""
+    text = vllm_config.model_config.hf_text_config
+    raw = text.to_dict()
+    raw["quantization_config"] = getattr(text, STASH, None)
+    return k3.KimiK3Config.from_hf_dict(raw, source=f"{vllm_config.model_config.model} (text_config)")
 
 
 def vllm_tp() -> "k3.TP":
@@ -109,7 +104,6 @@ class K3ForgeForCausalLM(nn.Module, IsHybrid):
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         if inputs_embeds is not None:
             raise NotImplementedError("k3forge's vLLM plugin takes token ids, not input embeddings")
-        from .layers import step_metadata
 
         num_tokens = input_ids.shape[0]
         out = torch.zeros(num_tokens, self.cfg.hidden_size, dtype=self.model.act_dtype, device=input_ids.device)
