@@ -2,7 +2,7 @@
 
 vLLM's own hook for `KimiK3ForConditionalGeneration` routes the MXFP4 experts to vLLM's `mxfp4` quantization
 method (bf16 only, its own MoE kernels). k3forge's model reads MXFP4 itself (model/kimi_k3/mxfp4.py), so this
-hook hides the checkpoint's quantization config from vLLM's quantization machinery (keeping it, for the model
+hook checks the plugin's options (options.py) where vLLM builds its config, hides the checkpoint's quantization config from vLLM's quantization machinery (keeping it, for the model
 class, as `k3forge_quantization_config` on the text config) and turns prefix caching off: the model keeps a
 request's KDA state after its last token only, so a cached prefix could not be resumed.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from vllm.logger import init_logger
 from vllm.model_executor.models.config import VerifyAndUpdateConfig
+
+from .options import PluginOptions
 
 log = init_logger(__name__)
 STASH = "k3forge_quantization_config"
@@ -29,6 +31,7 @@ class K3ForgeConfigHook(VerifyAndUpdateConfig):
 
     @staticmethod
     def verify_and_update_config(vllm_config) -> None:
+        PluginOptions.parse(vllm_config.additional_config)  # in the front end: the error reaches the caller
         cache = vllm_config.cache_config
         if cache.enable_prefix_caching:
             log.info("k3forge's K3 model: prefix caching is not supported (turned off)")

@@ -147,3 +147,9 @@ class _TensorDict:
 
     def get_slice(self, name: str) -> torch.Tensor:
         return self._tensors[name]
+
+
+def dispatch_report(model: K3ForgeForCausalLM) -> dict:
+    """The dispatcher's per-op counts (specialized, standard, fallback reasons) in a worker: `LLM.apply_model(
+    dispatch_report)` returns one per worker."""
+    return model.dispatcher.report()
