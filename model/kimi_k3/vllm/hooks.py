@@ -4,7 +4,9 @@ vLLM's own hook for `KimiK3ForConditionalGeneration` routes the MXFP4 experts to
 method (bf16 only, its own MoE kernels). k3forge's model reads MXFP4 itself (model/kimi_k3/mxfp4.py), so this
 hook checks the plugin's options (options.py) where vLLM builds its config, hides the checkpoint's quantization config from vLLM's quantization machinery (keeping it, for the model
 class, as `k3forge_quantization_config` on the text config) and turns prefix caching off: the model keeps a
-request's KDA state after its last token only, so a cached prefix could not be resumed.
+request's KDA state after its last token only, so a cached prefix could not be resumed. The model also runs
+eagerly: its steps read vLLM's metadata on the host (sequence lengths, slots), which neither torch.compile nor a
+CUDA graph can capture.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ STASH = "k3forge_quantization_config"
 class K3ForgeConfigHook(VerifyAndUpdateConfig):
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:
+        if not model_config.enforce_eager:
+            log.info("k3forge's K3 model runs eagerly (no torch.compile, no CUDA graphs): enforce_eager set")
+            model_config.enforce_eager = True
         text = model_config.hf_text_config
         for cfg in (model_config.hf_config, text, model_config.model_arch_config):
             quant = getattr(cfg, "quantization_config", None)
