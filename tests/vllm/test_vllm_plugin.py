@@ -7,6 +7,7 @@ worker process, schedules, caches, samples and constrains output itself. Greedy 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,8 +16,12 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not importable here: the plugin's tests run in the vLLM environment "
-                                   "(`make test-vllm`, part of `make test`)")
+# Not importorskip: with tests/ on sys.path (pytest's rootdir conftest), this directory itself imports as an empty
+# namespace package `vllm` where the real one is not installed.
+_spec = importlib.util.find_spec("vllm")
+if _spec is None or _spec.origin is None:
+    pytest.skip("vLLM is not installed here: the plugin's tests run in the vLLM environment (`make test-vllm`, "
+                "part of `make test`)", allow_module_level=True)
 
 import jsonschema  # noqa: E402
 import torch  # noqa: E402
