@@ -12,7 +12,7 @@ WHEEL_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp 
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64
 # The pinned GPU extras, plus what the gate and its evals need that the GPU image lacks.
 GPU_WHEELS := nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
-	nvidia-cutlass-dsl-libs-cu13==4.8.1 fla-core==0.6.0 \
+	nvidia-cutlass-dsl-libs-cu13==4.8.1 fla-core==0.6.0 humming-kernels==0.1.20 flash-attn-res==0.1.12 \
 	pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 \
 	gitpython==3.2.1 gitdb==4.0.12 smmap==5.0.3 \
 	llguidance==1.9.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
@@ -30,6 +30,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 	$(MAKE) --no-print-directory test-vllm
 

@@ -1,4 +1,6 @@
-"""`k3forge`: one console command; each subcommand lives in `gates/commands/<name>.py`.
+"""`k3forge`: one console command assembled from two areas, each adding its subcommands with `register(sub)`:
+the model area (`model.kimi_k3.cli`: config, ckpt, generate) and the gating area (`gates.commands`: contract,
+gate, bench, evidence, eval, task, op).
 
 Exit codes: 0 success, 1 a gate or check failed, 2 a usage, config, contract, checkpoint or environment error.
 """
@@ -6,27 +8,25 @@ Exit codes: 0 success, 1 a gate or check failed, 2 a usage, config, contract, ch
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from rich.console import Console
 
-# Each module defines `register(subparsers)`, which adds its parser with `func` set to a handler -> int.
-COMMANDS = ("config", "ckpt", "generate", "contract", "gate", "bench", "evidence", "eval", "task")
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+import gates.commands
+import model.kimi_k3.cli
+from model.kimi_k3.errors import EXIT_USAGE, UsageError
+
+AREAS = (model.kimi_k3.cli, gates.commands)
 
 err = Console(stderr=True, highlight=False)
 
 
-class UsageError(Exception):
-    """A problem with what the user asked for; printed without a traceback, exit code 2."""
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="k3forge", description="Contracted, evidence-gated kernels for Kimi K3 decoding.")
+    parser = argparse.ArgumentParser(prog="k3forge",
+                                     description="Contracted, evidence-gated kernels for Kimi K3 decoding.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(f"gates.commands.{name}").register(sub)
+    for area in AREAS:
+        area.register(sub)
     return parser
 
 
@@ -44,7 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Commands import `gates.cli`; run that module's main so they share one UsageError class.
-    from gates.cli import main as package_main
-
-    sys.exit(package_main())
+    sys.exit(main())

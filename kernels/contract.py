@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from kernels.validation import validate
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kernels.validation import validate
 
 SCHEMA_VERSION = 1
 DTYPES = ("bf16", "fp16", "fp32", "fp8_e4m3", "mxfp4")
@@ -51,7 +52,8 @@ def evidence_dir(op: str, arch: str) -> str:
 
 
 class ValidatedHardware(Hardware):
-    evidence: str | None = Field(default=None, description=f"bundle directory; must be {evidence_dir('<op>', '<arch>')}")
+    evidence: str | None = Field(default=None,
+                                 description=f"bundle directory; must be {evidence_dir('<op>', '<arch>')}")
 
 
 class HardwareSupport(_Strict):
@@ -94,8 +96,10 @@ class BenchPoint(_Strict):
 
 class Benchmark(_Strict):
     points: list[BenchPoint] = Field(min_length=1)
-    required_speedup: float = Field(gt=0, description="over the standard implementation, at every point without its own")
-    min_roofline_fraction: float | None = Field(default=None, gt=0, le=1, description="likewise, the fraction of the floor")
+    required_speedup: float = Field(gt=0,
+                                    description="over the standard implementation, at every point without its own")
+    min_roofline_fraction: float | None = Field(default=None, gt=0, le=1,
+                                                description="likewise, the fraction of the floor")
 
     def requirement(self, point: BenchPoint) -> tuple[float, float | None]:
         """(required speedup, required fraction of the roofline or None) at one point."""

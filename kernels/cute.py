@@ -164,7 +164,8 @@ class CompileReport:
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _ENTRY_RE = re.compile(r"Compiling\s+entry\s+function\s+'([^']+)'\s+for\s+'([^']+)'")
-_FRAME_RE = re.compile(r"(\d+)\s+bytes\s+stack\s+frame,\s+(\d+)\s+bytes\s+spill\s+stores,\s+(\d+)\s+bytes\s+spill\s+loads")
+_FRAME_RE = re.compile(r"(\d+)\s+bytes\s+stack\s+frame,\s+(\d+)\s+bytes\s+spill\s+stores,"
+                       r"\s+(\d+)\s+bytes\s+spill\s+loads")
 _REGS_RE = re.compile(r"Used\s+(\d+)\s+registers(?:,\s+used\s+(\d+)\s+barriers)?")
 _SMEM_RE = re.compile(r"(\d+)\s+bytes\s+smem")
 

@@ -28,7 +28,7 @@ run_tests() {
   # group name, seconds, pytest targets
   local groups=(
     "kernel 210 tests/specialized tests/kernels"
-    "adversarial 120 tests/adversarial tests/gates/test_benchmarks.py"
+    "adversarial 120 tests/adversarial tests/gates/checks/test_benchmarks.py"
     "dispatch 90 tests/model/test_dispatch.py"
     "evals 150 tests/evals/test_gpu.py"
   )

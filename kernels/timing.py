@@ -1,6 +1,6 @@
 """GPU timing for decode-sized work: CUDA-graph replay, cold L2, median and IQR, host wall time.
 
-Method (see spec/gate_practices.md):
+Method (gates/PRACTICES.md):
 - the op is captured once in a CUDA graph (launch gaps inside the op are still counted: they are
   part of its device time);
 - before every timed replay the L2 is made cold, either by writing a buffer of 2x the L2 size
@@ -18,6 +18,7 @@ Method (see spec/gate_practices.md):
     >>> r = time_op(lambda: my_op(*args), iters=200)
     >>> r.median_us, r.iqr_us, r.host_median_us
     >>> count_kernels(lambda: my_op(*args))   # kernels launched per call, all streams
+    >>> time_pipeline([lambda a=a: my_op(*a) for a in input_sets])   # in-pipeline: N calls in one graph
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
-
 
 PAD_CYCLES = 200_000  # the spin before a timed replay: ~100 us at H200 clocks, longer than the host's enqueueing
 
@@ -155,6 +155,61 @@ def time_op(fn: Callable[[], object] | Sequence[Callable[[], object]], iters: in
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     graphs = [capture_graph(f, warmup=warmup) for f in fns]
     return time_graphs(graphs, iters=iters, flush=flush, host_iters=host_iters)
+
+
+def capture_pipeline(fns: Sequence[Callable[[], object]], flusher: L2Flusher | None = None, warmup: int = 3):
+    """One CUDA graph that calls every closure of `fns` in order (with an L2 flush before each one when a flusher
+    is given): many distinct layers or input sets in one replay, as a decode step runs them."""
+    def run_all() -> None:
+        for fn in fns:
+            if flusher is not None:
+                flusher()
+            fn()
+
+    return capture_graph(run_all, warmup=warmup)
+
+
+def time_pipeline(fns: Sequence[Callable[[], object]], iters: int = 50, flush_each: bool = False,
+                  warmup: int = 3) -> TimingResult:
+    """Per-call time of `fns` (closures over N distinct input sets) run back to back in one CUDA graph: the graph's
+    launch latency is paid once for N calls, as a decode step pays it once for all its layers.
+
+    Without `flush_each` the inputs must together exceed the L2 (distinct weights of several layers do), and each
+    sample is replay time / N after an L2 flush. With it, an L2 flush precedes every call, and the same flushes
+    alone are timed in an identical graph replayed in alternation with it: each sample is
+    (replay - flushes-only replay) / N, so ops whose inputs fit the L2 are timed cold too.
+    """
+    import torch
+
+    n = len(fns)
+    if n < 1:
+        raise ValueError("time_pipeline needs at least one closure")
+    flusher = L2Flusher()
+    timed = capture_pipeline(fns, flusher if flush_each else None, warmup)
+    baseline = capture_pipeline([lambda: None] * n, flusher, warmup=1) if flush_each else None
+    graphs = [timed] + ([baseline] if baseline else [])
+    stream = torch.cuda.current_stream()
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in graphs]
+              for _ in range(iters)]
+    for pairs in events:
+        for g, (start, end) in zip(graphs, pairs):
+            flusher()
+            torch.cuda._sleep(PAD_CYCLES)
+            start.record(stream)
+            g.replay()
+            end.record(stream)
+    torch.cuda.synchronize()
+    samples = []
+    for pairs in events:
+        times = [s.elapsed_time(e) * 1e3 for s, e in pairs]
+        samples.append((times[0] - (times[1] if baseline else 0.0)) / n)
+    method = (f"in-pipeline: {n} distinct calls in one CUDA graph, "
+              + ("L2 flushed before each, the flushes' own graph subtracted" if flush_each
+                 else "L2 flushed before the replay, inputs together beyond the L2"))
+    return summarize(samples, method)
 
 
 def time_eager(fn: Callable[[], object], iters: int = 100, flush: str = "l2", warmup: int = 3) -> TimingResult:

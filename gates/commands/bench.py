@@ -1,6 +1,9 @@
 """`k3forge bench`: the benchmark gate alone, for a kernel engineer's loop: every contracted op (or --ops)
 against its standard at the contract's benchmark points, side by side in one run, with 95 % intervals and the
-fraction of the roofline. Writes no evidence (`k3forge gate` does); `--json` keeps the rows."""
+fraction of the roofline. Writes no evidence (`k3forge gate` does); `--json` keeps the rows.
+
+`k3forge bench layer` and `k3forge bench step` time whole decode layers and the whole step at K3's rank shapes,
+both backends side by side (model/kimi_k3/bench); `k3forge evidence decode` makes their records a bundle."""
 
 from __future__ import annotations
 
@@ -11,14 +14,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from gates.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from gates.checks import benchmarks
 from gates.commands.gate import option_error, parse_ops
-from gates.contracts import load_contracts
-from gates.runner import new_options, run_gates, unknown_ops
-from gates.sources import REPO_ROOT
-from gates.status import Status
-from gates.suite import benchmarks
+from gates.core.contracts import load_contracts
+from gates.core.runner import new_options, run_gates, unknown_ops
+from gates.core.sources import REPO_ROOT
+from gates.core.status import Status
 from kernels.arch import detect
+from model.kimi_k3.bench.cli import add_commands as add_decode_benches
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub) -> None:
@@ -30,6 +34,8 @@ def register(sub) -> None:
     p.add_argument("--max-blocks", type=int, default=12, help="timed blocks per benchmark point at most")
     p.add_argument("--json", type=Path, help="also write every result (rows, flags, reasons) to this file")
     p.set_defaults(func=run)
+    add_decode_benches(p.add_subparsers(dest="what", metavar="{layer,step}",
+                                        description="whole decode layers or the whole step instead of the ops"))
 
 
 def run(args) -> int:
@@ -65,7 +71,8 @@ def run(args) -> int:
 
 
 def _table(op: str, result) -> Table:
-    table = Table(title=f"{op}: {result.status.value} ({result.summary if result.status is Status.PASSED else result.reason})")
+    table = Table(title=f"{op}: {result.status.value} "
+                        f"({result.summary if result.status is Status.PASSED else result.reason})")
     for col in ("point", "candidate µs", "standard µs", "speedup [95 %]", "blocks", "required", "of roofline",
                 "kernels"):
         table.add_column(col, overflow="fold")

@@ -1,6 +1,6 @@
 """`k3forge contract check` validates every contract; `k3forge contract show OP` prints one.
 
-check (gates.contracts.check_contracts, the gate's own first check): the schema, the registry (known op,
+check (gates.core.contracts.check_contracts, the gate's own first check): the schema, the registry (known op,
 entry points that are the registry's, constraints on dims and operands the op has), entry points that
 import (in a spawned process: a candidate's top-level code never runs in the checker), and for each
 validated arch an intact, fresh evidence bundle `evidence/<op>/<arch>/`. Problems print as
@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from gates.cli import EXIT_OK, EXIT_USAGE, UsageError
-from gates.contracts import check_contracts, load_contracts
+from gates.core.contracts import check_contracts, load_contracts
 from kernels.contract import contract_files, load_contract
+from model.kimi_k3.errors import EXIT_OK, EXIT_USAGE, UsageError
 from model.kimi_k3.ops.registry import REPO_ROOT, registry_problems
 
 BUNDLE = "bundle.json"
@@ -81,7 +81,8 @@ def run_show(args) -> int:
     table.add_column(style="bold")
     table.add_column()
     for key, value in contract.model_dump(mode="json", exclude={"schema_version"}, exclude_none=True).items():
-        text = value if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=None, sort_keys=False).strip()
+        text = (value if isinstance(value, str)
+                else yaml.safe_dump(value, default_flow_style=None, sort_keys=False).strip())
         table.add_row(key, escape(text))
     for arch, rel in contract.evidence_dirs().items():
         present = (args.root / rel / BUNDLE).is_file()

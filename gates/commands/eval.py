@@ -17,12 +17,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from gates.cli import EXIT_FAILED, EXIT_OK, UsageError
 from gates.evals import EVALS, run_eval
 from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
-from gates.report import EVAL_REPORT_HTML, render_eval_report
+from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}

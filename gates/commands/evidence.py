@@ -9,11 +9,15 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from gates.bundle import load_bundle
-from gates.cli import UsageError
-from gates.evidence import find_bundles, judged_by_other_gate_code, rerender, verify_bundle, verify_tree
-from gates.sources import REPO_ROOT, harness_digest, relative
-from gates.status import Status
+from gates.core.sources import REPO_ROOT, harness_digest, relative
+from gates.core.status import Status
+from gates.evidence import decode
+from gates.evidence.bundle import load_bundle
+from gates.evidence.diff import DiffError, contract_changes, render_markdown
+from gates.evidence.diff import diff as evidence_diff
+from gates.evidence.report import rerender
+from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
+from model.kimi_k3.errors import EXIT_OK, UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 
@@ -35,6 +39,22 @@ def register(sub) -> None:
     render.add_argument("path", nargs="?", type=Path,
                         help="a bundle directory or a directory of bundles (default: evidence/)")
     render.set_defaults(func=run_render)
+    diff = verbs.add_parser("diff", help="what moved between two commits' bundles, per op and arch",
+                            description="Per op and arch: verdict and gate statuses, per-point speedups with their "
+                                        "intervals (in-pipeline and one call per graph), fractions of the floor, "
+                                        "kernel counts, registers and spills, the contract fields the bundle was "
+                                        "judged by (loosening flagged), eval figures; bundles added or removed.")
+    diff.add_argument("base", help="base revision (a commit, branch or tag)")
+    diff.add_argument("head", nargs="?", help="head revision (default: the working tree)")
+    diff.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    diff.set_defaults(func=run_diff)
+    dec = verbs.add_parser("decode", help="make the decode bundle from `bench layer` / `bench step` records",
+                           description="One bundle (evidence/decode/<arch>/ by default) from the JSON records of "
+                                       "`k3forge bench layer|step --json`: one commit, one device; it covers every "
+                                       "source the runs loaded.")
+    dec.add_argument("records", nargs="+", type=Path, help="JSON records written by bench layer / bench step")
+    dec.add_argument("--out", type=Path, help="bundle directory (default: evidence/decode/<arch>)")
+    dec.set_defaults(func=run_decode)
 
 
 def _existing(path: Path) -> Path:
@@ -107,3 +127,26 @@ def run_render(args) -> int:
         else:
             out.print(f"[green]✓[/] {relative(directory)}: reports rendered again")
     return 1 if refused else 0
+
+
+def run_diff(args) -> int:
+    try:
+        text = render_markdown(evidence_diff(args.base, args.head), args.base, args.head,
+                               contract_changes(args.base, args.head))
+    except DiffError as e:
+        raise UsageError(str(e)) from None
+    Console(highlight=False).print(text, markup=False)
+    if args.out:
+        args.out.write_text(text)
+    return EXIT_OK
+
+
+def run_decode(args) -> int:
+    try:
+        bundle = decode.from_records(args.records)
+    except decode.DecodeError as e:
+        raise UsageError(str(e)) from None
+    out = decode.write(bundle, args.out or REPO_ROOT / "evidence" / "decode" / bundle.arch)
+    Console(highlight=False).print(f"wrote {relative(out)}: {len(bundle.layers)} layer rows, {len(bundle.steps)} step "
+                                   f"rows, {len(bundle.sources)} sources covered", markup=False)
+    return EXIT_OK

@@ -11,12 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gates.cli import UsageError
+from gates.core.registry import Gate, registered
+from gates.core.runner import Reporter, gate_all, new_options
+from gates.core.sources import REPO_ROOT, relative
+from gates.core.status import GateResult, Status
 from kernels.contract import contract_files
-from gates.registry import Gate, registered
-from gates.runner import Reporter, gate_all, new_options
-from gates.sources import REPO_ROOT, relative
-from gates.status import GateResult, Status
+from model.kimi_k3.errors import UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 MARK = {Status.PASSED: "✓", Status.NOT_RUN: "–"}

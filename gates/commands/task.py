@@ -15,9 +15,10 @@ from rich.markdown import Markdown
 from rich.markup import escape
 from rich.table import Table
 
-from gates.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from gates.sources import REPO_ROOT
-from gates.tasks.schema import CORE_FORBIDDEN, TASKS_DIR, TaskError, brief_path, find_task, load_tasks
+from gates.core.sources import REPO_ROOT
+from gates.scope.policy import CORE_FORBIDDEN
+from gates.tasks.schema import TASKS_DIR, TaskError, brief_path, find_task, load_tasks
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def register(sub) -> None:
@@ -130,8 +131,16 @@ def run_new(args) -> int:
 
 
 def run_check(args) -> int:
-    from gates.tasks.check import (CannotCheck, check, default_base, open_repo, read_branch, summary, task_at_base,
-                                   task_name)
+    from gates.tasks.check import (
+        CannotCheck,
+        check,
+        default_base,
+        open_repo,
+        read_branch,
+        summary,
+        task_at_base,
+        task_name,
+    )
 
     try:
         repo = open_repo(args.repo)

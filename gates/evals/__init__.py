@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import torch
 from rich.progress import Progress
 
-from gates.machine import one_thread
+from gates.core.machine import one_thread
 
 from . import long_context, sampling, structured
 from .config import EvalConfig
@@ -47,7 +47,7 @@ EVALS: dict[str, EvalGate] = {gate.name: gate for gate in (
 
 @contextmanager
 def single_threaded_on_cpu(device: torch.device) -> Iterator[None]:
-    """CPU evals run on one intra-op thread (gates.machine.one_thread says why); GPU evals as they are."""
+    """CPU evals run on one intra-op thread (gates.core.machine.one_thread says why); GPU evals as they are."""
     with one_thread() if device.type == "cpu" else nullcontext():
         yield
 

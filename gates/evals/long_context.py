@@ -8,8 +8,8 @@ the state carried from round to round is each path's own, so errors that accumul
 
 Per bucket: the largest logit difference over the answer positions; greedy agreement, where a differing
 argmax is excused only at a near-tie (the reference's logit of the candidate's choice within twice the
-bucket's drift bound of its best, the only flip a within-tolerance drift can cause); the relative error of every KDA layer's
-recurrent state after the decode steps (worst layer); and whether each path's answer starts with the planted
+bucket's drift bound of its best, the only flip a within-tolerance drift can cause); the relative error of every KDA
+layer's recurrent state after the decode steps (worst layer); and whether each path's answer starts with the planted
 code (the candidate's answer is its argmax at each position of the reference's answer). On random weights
 the answers are noise: the probe then measures agreement between the paths, not recall.
 
@@ -231,7 +231,8 @@ def _buckets(probes: list[_Probe], budget: LongContextBudget, tokenizer: Tokeniz
 
 def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> EvalResult:
     steps = budget.decode_steps + 1
-    table = Table(title=f"per context-length bucket ({steps} answer positions each, {budget.decode_steps} decode steps)",
+    table = Table(title=f"per context-length bucket ({steps} answer positions each, "
+                        f"{budget.decode_steps} decode steps)",
                   columns=["context tokens", "key depth", "max |dlogit|", "bound", "standard |dlogit|", "argmax agree",
                            "near-ties", "disagree", "KDA state rel err", "bound", "standard state err", "ref answer",
                            "ref correct", "cand correct"])
@@ -258,7 +259,8 @@ def _result(budget: LongContextBudget, buckets: list[_Bucket], seed: int) -> Eva
         Check.at_most("greedy disagreements beyond near-ties", sum(b.disagree for b in buckets), 0,
                       f"worst bucket: {disagree.context} tokens ({disagree.disagree} of {steps})"),
         Check.at_most("KDA state relative error", state.state_rel_err, state.state_bound,
-                      f"tightest bucket: {state.context} tokens (worst KDA layer){_standard(state.standard_state_rel_err)}"),
+                      f"tightest bucket: {state.context} tokens (worst KDA layer)"
+                      f"{_standard(state.standard_state_rel_err)}"),
     ]
     notes = ["The retrieval probe's accuracy means something only for trained weights; on random weights (every "
              "preset and `ckpt make` checkpoint) it measures agreement between the paths, not recall."]

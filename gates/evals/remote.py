@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from gates.sandbox import Sandbox
+from gates.core.sandbox import Sandbox
 from kernels.contract import Contract
 from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.ops.registry import Specialized
@@ -86,7 +86,7 @@ _child: dict = {}
 
 
 def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
-    from gates.worker import plain_copy
+    from gates.core.worker import plain_copy
 
     problems: list[str] = []
     copy = plain_copy(name, t, t.device.type, problems)
@@ -97,7 +97,7 @@ def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
 
 def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:
     """Build the model and the candidate path: this contract's kernel specialized, every other op standard."""
-    from gates.worker import load
+    from gates.core.worker import load
 
     _child.clear()
     contract = Contract.model_validate(contract)

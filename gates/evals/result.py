@@ -11,8 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gates.status import Status
-
+from gates.core.status import Status
 
 # An eval ends PASSED, FAILED_EVAL (a statistic exceeded its bound), NOT_RUN (the reason says why; not a
 # pass) or ERROR (the eval itself crashed): the gate runner's statuses.

@@ -13,8 +13,8 @@ matcher stops or `max_tokens` run out. Checks:
 
 Speculative decoding: for each K > 0 in `spec_tokens` both paths decode again, each step verifying the last
 token and K drafts in one verification step -- the tokens the grammar forces next (llguidance's fast-forward
-tokens, as jump-forward decoding uses them), then prompt-lookup (`NgramDrafter`) continuations --; under the grammar a draft is
-accepted while it equals the masked argmax of its row, the first mismatch emits the row's own token, and the
+tokens, as jump-forward decoding uses them), then prompt-lookup (`NgramDrafter`) continuations --; under the grammar a
+draft is accepted while it equals the masked argmax of its row, the first mismatch emits the row's own token, and the
 cache keeps only the accepted prefix. Its outputs must parse and validate, match between paths, and equal
 the same path's plain tokens (near-ties excused as above). A path's speculative run can leave its plain run
 through rounding alone (a verification step's GEMMs have other shapes; on random weights a top-k routing flip
@@ -132,7 +132,8 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
                 same_as_plain = "-"
             else:
                 base = plain.get(name)
-                ref_vs, cand_vs = ((_compare(b.decode, o.decode, budget.tie_tolerance) for b, o in zip(base, (ref, cand)))
+                ref_vs, cand_vs = ((_compare(b.decode, o.decode, budget.tie_tolerance)
+                                    for b, o in zip(base, (ref, cand)))
                                    if base else ("no plain run", "no plain run"))
                 against_plain.append((name, k, ref_vs, cand_vs))
                 same_as_plain = f"{ref_vs} / {cand_vs}"
@@ -268,7 +269,8 @@ def _agrees(verdict: str) -> bool:
 def _compare(ref: _Decode, cand: _Decode, tie_tolerance: float) -> str:
     if ref.tokens == cand.tokens:
         return "identical"
-    step = next((i for i, (a, b) in enumerate(zip(ref.tokens, cand.tokens)) if a != b), min(len(ref.tokens), len(cand.tokens)))
+    step = next((i for i, (a, b) in enumerate(zip(ref.tokens, cand.tokens)) if a != b),
+                min(len(ref.tokens), len(cand.tokens)))
     gap = ref.gaps[step] if step < len(ref.gaps) else float("inf")
     kind = "near-tie" if gap <= tie_tolerance else "diverged"
     return f"{kind} at step {step} (reference top-2 gap {gap:.3g})"

@@ -5,7 +5,8 @@ A problem module defines, each small and separate:
     reference(*args)                            the ground truth: the op's reference entry point
     generate_input(point, seed, dist) -> Case   seeded inputs for one envelope point, one distribution
     check(name, got, expected, tolerance)       the checker -> compare.TensorCheck (usually compare.check_tensor)
-    cost(point) -> Cost                         bytes the op must move and FLOPs it must do, from the shapes
+    cost(point) -> Cost                         bytes the op must move and FLOPs it must do: the op's own cost
+                                                model (`OP.cost_of`) applied to the point's inputs
 and, for ops that update state in place across decode steps,
     next_input(case, seed, dist) -> Case        the next step's fresh inputs, the same weights, the state args
                                                 of `case` passed through (the harness carries the state)
@@ -25,6 +26,7 @@ from typing import Callable
 import torch
 
 from kernels.contract import BenchPoint, Contract
+from model.kimi_k3.ops.op import Cost
 
 # Inputs a shortcut can't fit: normal, heavy-tailed (Student-t, 2 degrees of freedom), large magnitude, and a
 # batch mixing all three row by row (well- and ill-conditioned sequences in one step).
@@ -84,14 +86,6 @@ class Case:
 
     args: tuple
     state: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one call must move and compute at the least (kernels.roofline turns it into a floor)."""
-
-    bytes: float
-    flops: float
 
 
 @dataclass(frozen=True)

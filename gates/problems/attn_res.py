@@ -1,4 +1,4 @@
-"""Block AttnRes mix (spec §2): a softmax over m sources (earlier block sums and the running partial) per token.
+"""Block AttnRes mix (SPEC.md §2): a softmax over m sources (earlier block sums and the running partial) per token.
 
     out = attn_res(sources, norm_w, proj_w, eps)       # sources: m tensors [T, D]; out [T, D]
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from gates.compare import check_tensor
+from gates.core.compare import check_tensor
 from gates.problems import Case, Cost, Point, sample
-from model.kimi_k3.attn_res import attn_res
+from model.kimi_k3.ops.attn_res import OP, attn_res
 
 SHAPE_KEYS = ("sources", "hidden")
 EPS = 1e-5  # rms_norm_eps of the K3 config
@@ -36,7 +36,4 @@ def generate_input(point: Point, seed: int, dist: str) -> Case:
 
 
 def cost(point: Point) -> Cost:
-    """Each source read once, the two weight vectors, the mix written; scores and mix are 4 FLOPs an element."""
-    m, d, t = point["sources"], point["hidden"], _tokens(point)
-    width = point.torch_dtype.itemsize
-    return Cost(bytes=float((m * t * d + 2 * d + t * d) * width), flops=float(4 * m * t * d))
+    return OP.cost_of(*generate_input(point, 0, "normal").args)

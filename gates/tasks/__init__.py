@@ -1,6 +1,6 @@
-"""Agent task templates and the PR scope policy.
+"""The agent-task workflow: the template schema (agent_tasks/<name>.yaml + <name>.md) and loading (schema.py),
+`k3forge task check` against a branch's commits with its PR summary (check.py), `k3forge task new` (scaffold.py),
+and their jinja2 templates (render.py, templates/).
 
-    schema.py    the template schema (agent_tasks/<name>.yaml + <name>.md), loading, the path policy
-    check.py     `k3forge task check`: a branch's commits against its task's rules, with a PR summary
-    scaffold.py  `k3forge task new`: a contract draft, a kernel module and a test, inside the task's paths
+Not here: which paths a task may change (gates.scope) and how evidence is verified (gates.evidence).
 """

@@ -17,10 +17,14 @@ from pathlib import Path
 
 import git
 
-from gates.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
-from gates.evidence import INDEX_JSON, INDEX_MD, index_rows, verify_bundle
-from gates.report import render_index
-from gates.status import Status
+from gates.core.status import Status
+from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
+from gates.evidence.diff import DiffError, contract_changes, render_markdown
+from gates.evidence.diff import diff as evidence_diff
+from gates.evidence.index import index_rows
+from gates.evidence.report import render_index
+from gates.evidence.verify import verify_bundle
+from gates.scope.policy import EVIDENCE_INDEX, bundle_key, change_problem
 from gates.tasks.render import render
 from gates.tasks.schema import TASKS_DIR, Task, TaskError, read_task
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
@@ -28,7 +32,6 @@ from kernels.contract import Contract, ContractError, contract_files, evidence_d
 SPECIALIZED = "model/kimi_k3/specialized/"
 # Kernel sources: changing one means changing its contract too (a kernel package's notes and results do not).
 KERNEL_SOURCES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
-EVIDENCE_INDEX = (f"evidence/{INDEX_JSON}", f"evidence/{INDEX_MD}")
 DISCLOSURE_KEYS = ("assisted-by", "co-authored-by")
 SIGN_OFF_KEY = "signed-off-by"
 TASK_KEY = "task"
@@ -89,6 +92,7 @@ class Branch:
     base: str
     base_sha: str
     head_sha: str
+    merge_base_sha: str
     changed: tuple[str, ...]
     commits: tuple[CommitInfo, ...]
     uncommitted: tuple[str, ...]
@@ -124,7 +128,7 @@ def read_branch(repo: git.Repo, base: str) -> Branch:
     commits = [CommitInfo(c.hexsha, c.summary, tuple(c.trailers_list))
                for c in repo.iter_commits(f"{base_commit.hexsha}..{head.hexsha}") if len(c.parents) < 2]
     return Branch(Path(repo.working_tree_dir).resolve(), base, base_commit.hexsha, head.hexsha,
-                  tuple(sorted(changed)), tuple(reversed(commits)), uncommitted_paths(repo))
+                  merge_bases[0].hexsha, tuple(sorted(changed)), tuple(reversed(commits)), uncommitted_paths(repo))
 
 
 def uncommitted_paths(repo: git.Repo) -> tuple[str, ...]:
@@ -171,7 +175,8 @@ def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
             known = sorted(b.name.removesuffix(".yaml") for b in (tree / TASKS_DIR).blobs if b.name.endswith(".yaml"))
         except KeyError:
             known = []
-        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; tasks there: {', '.join(known) or 'none'}")
+        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; "
+                        f"tasks there: {', '.join(known) or 'none'}")
     return read_task(found, text(f"{TASKS_DIR}/{name}.md"), source)
 
 
@@ -269,12 +274,6 @@ def read_evidence(root: Path, op: str, arch: str) -> Evidence:
     return Evidence(op, arch, rel, bundle, problems)
 
 
-def bundle_key(path: str) -> tuple[str, str] | None:
-    """(op, arch) for a file of a bundle directory evidence/<op>/<arch>/<file>."""
-    parts = path.split("/")
-    return (parts[1], parts[2]) if len(parts) == 4 and parts[0] == "evidence" else None
-
-
 @dataclass
 class Report:
     task: Task
@@ -295,18 +294,10 @@ class Report:
 
 
 def check_scope(task: Task, branch: Branch) -> list[Violation]:
-    out = []
-    for path in branch.changed:
-        if path in EVIDENCE_INDEX:
-            continue  # judged by check_index
-        if key := bundle_key(path):
-            if key[0] not in task.ops:
-                out.append(Violation(path, "scope", f"evidence/ takes only generated bundles of the task's ops "
-                                                    f"({', '.join(task.ops)})"))
-            continue  # a bundle of a task op: check_evidence verifies it
-        if why := task.scope_problem(path):
-            out.append(Violation(path, "scope", why))
-    return out
+    """The policy's verdict on each changed path; a changed index is judged by check_index, a task op's bundle by
+    check_evidence."""
+    return [Violation(path, "scope", why) for path in branch.changed
+            if (why := change_problem(path, task.ops, task.allowed_globs, task.forbidden_globs))]
 
 
 def check_contracts(branch: Branch, kernels: dict[str, Kernel], errors: dict[str, list[str]]) -> list[Violation]:
@@ -387,16 +378,17 @@ def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]
     out = []
     bounds = task.success.numerics
     for k in (k for k in touched if k.op in task.ops):
-        for field in ("tolerance", "state_tolerance"):
-            if (tol := getattr(k.contract, field)) is None:
+        for tol_name in ("tolerance", "state_tolerance"):
+            if (tol := getattr(k.contract, tol_name)) is None:
                 continue
             for name in ("atol", "rtol", "max_rel_l2", "max_units"):
                 bound = getattr(bounds, name)
                 if bound is not None and getattr(tol, name) > bound:
-                    out.append(Violation(k.contract_path, "thresholds", f"{field}.{name} {getattr(tol, name):g} is "
-                                                                        f"looser than the task's {bound:g}"))
+                    out.append(Violation(k.contract_path, "thresholds",
+                                         f"{tol_name}.{name} {getattr(tol, name):g} is "
+                                         f"looser than the task's {bound:g}"))
             if bounds.min_close_fraction is not None and tol.min_close_fraction < bounds.min_close_fraction:
-                out.append(Violation(k.contract_path, "thresholds", f"{field}.min_close_fraction "
+                out.append(Violation(k.contract_path, "thresholds", f"{tol_name}.min_close_fraction "
                                      f"{tol.min_close_fraction:g} is looser than the task's "
                                      f"{bounds.min_close_fraction:g}"))
     for ev in evidence:
@@ -468,5 +460,12 @@ def summary(report: Report, link_base: str = "") -> str:
     def people(*keys: str) -> list[str]:
         return sorted({v for c in report.branch.commits for v in c.values(*keys)})
 
+    b = report.branch
+    try:
+        moved = render_markdown(evidence_diff(b.merge_base_sha, b.head_sha, b.root), b.merge_base_sha[:12],
+                                b.head_sha[:12], contract_changes(b.merge_base_sha, b.head_sha, b.root))
+    except DiffError as e:
+        moved = f"The evidence diff could not be made: {e}"
     return render("pr_summary.md.j2", r=report, rules=list(RULES), owners=people(SIGN_OFF_KEY),
-                  assistants=people(*DISCLOSURE_KEYS), link=lambda path: f"{link_base}{path}")
+                  assistants=people(*DISCLOSURE_KEYS), link=lambda path: f"{link_base}{path}",
+                  evidence_diff=moved.replace("## Evidence diff", "### Evidence diff", 1))

@@ -1,4 +1,4 @@
-"""The jinja2 templates under gates/templates/tasks/: the files `task new` scaffolds and the PR summary."""
+"""The jinja2 templates under gates/tasks/templates/: the files `task new` scaffolds and the PR summary."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "tasks"
+TEMPLATES = Path(__file__).with_name("templates")
 
 
 def _env() -> Environment:

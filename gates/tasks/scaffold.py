@@ -26,7 +26,7 @@ from model.kimi_k3.ops.registry import OPS, entry_point, registry_problems
 BACKENDS = {"cutedsl": "cute", "triton": "triton", "torch": "fused"}  # backend: entry point suffix
 # Starting tolerances for bf16 outputs (vLLM's kernel tests); a task's numerics bounds replace them.
 DEFAULT_TOLERANCE = {"atol": 1e-3, "rtol": 1.6e-2, "max_rel_l2": 1e-2, "min_close_fraction": 0.99999}
-# Operand dtypes K3 keeps (spec §3, §4): the fp32 SSM state, the bf16 MLA latent cache.
+# Operand dtypes K3 keeps (SPEC.md §3, §4): the fp32 SSM state, the bf16 MLA latent cache.
 STATE_DTYPES = {"ssm_state": "fp32", "kv_cache": "bf16"}
 
 

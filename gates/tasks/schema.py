@@ -1,9 +1,7 @@
 """The task template schema: `agent_tasks/<name>.yaml` (what an agent may touch, must show, must reach) and the
 brief `agent_tasks/<name>.md` (what the agent reads).
 
-The path policy lives here too. A task allows globs inside ALLOWED_ROOTS; CORE_FORBIDDEN applies to every
-task whatever its template says, and a template may forbid more. `{op}` in a glob stands for each of the
-task's ops. Globs: `**` spans directories, `*` and `?` stay inside one path segment.
+A template names its globs; what they may be and what they mean is the scope policy (gates.scope.policy).
 
 Errors read `file: field: problem`, one per line, like contract errors.
 """
@@ -16,18 +14,13 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from kernels.validation import validate
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gates.scope.policy import ALLOWED_ROOTS, CORE_FORBIDDEN, allowed_glob_problem, check_glob, expand, path_problem
 from kernels.contract import Range
+from kernels.validation import validate
 
 TASKS_DIR = "agent_tasks"
-OP_PLACEHOLDER = "{op}"
-ALLOWED_ROOTS = ("model/kimi_k3/", "contracts/", "tests/")
-# Core: the gate and its tests, the kernel toolkit, the templates themselves, and evidence (which only the gate
-# runner writes: a task's generated bundles are admitted by `k3forge task check`, which verifies them).
-CORE_FORBIDDEN = ("gates/**", "kernels/**", "agent_tasks/**", "evidence/**",
-                  "tests/gates/**", "tests/adversarial/**", "tests/tasks/**")
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 
 
@@ -35,40 +28,7 @@ class TaskError(ValueError):
     """A malformed or missing task template; str() is `file: field: problem` lines."""
 
 
-@cache
-def glob_regex(pattern: str) -> re.Pattern:
-    """`**/` matches any number of directories, a final `**` anything; `*` and `?` stay inside one segment."""
-    parts, i = [], 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            parts.append("(?:[^/]+/)*")
-            i += 3
-        elif pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        else:
-            parts.append({"*": "[^/]*", "?": "[^/]"}.get(pattern[i], re.escape(pattern[i])))
-            i += 1
-    return re.compile("".join(parts) + r"\Z")
-
-
-def matches(path: str, pattern: str) -> bool:
-    return glob_regex(pattern).match(path) is not None
-
-
-def first_match(path: str, patterns: list[str] | tuple[str, ...]) -> str | None:
-    return next((p for p in patterns if matches(path, p)), None)
-
-
-def _check_glob(pattern: str) -> str:
-    if pattern.startswith("/") or "\\" in pattern or ".." in pattern.split("/"):
-        raise ValueError(f"{pattern!r}: a path relative to the repository root, with / separators")
-    if re.search(r"[{}]", pattern.replace(OP_PLACEHOLDER, "")):
-        raise ValueError(f"{pattern!r}: the only placeholder is {OP_PLACEHOLDER}")
-    return pattern
-
-
-Glob = Annotated[str, AfterValidator(_check_glob)]
+Glob = Annotated[str, AfterValidator(check_glob)]
 
 
 class _Strict(BaseModel):
@@ -153,11 +113,9 @@ class Task(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Task":
         for i, pattern in enumerate(self.allowed):
-            for glob in self._expand(pattern):
-                if not glob.startswith(ALLOWED_ROOTS):
-                    raise ValueError(f"allowed.{i}: {glob!r} is outside {', '.join(ALLOWED_ROOTS)}")
-                if core := first_match(glob, CORE_FORBIDDEN):
-                    raise ValueError(f"allowed.{i}: {glob!r} lies inside the core path {core!r}")
+            for glob in expand(pattern, self.ops):
+                if why := allowed_glob_problem(glob):
+                    raise ValueError(f"allowed.{i}: {why}")
         for op in self.shapes:
             if op not in self.ops:
                 raise ValueError(f"shapes.{op}: not one of the task's ops {self.ops}")
@@ -170,24 +128,17 @@ class Task(_Strict):
                 raise ValueError(f"success.speedup.{i}.batch: batch {batch} listed twice")
         return self
 
-    def _expand(self, pattern: str) -> list[str]:
-        return [pattern.replace(OP_PLACEHOLDER, op) for op in self.ops] if OP_PLACEHOLDER in pattern else [pattern]
-
     @property
     def allowed_globs(self) -> list[str]:
-        return [g for p in self.allowed for g in self._expand(p)]
+        return [g for p in self.allowed for g in expand(p, self.ops)]
 
     @property
     def forbidden_globs(self) -> list[str]:
-        return [*CORE_FORBIDDEN, *(g for p in self.forbidden for g in self._expand(p))]
+        return [*CORE_FORBIDDEN, *(g for p in self.forbidden for g in expand(p, self.ops))]
 
     def scope_problem(self, path: str) -> str | None:
         """Why a changed path is outside this task (None when inside). Forbidden wins over allowed."""
-        if glob := first_match(path, self.forbidden_globs):
-            return f"forbidden by the task (matches {glob!r})"
-        if first_match(path, self.allowed_globs) is None:
-            return "outside the task's allowed paths"
-        return None
+        return path_problem(path, self.allowed_globs, self.forbidden_globs)
 
 
 def parse_task(data: object, source: str) -> Task:
@@ -196,7 +147,7 @@ def parse_task(data: object, source: str) -> Task:
 
 @cache
 def gate_names() -> tuple[str, ...]:
-    from gates.registry import registered
+    from gates.core.registry import registered
 
     return tuple(g.name for g in registered())
 

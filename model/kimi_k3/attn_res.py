@@ -1,4 +1,4 @@
-"""Block Attention Residuals (spec §2): a softmax mix of earlier block sums and the running partial sum."""
+"""Block Attention Residuals weights (SPEC.md §2); the mix itself is the op `attn_res` (ops/attn_res.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,6 @@ import torch
 from .module import Weighted
 from .parallel import TP
 from .weights import single
-
-
-def attn_res(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float) -> torch.Tensor:
-    """sources: m tensors [T, D]. Scores l_i = <s_i / rms(s_i), norm_w * proj_w>; the output mixes the
-    un-normalized sources in fp32 with softmax(l) and is returned in the sources' dtype."""
-    s = torch.stack([x.float() for x in sources])  # [m, T, D]
-    w = norm_w.float() * proj_w.float().reshape(-1)
-    logits = (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + eps) * w).sum(-1)  # [m, T]
-    alpha = torch.softmax(logits, dim=0)
-    return (alpha.unsqueeze(-1) * s).sum(0).to(sources[0].dtype)
 
 
 class AttnResWeights(Weighted):

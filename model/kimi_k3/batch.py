@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import torch
@@ -23,6 +23,7 @@ class StepBatch:
     query_lens: tuple[int, ...]
     context_lens: tuple[int, ...]  # tokens already cached for each sequence before this step
     spec_tokens: int = 0  # > 0 marks a verification step
+    _tensors: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (len(self.slots) == len(self.query_lens) == len(self.context_lens)):
@@ -58,14 +59,22 @@ class StepBatch:
         return out
 
     def slot_tensor(self, device: torch.device | str) -> torch.Tensor:
-        return torch.tensor(self.slots, dtype=torch.int64, device=device)
+        return self._on(device, "slots", lambda: self.slots)
 
     def token_slots(self, device: torch.device | str) -> torch.Tensor:
         """Each token's cache slot [T]."""
-        return torch.tensor([s for s, n in zip(self.slots, self.query_lens) for _ in range(n)],
-                            dtype=torch.int64, device=device)
+        return self._on(device, "token_slots",
+                        lambda: [s for s, n in zip(self.slots, self.query_lens) for _ in range(n)])
 
     def token_positions(self, device: torch.device | str) -> torch.Tensor:
         """Each token's position in its sequence [T] (the cached context counts)."""
-        return torch.tensor([c + i for c, n in zip(self.context_lens, self.query_lens) for i in range(n)],
-                            dtype=torch.int64, device=device)
+        return self._on(device, "token_positions",
+                        lambda: [c + i for c, n in zip(self.context_lens, self.query_lens) for i in range(n)])
+
+    def _on(self, device: torch.device | str, name: str, values) -> torch.Tensor:
+        """An int64 index tensor on `device`, made once per batch: a step captured in a CUDA graph after a warm-up
+        run then copies nothing from the host (a host-to-device copy cannot be captured). Read-only by contract."""
+        key = (name, str(torch.device(device)))
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(values(), dtype=torch.int64, device=device)
+        return self._tensors[key]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 
 from .batch import StepBatch
@@ -27,19 +29,20 @@ class ModelCache:
     while the MLA cache takes all 1 + K entries. `commit(slots, kept)` then rolls each slot back to its
     last accepted position: KDA copies position kept - 1 into `conv`/`ssm`, MLA drops the entries past
     it (`lengths`). A verified slot runs no further step before its commit. The buffers hold 1 + K states
-    per slot, as vLLM's default path does (one state slot per draft position); ReplaySSM (spec §8)
+    per slot, as vLLM's default path does (one state slot per draft position); ReplaySSM (SPEC.md §8)
     trades them for per-position inputs and a replay at commit.
     """
 
     def __init__(self, cfg: KimiK3Config, tp: TP, num_slots: int, max_len: int, act_dtype: torch.dtype,
-                 device: torch.device | str = "cpu", spec_tokens: int = 0):
+                 device: torch.device | str = "cpu", spec_tokens: int = 0, layers: Iterable[int] | None = None):
+        """Caches for every layer of the config, or only for `layers` (a benchmark's few layers)."""
         self.cfg, self.num_slots, self.max_len = cfg, num_slots, max_len
         heads, dim = tp.local(cfg.kda_heads), cfg.kda_head_dim
         wc = cfg.linear_attn_config.short_conv_kernel_size
         self.kv: dict[int, torch.Tensor] = {}
         self.conv: dict[int, torch.Tensor] = {}
         self.ssm: dict[int, torch.Tensor] = {}
-        for layer in range(cfg.num_hidden_layers):
+        for layer in range(cfg.num_hidden_layers) if layers is None else layers:
             if cfg.is_mla_layer(layer):
                 self.kv[layer] = torch.zeros(num_slots, max_len, cfg.mla_cache_dim, dtype=act_dtype, device=device)
             else:

@@ -49,6 +49,9 @@ class RandomSource:
     def get_slice(self, name: str) -> torch.Tensor:
         return self.get(name)  # a full tensor supports the same indexing as a safetensors slice
 
+    def stored_name(self, name: str) -> str:
+        return name
+
     def get(self, name: str) -> torch.Tensor:
         spec = self.tensors[name]
         base = name.removesuffix(".weight_scale").removesuffix(".weight_packed")
@@ -119,7 +122,8 @@ def write_checkpoint(cfg: KimiK3Config, out: str | Path, seed: int = 0, nested: 
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, out / fname, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, fname))
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(nested=nested), indent=2))
     save_tokenizer(build_tokenizer(cfg), out)
     return out

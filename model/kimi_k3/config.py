@@ -126,7 +126,8 @@ class KimiK3Config(BaseModel):
     def _check_quantization(self) -> None:
         q = self.quantization_config or {}
         if q.get("quant_method") != "compressed-tensors":
-            raise ValueError(f"quantization_config.quant_method: {q.get('quant_method')!r}, expected 'compressed-tensors'")
+            raise ValueError(f"quantization_config.quant_method: {q.get('quant_method')!r}, "
+                             "expected 'compressed-tensors'")
         if q.get("format") != "mxfp4-pack-quantized":
             raise ValueError(f"quantization_config.format: {q.get('format')!r}, expected 'mxfp4-pack-quantized'")
         for name, group in (q.get("config_groups") or {}).items():
@@ -240,7 +241,7 @@ class KimiK3Config(BaseModel):
 
 
 def _mxfp4_quantization_config() -> dict[str, Any]:
-    """compressed-tensors MXFP4 config: only the routed experts are quantized (spec §1)."""
+    """compressed-tensors MXFP4 config: only the routed experts are quantized (SPEC.md §1)."""
     return {
         "quant_method": "compressed-tensors",
         "format": "mxfp4-pack-quantized",

@@ -27,6 +27,7 @@ import torch
 
 from kernels import arch
 from kernels.contract import Contract
+
 from .batch import StepBatch, StepKind
 from .ops.registry import CONTRACTS_DIR, OPS, Signature, Specialized, dtype_name, entry_point, load_specialized
 
@@ -243,7 +244,8 @@ class Dispatcher:
         t = self.target
         return {
             "backend": self.backend,
-            "target": {"arch": t.arch, "device": t.device_name, "tp_size": t.tp_size, "act_dtype": dtype_name(t.act_dtype)},
+            "target": {"arch": t.arch, "device": t.device_name, "tp_size": t.tp_size,
+                       "act_dtype": dtype_name(t.act_dtype)},
             "contracts": sorted(self.specialized),
             "ops": {name: s.as_dict() for name, s in sorted(self._stats.items())},
         }

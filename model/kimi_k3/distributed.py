@@ -82,7 +82,8 @@ def _collect(procs: list, results, timeout: float) -> Any:
             if dead:
                 raise RuntimeError(f"TP rank {dead[0]} died (exit code {procs[dead[0]].exitcode}) without a report")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"TP{len(procs)} run exceeded {timeout:.0f} s; ranks {sorted(set(range(len(procs))) - set(done))} still running")
+                raise TimeoutError(f"TP{len(procs)} run exceeded {timeout:.0f} s; "
+                                   f"ranks {sorted(set(range(len(procs))) - set(done))} still running")
             continue
         if not ok:
             error, remote_tb = pickle.loads(payload)

@@ -1,4 +1,4 @@
-"""KDA layer, full-rank output gate variant (spec §3), with its checkpoint bindings.
+"""KDA layer, full-rank output gate variant (SPEC.md §3), with its checkpoint bindings.
 
 Rank-local: H/tp heads. q, k, v, g_proj, f_a and b_proj are packed into one `in_proj` as vLLM packs
 `in_proj_qkvgfab` (f_a replicated on every rank, zero rows to a multiple of 16); the three short-conv
@@ -13,11 +13,11 @@ from .batch import StepBatch, StepKind
 from .cache import ModelCache
 from .config import KimiK3Config
 from .module import Weighted
-from .ops.kda import KDAColumns, KDAWeights, kda_prefill, kda_verify
+from .ops.kda import KDAColumns, KDAWeights, kda_prefill
 from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
 
-A_LOG_STORED = 128  # A_log is stored zero-padded to a multiple of this (96 heads -> [128])
+A_LOG_STORED = 128  # K3 stores A_log zero-padded to a multiple of this (96 heads -> [128]); [H] also loads
 
 
 class KimiDeltaAttention(Weighted):
@@ -43,10 +43,12 @@ class KimiDeltaAttention(Weighted):
         )
         used = 4 * self.cols.p + rank + self.cols.heads
         self.declare(Binding("in_proj", in_parts, pad_rows=self.cols.width - used))
-        self.declare(Binding("conv_weight", tuple(sharded(f"{c}_conv1d.weight", (p, 1, wc), fp32, "conv") for c in "qkv")))
+        self.declare(Binding("conv_weight",
+                             tuple(sharded(f"{c}_conv1d.weight", (p, 1, wc), fp32, "conv") for c in "qkv")))
         self.declare(single("f_b", pre + "f_b_proj.weight", (p, rank), bf16, shard_dim=0))
         a_log_len = -(-h // A_LOG_STORED) * A_LOG_STORED
-        self.declare(Binding("A_log", (Part(CkptTensor(pre + "A_log", (a_log_len,), fp32, f"a_log:{h}"), 0, extent=h),)))
+        self.declare(Binding("A_log",
+                             (Part(CkptTensor(pre + "A_log", (a_log_len,), fp32, f"a_log:{h}"), 0, extent=h),)))
         self.declare(single("dt_bias", pre + "dt_bias", (p,), fp32, "dt_bias", shard_dim=0))
         self.declare(single("o_norm", pre + "o_norm.weight", (k,), fp32, "ones"))
         self.declare(single("o_proj", pre + "o_proj.weight", (d, p), bf16, shard_dim=1))
@@ -63,7 +65,7 @@ class KimiDeltaAttention(Weighted):
         )
 
     def forward(self, x: torch.Tensor, batch: StepBatch, cache: ModelCache, ops) -> torch.Tensor:
-        proj = x @ self.in_proj.t()
+        proj = ops.call("linear", x, self.in_proj)
         conv, ssm, w = cache.conv[self.layer], cache.ssm[self.layer], self.weights()
         if batch.kind == StepKind.DECODE:
             out = ops.call("kda_decode", proj, conv, ssm, batch.slot_tensor(x.device), w)
@@ -71,13 +73,13 @@ class KimiDeltaAttention(Weighted):
             if cache.spec_tokens < batch.spec_tokens:
                 raise ValueError(f"KDA layer {self.layer}: verifying {batch.spec_tokens} drafts needs "
                                  f"ModelCache.reserve_spec({batch.spec_tokens}) (it holds {cache.spec_tokens})")
-            out = kda_verify(proj.view(batch.batch_size, 1 + batch.spec_tokens, -1), conv, ssm,
-                             batch.slot_tensor(x.device), w, cache.spec_conv[self.layer],
-                             cache.spec_ssm[self.layer]).flatten(0, 1)
+            out = ops.call("kda_verify", proj.view(batch.batch_size, 1 + batch.spec_tokens, -1), conv, ssm,
+                           batch.slot_tensor(x.device), w, cache.spec_conv[self.layer],
+                           cache.spec_ssm[self.layer]).flatten(0, 1)
         else:
             outs = []
             for slot, start, n in zip(batch.slots, batch.starts, batch.query_lens):
                 o, conv[slot], ssm[slot] = kda_prefill(proj[start:start + n], conv[slot], ssm[slot], w)
                 outs.append(o)
             out = torch.cat(outs)
-        return self.tp.all_reduce(out @ self.o_proj.t())
+        return self.tp.all_reduce(ops.call("linear", out, self.o_proj))

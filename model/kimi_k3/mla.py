@@ -1,4 +1,4 @@
-"""MLA layer (spec §4): q-LoRA, NoPE, output gate; weight-absorbed attention for prefill and decode over a
+"""MLA layer (SPEC.md §4): q-LoRA, NoPE, output gate; weight-absorbed attention for prefill and decode over a
 latent cache of [normalized c_kv | k_pe] per token (576 wide in K3), with its checkpoint bindings."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ import torch
 from .batch import StepBatch, StepKind
 from .cache import ModelCache
 from .config import KimiK3Config
-from .module import Weighted, rms_norm
+from .module import Weighted
+from .ops.mla_decode import absorbed_attention
 from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
 
 # Moonshot's modeling code builds the q/kv LoRA norms with KimiRMSNorm's default eps (vLLM uses 1e-5);
-# the modeling code defines what the checkpoint means (spec §10).
+# the modeling code defines what the checkpoint means (SPEC.md §10).
 LORA_NORM_EPS = 1e-6
 
 
@@ -21,35 +22,6 @@ LORA_NORM_EPS = 1e-6
 # in smaller groups, so a 128K-token context needs no more memory than a short one.
 PREFILL_SCORE_BYTES = 1 << 30
 SCORE_COPIES = 3
-
-
-def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, entries: torch.Tensor, valid: torch.Tensor,
-                       w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
-    """Attention in the latent space: q_nope [T, H, N] through W_UK [H, N, C] and q_pe [T, H, R] score the cached
-    [c_kv | k_pe] entries, [T, L, C + R] (one sequence per query) or [L, C + R] (one sequence shared by every
-    query: a single GEMM); query t sees the entries where valid [T, L]; values are the entries' c_kv through
-    W_UV [H, V, C]. Returns [T, H, V] fp32. Equals materialized attention with k_nope = W_UK c_kv and
-    v = W_UV c_kv (tests/model/test_layers.py)."""
-    c = w_uk.shape[-1]
-    q_lat = torch.einsum("thn,hnc->thc", q_nope.float(), w_uk.float())
-    query = torch.cat([q_lat, q_pe.float()], dim=-1)  # [T, H, C + R]
-    scores = query @ entries.transpose(-1, -2) * scale  # [T, H, L]
-    probs = torch.softmax(scores.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)
-    latent = probs @ entries[..., :c]  # [T, H, C]
-    return torch.einsum("thc,hvc->thv", latent, w_uv.float())
-
-
-def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
-               lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
-    """Weight-absorbed decode attention, one query token per sequence.
-
-    q_nope [B, H, N], q_pe [B, H, R]; kv_cache [slots, L, C + R] ([c_kv | k_pe]); lengths [B] valid
-    entries (the current token included); w_uk [H, N, C] maps c_kv to k_nope, w_uv [H, V, C] to v.
-    Returns [B, H, V] fp32.
-    """
-    entries = kv_cache[slots].float()  # [B, L, C + R]
-    valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
-    return absorbed_attention(q_nope, q_pe, entries, valid, w_uk, w_uv, scale)
 
 
 class KimiMLA(Weighted):
@@ -83,14 +55,13 @@ class KimiMLA(Weighted):
 
     def forward(self, x: torch.Tensor, batch: StepBatch, cache: ModelCache, ops) -> torch.Tensor:
         t = x.shape[0]
-        c_q, c_kv, k_pe = (x @ self.fused_qkv_a.t()).split([self.q_lora, self.kv_lora, self.rope], dim=-1)
-        c_q, c_kv = rms_norm(c_q, self.q_a_norm, LORA_NORM_EPS), rms_norm(c_kv, self.kv_a_norm, LORA_NORM_EPS)
-        q = (c_q @ self.q_b_proj.t()).view(t, self.heads, self.nope + self.rope)
+        c_q, c_kv, k_pe = ops.call("linear", x, self.fused_qkv_a).split([self.q_lora, self.kv_lora, self.rope], dim=-1)
+        c_q = ops.call("rms_norm", c_q, self.q_a_norm, LORA_NORM_EPS)
+        c_kv = ops.call("rms_norm", c_kv, self.kv_a_norm, LORA_NORM_EPS)
+        q = ops.call("linear", c_q, self.q_b_proj).view(t, self.heads, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         kv = cache.kv[self.layer]
-        entry = torch.cat([c_kv, k_pe], dim=-1)
-        for slot, start, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens):
-            kv[slot, ctx:ctx + n] = entry[start:start + n]
+        kv[batch.token_slots(x.device), batch.token_positions(x.device)] = torch.cat([c_kv, k_pe], dim=-1)
 
         w_uk, w_uv = self.absorbed()
         if batch.kind in (StepKind.DECODE, StepKind.VERIFY):
@@ -104,8 +75,8 @@ class KimiMLA(Weighted):
                 self._prefill(q_nope[s:s + n], q_pe[s:s + n], kv[slot, :ctx + n], w_uk, w_uv)
                 for slot, s, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens)
             ])
-        gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(x @ self.g_proj.t())
-        return self.tp.all_reduce(gated @ self.o_proj.t())
+        gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(ops.call("linear", x, self.g_proj))
+        return self.tp.all_reduce(ops.call("linear", gated, self.o_proj))
 
     def _prefill(self, q_nope, q_pe, entries, w_uk, w_uv) -> torch.Tensor:
         """Causal attention of n new queries over a sequence's whole cached context [L, C + R], absorbed like

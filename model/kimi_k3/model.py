@@ -1,4 +1,4 @@
-"""The Kimi K3 text model (spec §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
+"""The Kimi K3 text model (SPEC.md §2, §7): embedding, 93 decoder layers joined by Block Attention Residuals
 (no ordinary residual stream), final AttnRes, norm and the untied lm_head. Rank-local for a TP rank."""
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class VocabParallel(Weighted):
         out = self.embed[local.clamp(0, self.rows - 1)] * mine.unsqueeze(-1).to(self.embed.dtype)
         return self.tp.all_reduce(out)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_gather_last(h.float() @ self.lm_head.float().t())
+    def logits(self, h: torch.Tensor, ops) -> torch.Tensor:
+        return self.tp.all_gather_last(ops.call("lm_head", h, self.lm_head))
 
 
 class DecoderLayer(nn.Module):
@@ -52,6 +52,24 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(pre + "post_attention_layernorm.weight", d, eps, tp, act_dtype)
         ffn_cls = LatentMoE if cfg.is_moe_layer(layer) else DenseMLP
         self.ffn = ffn_cls(cfg, layer, tp, act_dtype)
+        self.block_size = cfg.attn_res_block_size
+
+    def forward(self, partial: torch.Tensor, ffn_prev: torch.Tensor | None, blocks: list[torch.Tensor],
+                batch: StepBatch, cache: ModelCache, ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder layer under Block AttnRes (SPEC.md §2): the partial sum and the previous layer's FFN
+        output in, (partial sum, this layer's FFN output) out; a block-writing layer appends to `blocks`."""
+        i = self.layer
+        if ffn_prev is not None:
+            partial = partial + ffn_prev
+        writes = i % self.block_size == 0
+        if writes:
+            blocks.append(partial)
+        n_prev = -(-i // self.block_size)  # blocks completed before this layer
+        h = self.attn_res(blocks[:n_prev] + [partial], ops) if n_prev else partial
+        a = self.self_attn(self.input_layernorm(h, ops), batch, cache, ops)
+        partial = a if writes else partial + a
+        h2 = self.mlp_res(blocks[:n_prev + writes] + [partial], ops)
+        return partial, self.ffn(self.post_attention_layernorm(h2, ops), ops)
 
 
 class KimiK3Model(nn.Module):
@@ -80,27 +98,15 @@ class KimiK3Model(nn.Module):
         self.ops.begin_step(batch)
         for slot, n in zip(batch.slots, batch.query_lens):
             cache.check_room(slot, n)
-        block_size = self.cfg.attn_res_block_size
         partial = self.vocab.embed_tokens(token_ids).to(self.act_dtype)
         blocks: list[torch.Tensor] = []
         ffn_out = None
         for layer in self.layers:
-            i = layer.layer
-            if ffn_out is not None:
-                partial = partial + ffn_out
-            writes = i % block_size == 0
-            if writes:
-                blocks.append(partial)
-            n_prev = -(-i // block_size)  # blocks completed before this layer
-            h = layer.attn_res(blocks[:n_prev] + [partial], self.ops) if n_prev else partial
-            a = layer.self_attn(layer.input_layernorm(h), batch, cache, self.ops)
-            partial = a if writes else partial + a
-            h2 = layer.mlp_res(blocks[:n_prev + writes] + [partial], self.ops)
-            ffn_out = layer.ffn(layer.post_attention_layernorm(h2), self.ops)
+            partial, ffn_out = layer(partial, ffn_out, blocks, batch, cache, self.ops)
         partial = partial + ffn_out
         cache.advance(batch)
         return self.output_res(blocks + [partial], self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits [T, vocab] from final hidden states (the final norm is applied here, as in vLLM)."""
-        return self.vocab.logits(self.norm(hidden))
+        return self.vocab.logits(self.norm(hidden, self.ops), self.ops)

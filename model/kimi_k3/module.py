@@ -43,12 +43,6 @@ class Weighted(nn.Module):
         return p
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in fp32, result in x's dtype."""
-    xf = x.float()
-    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
 class RMSNorm(Weighted):
     """A checkpoint-backed RMSNorm weight (replicated)."""
 
@@ -57,5 +51,5 @@ class RMSNorm(Weighted):
         self.eps = eps
         self.declare(single("weight", ckpt_name, (dim,), torch.bfloat16, "ones"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
+        return ops.call("rms_norm", x, self.weight, self.eps)

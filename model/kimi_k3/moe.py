@@ -1,4 +1,4 @@
-"""Latent MoE (spec §5) and the dense layer-0 MLP (§6), with their checkpoint bindings.
+"""Latent MoE (SPEC.md §5) and the dense layer-0 MLP (§6), with their checkpoint bindings.
 
 Routed experts are split across TP ranks on their intermediate dimension (zero-padded to the config's
 alignment, TP16: 192 -> 256) and kept as the checkpoint stores them: MXFP4 (`weight_packed` + E8M0
@@ -9,53 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from . import mxfp4
 from .config import MXFP4_GROUP, KimiK3Config
-from .module import Weighted, rms_norm
+from .module import Weighted
 from .parallel import TP
 from .weights import Binding, CkptTensor, Part, single
-
-
-def situ(a: torch.Tensor, b: torch.Tensor, beta: float, beta_lin: float) -> torch.Tensor:
-    """SiTU(a, b) = [beta tanh(a/beta) sigmoid(a)] * [beta_lin tanh(b/beta_lin)], in fp32, cast back."""
-    af, bf = a.float(), b.float()
-    out = beta * torch.tanh(af / beta) * torch.sigmoid(af) * (beta_lin * torch.tanh(bf / beta_lin))
-    return out.to(a.dtype)
-
-
-def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
-          scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sigmoid router with correction bias (noaux_tc, one group): choose by score + bias, weigh by the
-    un-biased scores. Returns (expert ids [T, k] int64, weights [T, k] fp32)."""
-    scores = torch.sigmoid(x.float() @ gate_w.float().t())
-    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
-    weights = scores.gather(-1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return ids, weights * scaling
-
-
-def expert_matrices(w13: tuple[torch.Tensor, ...], w2: tuple[torch.Tensor, ...], e: int, dtype: torch.dtype):
-    """Dense [2I, L] and [L, I] weights of expert e from MXFP4 (packed, scale) pairs or dense tensors."""
-    if len(w13) == 2:
-        return mxfp4.dequantize(w13[0][e], w13[1][e], dtype), mxfp4.dequantize(w2[0][e], w2[1][e], dtype)
-    return w13[0][e], w2[0][e]
-
-
-def moe_experts(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: tuple[torch.Tensor, ...],
-                w2: tuple[torch.Tensor, ...], beta: float, beta_lin: float) -> torch.Tensor:
-    """y[t] = sum_k weights[t,k] * w2_e(SiTU(w1_e z, w3_e z)), e = ids[t,k]; accumulated in fp32 -> [T, L].
-
-    Tokens are grouped by expert so each expert's weights are expanded once per call.
-    """
-    y = torch.zeros(z.shape[0], z.shape[1], dtype=torch.float32, device=z.device)
-    for e in ids.unique().tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        m13, m2 = expert_matrices(w13, w2, e, z.dtype)
-        a, b = (z[tok] @ m13.t()).chunk(2, dim=-1)
-        h = situ(a, b, beta, beta_lin) @ m2.t()
-        y.index_add_(0, tok, weights[tok, slot].unsqueeze(-1) * h.float())
-    return y
 
 
 class LatentMoE(Weighted):
@@ -64,7 +21,8 @@ class LatentMoE(Weighted):
         pre = f"model.layers.{layer}.block_sparse_moe."
         d, lat, n_exp = cfg.hidden_size, cfg.routed_expert_hidden_size, cfg.num_experts
         inter, shared = cfg.moe_intermediate_size, cfg.shared_intermediate_size
-        self.top_k, self.renormalize, self.scaling = cfg.num_experts_per_token, cfg.moe_renormalize, cfg.routed_scaling_factor
+        self.top_k, self.renormalize, self.scaling = (cfg.num_experts_per_token, cfg.moe_renormalize,
+                                                      cfg.routed_scaling_factor)
         self.beta, self.beta_lin, self.eps = cfg.activation_situ_beta, cfg.activation_situ_linear_beta, cfg.rms_norm_eps
         bf16, u8 = torch.bfloat16, torch.uint8
 
@@ -74,7 +32,8 @@ class LatentMoE(Weighted):
         self.declare(single("latent_norm", pre + "routed_expert_norm.weight", (lat,), bf16, "ones"))
         self.declare(single("up_proj", pre + "routed_expert_up_proj.weight", (d, lat), bf16))
         self.declare(Binding("shared_gate_up", tuple(
-            Part(CkptTensor(f"{pre}shared_experts.{n}_proj.weight", (shared, d), bf16), shard_dim=0) for n in ("gate", "up")
+            Part(CkptTensor(f"{pre}shared_experts.{n}_proj.weight", (shared, d), bf16), shard_dim=0)
+            for n in ("gate", "up")
         )))
         self.declare(single("shared_down", pre + "shared_experts.down_proj.weight", (d, shared), bf16, shard_dim=1))
 
@@ -82,8 +41,10 @@ class LatentMoE(Weighted):
         # Each tensor is (checkpoint suffix, full shape, dtype, shard dim, rank-local size after padding).
         if cfg.experts_quantized:
             g = MXFP4_GROUP
-            w13_tensors = [("weight_packed", (inter, lat // 2), u8, 0, local), ("weight_scale", (inter, lat // g), u8, 0, local)]
-            w2_tensors = [("weight_packed", (lat, inter // 2), u8, 1, local // 2), ("weight_scale", (lat, inter // g), u8, 1, local // g)]
+            w13_tensors = [("weight_packed", (inter, lat // 2), u8, 0, local),
+                           ("weight_scale", (inter, lat // g), u8, 0, local)]
+            w2_tensors = [("weight_packed", (lat, inter // 2), u8, 1, local // 2),
+                          ("weight_scale", (lat, inter // g), u8, 1, local // g)]
         else:
             w13_tensors = [("weight", (inter, lat), bf16, 0, local)]
             w2_tensors = [("weight", (lat, inter), bf16, 1, local)]
@@ -101,14 +62,14 @@ class LatentMoE(Weighted):
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
         ids, weights = ops.call("moe_route", x, self.gate, self.e_bias, self.top_k, self.renormalize, self.scaling)
-        z = x @ self.down_proj.t()
+        z = ops.call("linear", x, self.down_proj)
         w13 = tuple(getattr(self, f"w13_{t}") for t in self.suffixes)
         w2 = tuple(getattr(self, f"w2_{t}") for t in self.suffixes)
         y = ops.call("moe_experts", z, ids, weights, w13, w2, self.beta, self.beta_lin)
-        y = rms_norm(self.tp.all_reduce(y), self.latent_norm, self.eps).to(x.dtype)  # latent partials summed first
-        a, b = (x @ self.shared_gate_up.t()).chunk(2, dim=-1)
-        shared = self.tp.all_reduce(situ(a, b, self.beta, self.beta_lin) @ self.shared_down.t())
-        return y @ self.up_proj.t() + shared
+        y = ops.call("rms_norm", self.tp.all_reduce(y), self.latent_norm, self.eps).to(x.dtype)  # partials summed first
+        shared = self.tp.all_reduce(ops.call("situ_mlp", x, self.shared_gate_up, self.shared_down, self.beta,
+                                             self.beta_lin))
+        return ops.call("linear", y, self.up_proj) + shared
 
 
 class DenseMLP(Weighted):
@@ -125,5 +86,4 @@ class DenseMLP(Weighted):
         self.declare(single("down", pre + "down_proj.weight", (d, inter), bf16, shard_dim=1))
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        a, b = (x @ self.gate_up.t()).chunk(2, dim=-1)
-        return self.tp.all_reduce(situ(a, b, self.beta, self.beta_lin) @ self.down.t())
+        return self.tp.all_reduce(ops.call("situ_mlp", x, self.gate_up, self.down, self.beta, self.beta_lin))

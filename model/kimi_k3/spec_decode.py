@@ -1,4 +1,4 @@
-"""Acceptance of speculative drafts (spec §8): which of K drafted tokens the target keeps, and its own token.
+"""Acceptance of speculative drafts (SPEC.md §8): which of K drafted tokens the target keeps, and its own token.
 
 The target has scored 1 + K positions per sequence: position i holds its distribution for the token
 that follows draft i (position 0 follows the last sampled token). Both rules return `tokens` [B, 1 + K]

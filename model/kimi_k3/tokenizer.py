@@ -118,7 +118,8 @@ def load_tokenizer(directory: str | Path, cfg: KimiK3Config) -> Tokenizer:
         raise CheckpointError(f"{path}: decoder: {decoder.get('type')!r}, expected a byte-level BPE ('ByteLevel')")
     too_big = sorted(i for i in tokenizer.get_vocab(with_added_tokens=True).values() if i >= cfg.vocab_size)
     if too_big:
-        raise CheckpointError(f"{path}: model.vocab: token ids {too_big[:5]} outside the config's vocab_size {cfg.vocab_size}")
+        raise CheckpointError(f"{path}: model.vocab: token ids {too_big[:5]} "
+                              f"outside the config's vocab_size {cfg.vocab_size}")
     return tokenizer
 
 

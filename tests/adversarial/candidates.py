@@ -1,5 +1,5 @@
 """Known-bad KDA decode candidates, each wrong or cheating the way real contributions have been caught doing
-(spec/gate_practices.md). Each wraps the reference so it runs fast on CPU at small shapes; the gates must
+(gates/PRACTICES.md). Each wraps the reference so it runs fast on CPU at small shapes; the gates must
 reject every one with the right status. Same signature as the reference:
 
     out = candidate(proj, conv_state, ssm_state, slots, w)    # conv_state, ssm_state updated in place
@@ -11,7 +11,8 @@ import hashlib
 
 import torch
 
-from model.kimi_k3.ops.kda import KDAColumns, conv_update, kda_decode, prepare
+from model.kimi_k3.ops.kda import KDAColumns, conv_update, prepare
+from model.kimi_k3.ops.kda_decode import kda_decode
 
 TILE_ROWS = 4
 

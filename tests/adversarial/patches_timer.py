@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from model.kimi_k3.ops.kda import kda_decode as reference
+from model.kimi_k3.ops.kda_decode import kda_decode as reference
 
 _clock = time.perf_counter
 torch.cuda.Event.elapsed_time = lambda self, end: 0.001

@@ -10,9 +10,9 @@ import functools
 
 import pytest
 
-from gates.contracts import check_contracts
-from gates.status import GateResult, Status
-from gates.suite import benchmarks, numerics
+from gates.checks import benchmarks, numerics
+from gates.core.contracts import check_contracts
+from gates.core.status import GateResult, Status
 from tests.gates.fixtures.helpers import failed_checks, kda_contract, run_gate, write_contract
 
 CANDIDATES = "tests.adversarial.candidates"

@@ -11,11 +11,11 @@ import pytest
 import torch
 from rich.progress import Progress
 
+from gates.checks.evals import GPU_LAYERS, configs
 from gates.evals import EVALS, run_eval
 from gates.evals.paths import perturbed
 from gates.evals.result import Status
 from gates.evals.subject import load_pair
-from gates.suite.evals import GPU_LAYERS, configs
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from gates.evals.long_context import (LongContextBudget, LongContextConfig, _Answer, _buckets, _Haystack,
-                                      _Probe, run)
+from gates.evals.long_context import LongContextBudget, LongContextConfig, _Answer, _buckets, _Haystack, _Probe, run
 from gates.evals.paths import DecodePath, DispatchedEngine, ReferenceDispatcher, perturbed
 from gates.evals.result import Status
 

@@ -3,7 +3,6 @@ k3-layer configs and random models the GPU evals use, and how run_eval records p
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

@@ -86,4 +86,5 @@ def test_a_standard_path_beside_sets_the_precision_the_candidate_is_held_to(make
     assert [max(plot.series[s]) for s in ("candidate", "standard")] == [c["exact TV"].value] * 2
     beside_exact = run(SMALL, replace(pair, candidate=scaled, standard=pair.candidate), progress)
     assert beside_exact.status == Status.FAILED_EVAL
-    assert not checks(beside_exact)["mean exact TV"].passed and "standard path 0" in checks(beside_exact)["exact TV"].detail
+    assert (not checks(beside_exact)["mean exact TV"].passed
+            and "standard path 0" in checks(beside_exact)["exact TV"].detail)

@@ -13,8 +13,7 @@ import torch
 from gates.evals.paths import Session, perturbed
 from gates.evals.result import Status
 from gates.evals.schemas import SCHEMAS
-from gates.evals.structured import (GRAMMAR_OPTIONS, StructuredConfig, _allowed, _compare, _Decode, _Vocabulary,
-                                    run)
+from gates.evals.structured import GRAMMAR_OPTIONS, StructuredConfig, _allowed, _compare, _Decode, _Vocabulary, run
 from model.kimi_k3.config import preset
 from model.kimi_k3.tokenizer import build_tokenizer
 

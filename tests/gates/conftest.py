@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 
-from gates.bundle import load_bundle
+from gates.checks.benchmarks import judge_point
 from gates.cli import main
+from gates.core.status import GateResult, Status, worst
+from gates.evidence.bundle import load_bundle
 from gates.problems import Point
-from gates.status import GateResult, Status, worst
-from gates.suite.benchmarks import judge_point
-from tests.gates.fixtures.helpers import CONTRACTS, timed
+from tests.gates.fixtures.helpers import CONTRACTS, paired_block, timed
 
 
 @pytest.fixture(scope="session")
@@ -39,16 +39,16 @@ def synthetic_benchmarks(required: float = 1.5) -> GateResult:
         for batch in (1, 33, 64):
             point = Point(batch, 0, (("heads", heads), ("head_dim", 128)), "bf16")
             cand, std = base * (1 + batch / 40), base * (1 + batch / 40) * (2.2 - batch / 80)
-            blocks = [{"candidate": [cand * rng.uniform(0.98, 1.05) for _ in range(50)],
-                       "standard": [std * rng.uniform(0.98, 1.05) for _ in range(50)]} for _ in range(3)]
+            blocks = [paired_block([cand * rng.uniform(0.98, 1.05) for _ in range(50)],
+                                   [std * rng.uniform(0.98, 1.05) for _ in range(50)]) for _ in range(3)]
             _, finish = timed([cand] * 10, [std] * 10)
             row, f, s = judge_point(point, blocks, finish, floor_us=cand * 0.55, required=required, min_fraction=None)
             rows.append(row), flags.extend(f), slower.extend(s)
     return GateResult(gate="benchmarks", title="Benchmarks", status=Status.SLOWER if slower else Status.PASSED,
                       reason="; ".join(slower), flags=flags, summary="synthetic", seconds=12.0,
                       details={"rows": rows, "required_speedup": required, "min_roofline_fraction": None,
-                               "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12, "source": "declared"}, "method": "synthetic samples",
-                               "recheck_failures": []})
+                               "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12, "source": "declared"},
+                               "method": "synthetic samples", "recheck_failures": []})
 
 
 @pytest.fixture

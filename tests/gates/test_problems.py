@@ -3,9 +3,18 @@
 import pytest
 import torch
 
+from gates.problems import (
+    DISTRIBUTIONS,
+    Point,
+    ProblemError,
+    UnsupportedPoint,
+    batch_sizes,
+    bench_point,
+    envelope_points,
+    load_problem,
+    sample,
+)
 from kernels.roofline import floor
-from gates.problems import (DISTRIBUTIONS, Point, ProblemError, UnsupportedPoint, batch_sizes, bench_point,
-                            envelope_points, load_problem, sample)
 from tests.gates.fixtures.helpers import kda_contract
 
 KDA = load_problem("kda_decode")
@@ -22,7 +31,8 @@ def test_envelope_points_cover_every_shape():
     contract = kda_contract(shapes={"heads": [12, 6], "head_dim": [128]}, batch={"min": 1, "max": 64})
     points = envelope_points(contract, KDA)
     assert len(points) == 6 and {p["heads"] for p in points} == {12, 6}
-    assert bench_point(contract, KDA, contract.benchmark.points[1]) == Point(8, 0, (("heads", 12), ("head_dim", 128)), "bf16")
+    assert bench_point(contract, KDA, contract.benchmark.points[1]) == Point(8, 0, (("heads", 12), ("head_dim", 128)),
+                                                                             "bf16")
 
 
 def test_missing_shape_key_names_the_problem_file():

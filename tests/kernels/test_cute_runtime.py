@@ -33,7 +33,8 @@ def test_parse_plain_and_wrapped_logs():
     assert (a.name, a.arch, a.registers, a.barriers) == ("kern_a", "sm_90a", 64, 1)
     assert a.spill_bytes == 0 and a.static_smem_bytes == 1024 and a.smem_bytes == 1024 + 4096
     (b,) = parse_ptxas_log(WRAPPED)
-    assert (b.name, b.registers, b.stack_frame_bytes, b.spill_store_bytes, b.spill_load_bytes) == ("kern_b", 80, 112, 108, 108)
+    assert ((b.name, b.registers, b.stack_frame_bytes, b.spill_store_bytes, b.spill_load_bytes)
+            == ("kern_b", 80, 112, 108, 108))
     both = parse_ptxas_log(PLAIN + WRAPPED)
     assert [k.name for k in both] == ["kern_a", "kern_b"]
 

@@ -82,13 +82,14 @@ def test_expert_padding_is_zero(tiny_ckpt):
 
 def test_missing_tensor(ckpt):
     rewrite(ckpt, lambda t: t.pop(EXPERT))
-    with pytest.raises(CheckpointError, match=r"missing tensor model\.layers\.1\.block_sparse_moe\.experts\.3\.w2\.weight_packed"):
+    with pytest.raises(CheckpointError, match=r"missing tensor language_model\.model\.layers\.1\.block_sparse_moe"
+                                              r"\.experts\.3\.w2\.weight_packed"):
         load_model(ckpt)
 
 
 def test_extra_tensor(ckpt):
     rewrite(ckpt, lambda t: t.update({"language_model.model.layers.0.self_attn.bogus": torch.zeros(2)}))
-    with pytest.raises(CheckpointError, match=r"unexpected tensor model\.layers\.0\.self_attn\.bogus"):
+    with pytest.raises(CheckpointError, match=r"unexpected tensor language_model\.model\.layers\.0\.self_attn\.bogus"):
         load_model(ckpt)
 
 
@@ -105,9 +106,9 @@ def test_misshaped_tensor_names_both_shapes(ckpt):
 
 
 def test_wrong_dtype(ckpt):
-    name = "language_model.model.layers.2.self_attn.dt_bias"
-    rewrite(ckpt, lambda t: t.update({name: t[name].to(torch.bfloat16)}))
-    with pytest.raises(CheckpointError, match=r"dt_bias has dtype torch.bfloat16, expected torch.float32"):
+    """Packed tensors must match exactly (float ones are converted: test_loader_friendly.py)."""
+    rewrite(ckpt, lambda t: t.update({EXPERT: t[EXPERT].to(torch.int16)}))
+    with pytest.raises(CheckpointError, match=r"w2\.weight_packed has dtype torch.int16, expected torch.uint8"):
         load_model(ckpt)
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gates.commands.config import describe
+from model.kimi_k3.cli import describe
 from model.kimi_k3.config import ConfigError, KimiK3Config, preset
 
 
@@ -24,7 +24,8 @@ def test_tiny_preset_exercises_every_part():
 
 def test_nested_and_flat_configs_parse_alike():
     cfg = preset("tiny")
-    assert KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=True)) == KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=False))
+    assert (KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=True))
+            == KimiK3Config.from_hf_dict(cfg.to_hf_dict(nested=False)))
 
 
 def test_unknown_fields_are_kept_but_bad_values_are_named():
@@ -58,7 +59,7 @@ def test_from_file_errors_name_the_file(tmp_path):
 @pytest.mark.parametrize("tp,in_proj,w13,w2", [(8, 6288, [896, 768, 1792], [896, 3584, 192]),
                                                (16, 3216, [896, 512, 1792], [896, 3584, 128])])
 def test_k3_rank_local_shapes(tp, in_proj, w13, w2):
-    """Spec §9: packed in_proj padded to 16, experts split on the intermediate dim, TP16 padded to 256."""
+    """SPEC.md §9: packed in_proj padded to 16, experts split on the intermediate dim, TP16 padded to 256."""
     w = describe(preset("k3"), tp)["weights"]
     heads = 96 // tp
     assert w["layers.0.self_attn.in_proj"]["shape"] == [in_proj, 7168]

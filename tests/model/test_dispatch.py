@@ -16,11 +16,12 @@ import yaml
 
 from gates.cli import main
 from kernels.contract import parse_contract
-from model.kimi_k3.attn_res import attn_res
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.config import preset
 from model.kimi_k3.dispatch import Dispatcher, Target, detect
+from model.kimi_k3.drafters import NgramDrafter
 from model.kimi_k3.engine import Engine, SamplingParams
+from model.kimi_k3.ops.attn_res import attn_res
 from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
 from model.kimi_k3.ops.registry import CONTRACTS_DIR, OPS, Specialized
 
@@ -120,7 +121,8 @@ def test_auto_never_runs_a_specialized_kernel():
 def test_each_reason_is_counted_every_time_and_logged_once(caplog):
     d = dispatcher(SpyKernel())
     with caplog.at_level(logging.INFO, logger="model.kimi_k3.dispatch"):
-        for step in (StepBatch((0,), (4,), (0,)), verify(9, 3), StepBatch((0,), (2,), (0,)), verify(12, 3), verify(1, 3)):
+        for step in (StepBatch((0,), (4,), (0,)), verify(9, 3), StepBatch((0,), (2,), (0,)), verify(12, 3),
+                     verify(1, 3)):
             call_attn_res(d, step)
     assert d.report()["ops"]["attn_res"]["fallbacks"] == {"prefill": 2, "batch": 2}
     assert d.report()["ops"]["attn_res"]["specialized"] == 1
@@ -159,7 +161,8 @@ def test_misuse_is_a_clear_error():
     with pytest.raises(ValueError, match="decode_backend: 'fastest'"):
         Dispatcher(H200_TP8, "fastest")
     with pytest.raises(RuntimeError, match="before begin_step"):
-        dispatcher(SpyKernel()).call("attn_res", [torch.zeros(1, HIDDEN)], torch.ones(HIDDEN), torch.ones(1, HIDDEN), 1e-5)
+        dispatcher(SpyKernel()).call("attn_res", [torch.zeros(1, HIDDEN)], torch.ones(HIDDEN), torch.ones(1, HIDDEN),
+                                     1e-5)
     with pytest.raises(TypeError, match="needs a Contract"):
         Specialized(CONTRACT.model_dump(), "synthetic", attn_res)
 
@@ -179,9 +182,10 @@ def test_every_op_call_reads_the_dims_and_dtypes_it_declares(model, tiny_cfg):
             seen[name] = OPS[name].signature(*args, **kwargs)  # zip(strict) fails if probe and names disagree
             return super().call(name, *args, **kwargs)
 
-    engine = Engine(model, max_len=8)
+    engine = Engine(model, max_len=12)
     model.ops = Recorder(Target.of(model))
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), spec_tokens=2, drafter=NgramDrafter())
     assert set(seen) == set(OPS)
     cfg = tiny_cfg
     assert seen["attn_res"].shapes["hidden"] == cfg.hidden_size
@@ -237,8 +241,10 @@ def test_the_standard_kda_layer_runs_k3_shapes_under_cuda_graphs():
         return (torch.randn(*shape, generator=g, device=dev) * scale).to(dtype)
 
     in_proj, o_proj = randn(cols.width, d, scale=d**-0.5), randn(d, cols.p, scale=cols.p**-0.5)
-    w = KDAWeights(conv_weight=randn(3 * cols.p, wc, scale=0.5, dtype=torch.float32), f_b=randn(cols.p, dim, scale=dim**-0.5),
-                   A_log=randn(heads, scale=0.5, dtype=torch.float32), dt_bias=randn(cols.p, scale=0.1, dtype=torch.float32),
+    w = KDAWeights(conv_weight=randn(3 * cols.p, wc, scale=0.5, dtype=torch.float32),
+                   f_b=randn(cols.p, dim, scale=dim**-0.5),
+                   A_log=randn(heads, scale=0.5, dtype=torch.float32),
+                   dt_bias=randn(cols.p, scale=0.1, dtype=torch.float32),
                    o_norm=torch.ones(dim, device=dev), lower_bound=cfg.linear_attn_config.gate_lower_bound,
                    norm_eps=cfg.rms_norm_eps)
     sizes, scratch = (1, 2, 4, 8), 8

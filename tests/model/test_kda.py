@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from model.kimi_k3.ops import kda
+from model.kimi_k3.ops.kda_decode import kda_decode
 
 
 def inputs(t, h, d, seed=0):
@@ -70,7 +71,7 @@ def test_decode_steps_equal_prefill():
     conv_state = torch.zeros(3, 3 * h * d, 4)  # three slots; the sequence lives in slot 2
     ssm_state = torch.zeros(3, h, d, d)
     slot = torch.tensor([2])
-    out_decode = torch.cat([kda.kda_decode(proj[i:i + 1], conv_state, ssm_state, slot, w) for i in range(t)])
+    out_decode = torch.cat([kda_decode(proj[i:i + 1], conv_state, ssm_state, slot, w) for i in range(t)])
     torch.testing.assert_close(out_decode, out_prefill, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(conv_state[2], window)
     torch.testing.assert_close(ssm_state[2], state, atol=1e-5, rtol=1e-5)

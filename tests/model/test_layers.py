@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from model.kimi_k3 import mla, mxfp4
-from model.kimi_k3.mla import absorbed_attention as absorbed
-from model.kimi_k3.attn_res import attn_res
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.cache import ModelCache
-from model.kimi_k3.moe import moe_experts, route, situ
+from model.kimi_k3.ops.attn_res import attn_res
+from model.kimi_k3.ops.mla_decode import absorbed_attention as absorbed
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_route import moe_route
+from model.kimi_k3.ops.situ_mlp import situ
 
 
 def first_layer(model, mla: bool):
-    return next(l for l in model.layers if model.cfg.is_mla_layer(l.layer) == mla)
+    return next(layer for layer in model.layers if model.cfg.is_mla_layer(layer.layer) == mla)
 
 
 def test_absorbed_mla_decode_equals_materialized(tiny_model):
@@ -68,7 +70,7 @@ def test_moe_equals_per_token_loop(tiny_model):
     moe = tiny_model.layers[1].ffn
     cfg = tiny_model.cfg
     x = torch.randn(6, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
-    ids, weights = route(x, moe.gate, moe.e_bias, moe.top_k, True, 1.0)
+    ids, weights = moe_route(x, moe.gate, moe.e_bias, moe.top_k, True, 1.0)
     z = x @ moe.down_proj.t()
     got = moe_experts(z, ids, weights, (moe.w13_weight_packed, moe.w13_weight_scale),
                       (moe.w2_weight_packed, moe.w2_weight_scale), moe.beta, moe.beta_lin)
@@ -87,7 +89,7 @@ def test_router_chooses_by_biased_score_but_weighs_by_raw_score():
     gate_w = torch.eye(4)
     x = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
     bias = torch.tensor([0.0, 0.0, 0.0, 10.0])  # makes expert 3 chosen despite the lowest score
-    ids, weights = route(x, gate_w, bias, 2, True, 1.0)
+    ids, weights = moe_route(x, gate_w, bias, 2, True, 1.0)
     assert sorted(ids[0].tolist()) == [0, 3]
     raw = torch.sigmoid(torch.tensor([3.0, 0.0]))
     torch.testing.assert_close(weights[0].sort().values, (raw / raw.sum()).sort().values)
@@ -95,7 +97,8 @@ def test_router_chooses_by_biased_score_but_weighs_by_raw_score():
 
 def test_situ_definition():
     a, b = torch.tensor([0.7, -3.0]), torch.tensor([2.0, 40.0])
-    expect = [4 * math.tanh(ai / 4) / (1 + math.exp(-ai)) * 25 * math.tanh(bi / 25) for ai, bi in zip(a.tolist(), b.tolist())]
+    expect = [4 * math.tanh(ai / 4) / (1 + math.exp(-ai)) * 25 * math.tanh(bi / 25)
+              for ai, bi in zip(a.tolist(), b.tolist())]
     torch.testing.assert_close(situ(a, b, 4.0, 25.0), torch.tensor(expect))
 
 
@@ -107,6 +110,6 @@ def test_attn_res_by_hand():
     for src in s:
         rms = math.sqrt(sum(v * v for v in src[0].tolist()) / 3 + 1e-5)
         logits.append(sum(src[0, d].item() / rms * w_n[d].item() * w_p[0, d].item() for d in range(3)))
-    z = sum(math.exp(l) for l in logits)
-    expect = sum(math.exp(l) / z * src for l, src in zip(logits, s))
+    z = sum(math.exp(logit) for logit in logits)
+    expect = sum(math.exp(logit) / z * src for logit, src in zip(logits, s))
     torch.testing.assert_close(attn_res(s, w_n, w_p, 1e-5), expect)

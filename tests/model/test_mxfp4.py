@@ -5,6 +5,7 @@ import torch
 
 from model.kimi_k3 import mxfp4
 
+
 # E2M1 decoded from its bit fields (sign, 2-bit exponent with bias 1, 1-bit mantissa; exponent 0 is
 # subnormal), independent of the table in the module under test.
 def e2m1_from_bits(code: int) -> float:

@@ -13,8 +13,16 @@ import pytest
 from tokenizers import pre_tokenizers
 
 from model.kimi_k3.config import ConfigError, preset
-from model.kimi_k3.tokenizer import (BOS, EOS, PAD, TOKENIZER_FILE, _byte_chars, build_tokenizer, load_tokenizer,
-                                     token_bytes)
+from model.kimi_k3.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    TOKENIZER_FILE,
+    _byte_chars,
+    build_tokenizer,
+    load_tokenizer,
+    token_bytes,
+)
 from model.kimi_k3.weights import CheckpointError
 
 TEXT = '{"name": "Zoë", "items": [1, 2.5, null], "ok": true}\n\t\\u00e9 ✓'

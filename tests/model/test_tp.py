@@ -1,4 +1,4 @@
-"""Tensor parallelism: per-rank shapes of spec §9, and TP2/TP4 over real gloo process groups (CPU, tiny
+"""Tensor parallelism: per-rank shapes of SPEC.md §9, and TP2/TP4 over real gloo process groups (CPU, tiny
 preset, fp32) against TP1."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ PROMPTS = [[1, 5, 9, 13, 17, 21, 25], [300, 2, 77]]
 NEW_TOKENS = 4
 TIMEOUT_S = 120  # a broken collective fails the test instead of hanging it
 
-# Spec §9: rank-local shapes of the K3 config at TP8 and TP16 (MXFP4 experts: two values per byte).
+# SPEC.md §9: rank-local shapes of the K3 config at TP8 and TP16 (MXFP4 experts: two values per byte).
 SPEC_SHAPES = {
     8: {"kda.in_proj": (6288, 7168), "kda.conv_weight": (4608, 1, 4), "kda.f_b": (1536, 128), "kda.A_log": (12,),
         "kda.dt_bias": (1536,), "kda.o_proj": (7168, 1536), "mla.fused_qkv_a": (2112, 7168),

@@ -10,8 +10,8 @@ with compensation and rounds it the same way (checked on the CPU against the ker
 fp32 sum, as in the standard's cuBLAS GEMM, rounds a few r per step the other way, and the gate amplifies
 such a flip (up to ~20x through exp(A_log)): the generic checks are graded (relative L2 and the fraction of
 elements within tolerance) so that they hold for the standard too, and `test_decays_round_like_the_reference`
-reads the kernel's decays and holds them to the reference's. With `exact_gemm=True` the f_a/f_b values are dyadic so every
-order gives the same exact product.
+reads the kernel's decays and holds them to the reference's. With `exact_gemm=True` the f_a/f_b values are dyadic so
+every order gives the same exact product.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import functools
 import pytest
 import torch
 
+from gates.problems.kda_decode import make_case, make_proj
 from kernels.cute import cutlass_available
-from model.kimi_k3.ops.kda import KDAColumns, kda_decode
-from model.kimi_k3.specialized.kda_decode.inputs import make_case, make_proj
+from model.kimi_k3.ops.kda import KDAColumns
+from model.kimi_k3.ops.kda_decode import kda_decode
 
 CUTLASS_OK, CUTLASS_WHY = cutlass_available()
 needs_cutlass = pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")
@@ -110,7 +111,7 @@ def test_config_rejects_outside_envelope():
 
 
 def test_entry_points_importable_on_cpu():
-    from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available  # noqa: F401
+    from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available  # noqa: F401
     from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute  # noqa: F401
 
     ok, why = standard_available()
@@ -216,7 +217,7 @@ def test_one_step_exact_gemm(heads, batch, slot_pattern):
 @needs_cutlass
 @pytest.mark.parametrize("heads", [6, 12, 96])
 @pytest.mark.parametrize("batch", [1, 2, 7, 33, 64])
-@pytest.mark.parametrize("dist", ["normal", "heavy"])
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "mixed"])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_one_step_general(heads, batch, dist, slot_dtype):
     case = make_case(heads, batch, device="cuda", seed=7 * heads + batch, dist=dist, slot_dtype=slot_dtype)
@@ -339,7 +340,7 @@ def test_cuda_graph_capture_matches_eager():
 @gpu
 @needs_cuda
 def test_standard_matches_reference():
-    from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
+    from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
 
     ok, why = standard_available()
     if not ok:

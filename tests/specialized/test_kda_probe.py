@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.kimi_k3.specialized.kda_decode.inputs import make_case
+from gates.problems.kda_decode import make_case
 from model.kimi_k3.specialized.kda_decode.probe import available, chain_probe
 
 PROBE_OK, PROBE_WHY = available()

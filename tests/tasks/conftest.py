@@ -10,18 +10,19 @@ import git
 import pytest
 import yaml
 
+from gates.checks.benchmarks import judge_point
+from gates.core.runner import detect, environment, new_options
+from gates.core.status import GateResult, Status, worst
+from gates.evidence.bundle import Bundle, GitState, covered_sources, now, write_bundle
+from gates.evidence.report import render_reports
 from gates.problems import Point
-from gates.suite.benchmarks import judge_point
-from gates.bundle import Bundle, GitState, covered_sources, now, write_bundle
-from gates.report import render_reports
-from gates.runner import detect, environment, new_options
-from gates.status import GateResult, Status, worst
 from kernels.contract import load_contract
 from tests.gates.fixtures.helpers import timed
 
 REPO = Path(__file__).resolve().parents[2]
 # The minimum of the real tree that the attn_res contract's evidence covers.
-COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/attn_res.py",
+COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/ops/__init__.py",
+          "model/kimi_k3/ops/attn_res.py", "model/kimi_k3/ops/attn_res_standard.py", "model/kimi_k3/ops/op.py",
           "model/kimi_k3/specialized/__init__.py", "model/kimi_k3/specialized/attn_res_fused.py")
 KERNEL = "model/kimi_k3/specialized/attn_res_fused.py"
 CONTRACT = "contracts/attn_res.yaml"
@@ -33,7 +34,8 @@ TASK = {
     "ops": ["attn_res"],
     "allowed": ["model/kimi_k3/specialized/{op}_fused.py", "contracts/{op}.yaml", "tests/specialized/**"],
     "required_gates": ["contracts", "numerics"],
-    "envelope": {"archs": ["cpu"], "tp_sizes": [1], "batch": {"min": 1, "max": 64}, "spec_tokens": {"min": 0, "max": 7}},
+    "envelope": {"archs": ["cpu"], "tp_sizes": [1], "batch": {"min": 1, "max": 64},
+                 "spec_tokens": {"min": 0, "max": 7}},
     "success": {"numerics": {"max_rel_l2": 1e-4}},
     "checklist": ["The mix sums the sources in fp32."],
 }

@@ -9,10 +9,9 @@ import shutil
 import pytest
 
 from gates.cli import main
-from gates.evidence import write_index
+from gates.evidence.index import write_index
 from gates.tasks.check import check, read_branch, summary, task_at_base
-from tests.tasks.conftest import (AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run,
-                                  passed)
+from tests.tasks.conftest import AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run, passed
 
 
 def violations(r, base: str = "main") -> list[tuple[str, str, str]]:
@@ -75,7 +74,7 @@ def test_a_kernel_no_contract_names(task_repo):
                                             ("model/kimi_k3/specialized/rogue/kernel.py", "scope")}
 
 
-@pytest.mark.parametrize("changed", [KERNEL, "model/kimi_k3/attn_res.py"])
+@pytest.mark.parametrize("changed", [KERNEL, "model/kimi_k3/ops/attn_res.py"])
 def test_stale_evidence(task_repo, changed):
     """The kernel, or the reference its evidence covers, changed after the bundle was made."""
     if changed == KERNEL:
@@ -138,7 +137,8 @@ def test_gates_thresholds_and_envelope(task_repo):
     task_repo.commit("kernel", *TRAILERS)
     found = violations(task_repo, base="task")
     assert ("evidence/attn_res/cpu", "thresholds",
-            "batch 1: 1.30× over the standard at batch 1 · sources 9 · hidden 7168 · fp32; the task requires 1.5×") in found
+            "batch 1: 1.30× over the standard at batch 1 · sources 9 · hidden 7168 · fp32; "
+            "the task requires 1.5×") in found
     assert any(p == "evidence/attn_res/cpu" and r == "thresholds" and m.startswith("batch 8: no speedup measured")
                for p, r, m in found)
     assert (CONTRACT, "thresholds", "tolerance.max_rel_l2 1e-05 is looser than the task's 1e-06") in found
@@ -190,6 +190,16 @@ def test_cli_lists_violations_one_per_line(task_repo, capsys, tmp_path):
         "3 violation(s) of task attn_res_mix"]
     assert "### Task check: 3 violation(s)" in out and summary.read_text() == out.removesuffix("\n")
     assert "| `README.md` | scope | outside the task's allowed paths |" in out
+    assert "### Evidence diff" in out and "No evidence bundle changed." in out
+
+
+def test_summary_shows_a_loosened_contract(task_repo):
+    contract = task_repo.root / "contracts" / "attn_res.yaml"
+    contract.write_text(contract.read_text().replace("batch: {min: 1, max: 64}", "batch: {min: 1, max: 128}"))
+    task_repo.commit("wider batch", "Task: attn_res_mix", AGENT, OWNER)
+    branch = read_branch(task_repo.repo, "main")
+    text = summary(check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch))
+    assert "| attn_res.yaml | batch |" in text and "loosened: say why" in text
 
 
 @pytest.mark.parametrize("tasks, expected", [

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from gates.cli import main
+from gates.scope.policy import matches
 from gates.tasks.scaffold import ScaffoldError, scaffold
-from gates.tasks.schema import TASKS_DIR, TaskError, load_task, load_tasks, matches
+from gates.tasks.schema import TASKS_DIR, TaskError, load_task, load_tasks
 from model.kimi_k3.ops.registry import OPS
 from tests.tasks.conftest import REPO, TASK
 
@@ -69,12 +70,14 @@ def changed(**updates) -> dict:
     (changed(allowed=["contracts/{op}.yaml", "tests/gates/**"]),
      "allowed.1: 'tests/gates/**' lies inside the core path 'tests/gates/**'"),
     (changed(allowed=["../secrets/**"]), "allowed.0: '../secrets/**': a path relative to the repository root"),
-    (changed(forbidden=["model/kimi_k3/{name}.py"]), "forbidden.0: 'model/kimi_k3/{name}.py': the only placeholder is {op}"),
+    (changed(forbidden=["model/kimi_k3/{name}.py"]),
+     "forbidden.0: 'model/kimi_k3/{name}.py': the only placeholder is {op}"),
     (changed(goal=None), "goal: Field required"),
     (changed(owner="me"), "owner: Extra inputs are not permitted"),
     (changed(required_gates=["contracts", "speed"]), "required_gates.1: unknown gate 'speed'; gates: contracts"),
     (changed(envelope={**TASK["envelope"], "archs": ["h200"]}), "envelope.archs: ['h200']: an arch is sm_<digits>"),
-    (changed(success={"speedup": [{"batch": 128, "min": 1.5}]}), "success.speedup.0.batch: 128 outside envelope.batch 1..64"),
+    (changed(success={"speedup": [{"batch": 128, "min": 1.5}]}),
+     "success.speedup.0.batch: 128 outside envelope.batch 1..64"),
     (changed(success={"speedup": [{"batch": 1, "min": 0}]}), "success.speedup.0.min: Input should be greater than 0"),
     (changed(shapes={"kda_decode": {"heads": [12]}}), "shapes.kda_decode: not one of the task's ops ['attn_res']"),
     (changed(name="another_name"), "name: 'another_name' does not match the file name 'attn_res_mix'"),
@@ -120,7 +123,8 @@ def tasks_root(tmp_path):
 def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
     args = ["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root)]
     assert main(args) == 0
-    written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines()
+               if line.startswith("wrote ")]
     assert written == ["contracts/moe_route.yaml", "model/kimi_k3/specialized/moe_route/__init__.py",
                        "model/kimi_k3/specialized/moe_route/kernel.py", "tests/specialized/test_moe_route.py"]
     spec = importlib.util.spec_from_file_location("scaffolded", tasks_root / written[2])
@@ -144,10 +148,12 @@ def test_new_refuses(tasks_root, capsys, args, expected):
 
 
 def test_show(capsys):
+    assert main(["task", "show", "oproj_residual"]) == 0
+    assert "oproj_residual (not in the op registry yet)" in capsys.readouterr().out
     assert main(["task", "show", "kda_verify"]) == 0
     out = capsys.readouterr().out
-    assert "kda_verify (not in the op registry yet)" in out
+    assert "kda_verify (not in the op registry yet)" not in out
     assert "model/kimi_k3/specialized/kda_verify/**" in out and "gates/**" in out
-    assert "Step 1: register the op" in out and "ReplaySSM" in out  # the brief, rendered
+    assert "Step 1: the op is registered" in out and "ReplaySSM" in out  # the brief, rendered
     assert main(["task", "show", "nope"]) == 2
     assert "no task 'nope'; tasks: fuse_decode_op" in capsys.readouterr().err

@@ -1,4 +1,6 @@
-"""Kimi Delta Attention, reference math (spec §3): plain PyTorch, fp32 where the model is fp32.
+"""Kimi Delta Attention, the math its ops share (SPEC.md §3): plain PyTorch, fp32 where the model is fp32.
+
+The ops are `kda_decode` (ops/kda_decode.py) and `kda_verify` (ops/kda_verify.py); prefill is `kda_prefill` here.
 
 Layouts shared by every implementation (reference, standard, specialized):
 - `proj` [T, W]: the packed input projection, columns q | k | v (each P) | g, the output gate (P) |
@@ -177,24 +179,6 @@ def finish(o: torch.Tensor, proj: torch.Tensor, cols: KDAColumns, w: KDAWeights)
     return gated_rms_norm(o, gate, w.o_norm, w.norm_eps).to(proj.dtype).view(t, h * d)
 
 
-def kda_decode(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
-               w: KDAWeights) -> torch.Tensor:
-    """One decode token per sequence: the whole KDA step after the input projection, reference form.
-
-    proj [B, W]; slots [B] index the caches; both caches are updated in place. Returns [B, P].
-    """
-    cols = KDAColumns.of(ssm_state, w)
-    x = conv_update(proj[:, cols.qkv], conv_state, slots, w.conv_weight)
-    q, k, v, g, beta = prepare(proj, x, cols, w)
-    s = ssm_state[slots].float()  # [B, H, V, K]
-    s = s * torch.exp(g).unsqueeze(2)
-    u = beta.unsqueeze(-1) * (v - torch.einsum("bhvk,bhk->bhv", s, k))
-    s = s + u.unsqueeze(-1) * k.unsqueeze(2)
-    o = torch.einsum("bhvk,bhk->bhv", s, q)
-    ssm_state[slots] = s.to(ssm_state.dtype)
-    return finish(o, proj, cols, w)
-
-
 def kda_prefill(proj: torch.Tensor, conv_window: torch.Tensor, state: torch.Tensor, w: KDAWeights,
                 chunk: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence's T new tokens from a cached window [3P, Wc] and state [H, V, K] (zeros for a new
@@ -204,22 +188,3 @@ def kda_prefill(proj: torch.Tensor, conv_window: torch.Tensor, state: torch.Tens
     q, k, v, g, beta = prepare(proj, x, cols, w)
     o, s = chunked(q, k, v, g, beta, state, chunk)
     return finish(o, proj, cols, w), window, s
-
-
-def kda_verify(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
-               w: KDAWeights, spec_conv: torch.Tensor, spec_ssm: torch.Tensor) -> torch.Tensor:
-    """Speculative verification: 1 + K tokens per sequence (the last sampled token, then K drafts).
-
-    proj [B, 1 + K, W]; slots [B]. Reads the committed caches at `slots` and leaves them unchanged;
-    writes the conv window and state after each position t into spec_conv[slots, t] [3P, Wc] and
-    spec_ssm[slots, t] [H, V, K], so that decoding can continue from any accepted position. Returns
-    [B, 1 + K, P]. Position by position this is `kda_decode`, which defines the numerics.
-    """
-    rows = torch.arange(proj.shape[0], device=proj.device)
-    conv, ssm = conv_state[slots], ssm_state[slots]  # working copies, indexed by row
-    outs = []
-    for t in range(proj.shape[1]):
-        outs.append(kda_decode(proj[:, t], conv, ssm, rows, w))
-        spec_conv[slots, t] = conv
-        spec_ssm[slots, t] = ssm
-    return torch.stack(outs, dim=1)

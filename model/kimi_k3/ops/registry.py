@@ -1,12 +1,14 @@
-"""The decode-path ops every layer calls through the dispatcher, and their implementations.
+"""The decode-path ops, found by discovery, and their implementations.
 
-- reference: plain PyTorch, the numerics ground truth.
-- standard: what a strong stock serving engine runs. An op may name a library-composed GPU standard
-  (`gpu_standard`, imported on first GPU use); on CPU, and for ops without one, the reference serves.
+- reference: plain PyTorch, the numerics ground truth, in the op's own module `model/kimi_k3/ops/<op>.py`.
+- standard: what a strong stock serving engine runs, named by the op's declaration (`Op.gpu_standard`); on
+  CPU, and for ops without one, the reference serves.
 - specialized: a contracted kernel. It exists only through a contract (`contracts/<op>.yaml`) whose
   `implementation` names it; `load_specialized` reads a contracts directory and is the one way to get one.
 
-The gate runner enumerates contracts and gets every implementation of each:
+Every module of this package that defines `OP` is an op (`OP.name` is the module's name); modules without one
+hold shared math (`kda.py`) or standards (`<op>_standard.py`). The gate runner enumerates contracts and gets
+every implementation of each:
 
     for spec in load_specialized().values():
         reference, standard, specialized = spec.implementations(gpu=True)
@@ -15,116 +17,38 @@ The gate runner enumerates contracts and gets every implementation of each:
 from __future__ import annotations
 
 import importlib
-import logging
+import pkgutil
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-import torch
-
 from kernels.contract import Contract, ContractError, contract_files, load_contract
-from ..attn_res import attn_res
-from ..mla import mla_decode
-from ..moe import moe_experts, route
-from .kda import kda_decode
 
-log = logging.getLogger(__name__)
+from .op import Op, Signature, dtype_name, entry_point, import_entry_point
+
+__all__ = ["OPS", "Op", "Signature", "Specialized", "Implementations", "dtype_name", "entry_point",
+           "import_entry_point", "registry_problems", "load_specialized", "discover", "REPO_ROOT", "CONTRACTS_DIR"]
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CONTRACTS_DIR = REPO_ROOT / "contracts"
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float8_e4m3fn: "fp8_e4m3"}
+
+def discover() -> dict[str, Op]:
+    """{name: Op} for every module of this package that declares `OP`; a name that is not its module's is an error."""
+    package = __name__.rpartition(".")[0]
+    found = {}
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
+        module = importlib.import_module(f"{package}.{info.name}")
+        op = getattr(module, "OP", None)
+        if op is None:
+            continue
+        if not isinstance(op, Op) or op.name != info.name:
+            raise TypeError(f"model/kimi_k3/ops/{info.name}.py: OP must be an Op named {info.name!r}, got {op!r}")
+        found[op.name] = op
+    return found
 
 
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """The contract's name for a dtype ('bf16', 'fp32', ...); strings (e.g. 'mxfp4') pass through."""
-    return dtype if isinstance(dtype, str) else DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def entry_point(fn: Callable) -> str:
-    return f"{fn.__module__}:{fn.__qualname__}"
-
-
-def import_entry_point(spec: str) -> Callable:
-    """`package.module:function` -> the function (import errors propagate)."""
-    module, _, name = spec.partition(":")
-    fn = getattr(importlib.import_module(module), name)
-    if not callable(fn):
-        raise TypeError(f"{spec} is a {type(fn).__name__}, not a function")
-    return fn
-
-
-@dataclass(frozen=True)
-class Signature:
-    """An op call as a contract sees it: named rank-local dims and the dtypes of named operands."""
-
-    shapes: dict[str, int]
-    dtypes: dict[str, str]  # keys of the contract's `dtypes` (activations come from the model, not the call)
-
-
-@dataclass(frozen=True)
-class Op:
-    """One decode-path op. `probe(*args)` reads (dims, dtypes) from a call's own arguments, in the order of
-    `shapes` and `dtypes`: the names a contract may constrain."""
-
-    name: str
-    reference: Callable
-    shapes: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    probe: Callable[..., tuple[tuple[int, ...], tuple[torch.dtype | str, ...]]]
-    gpu_standard: str | None = None  # module:function composed from library kernels (FLA, cuBLAS, ...)
-
-    @property
-    def standard_entry_point(self) -> str:
-        return self.gpu_standard or entry_point(self.reference)
-
-    def standard(self, gpu: bool) -> Callable:
-        """The standard implementation on a GPU or on CPU (the reference where no GPU standard imports)."""
-        if gpu and self.gpu_standard:
-            return _gpu_standard(self.name, self.gpu_standard) or self.reference
-        return self.reference
-
-    def signature(self, *args, **kwargs) -> Signature:
-        dims, dtypes = self.probe(*args, **kwargs)
-        return Signature(dict(zip(self.shapes, dims, strict=True)),
-                         {k: dtype_name(d) for k, d in zip(self.dtypes, dtypes, strict=True)})
-
-
-@cache
-def _gpu_standard(op: str, spec: str) -> Callable | None:
-    """Imported once; a missing library is logged (the reference then serves) rather than crashing decode."""
-    try:
-        return import_entry_point(spec)
-    except Exception as e:  # noqa: BLE001 - any import-time failure of an optional GPU library
-        log.warning("%s: GPU standard %s does not import (%s: %s); the reference serves as standard",
-                    op, spec, type(e).__name__, e)
-        return None
-
-
-def _expert_weights(w13: tuple[torch.Tensor, ...]) -> torch.dtype | str:
-    return "mxfp4" if len(w13) == 2 else w13[0].dtype
-
-
-OPS: dict[str, Op] = {
-    op.name: op
-    for op in (
-        Op("attn_res", attn_res, shapes=("sources", "hidden"), dtypes=("weights",),
-           probe=lambda sources, norm_w, proj_w, eps: ((len(sources), sources[0].shape[-1]), (norm_w.dtype,))),
-        Op("kda_decode", kda_decode, shapes=("heads", "head_dim"), dtypes=("weights", "ssm_state"),
-           probe=lambda proj, conv, ssm, slots, w: ((ssm.shape[1], ssm.shape[3]), (w.f_b.dtype, ssm.dtype)),
-           gpu_standard="model.kimi_k3.ops.kda_standard:kda_decode_standard"),
-        Op("mla_decode", mla_decode, shapes=("heads", "kv_lora_rank", "rope_dim"), dtypes=("weights", "kv_cache"),
-           probe=lambda q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale: (
-               (q_nope.shape[1], w_uk.shape[-1], q_pe.shape[-1]), (w_uk.dtype, kv.dtype))),
-        Op("moe_route", route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",),
-           probe=lambda x, gate_w, bias, top_k, renormalize, scaling: (
-               (gate_w.shape[0], top_k, gate_w.shape[1]), (gate_w.dtype,))),
-        Op("moe_experts", moe_experts, shapes=("experts", "top_k", "latent_dim"), dtypes=("weights",),
-           probe=lambda z, ids, weights, w13, w2, beta, beta_lin: (
-               (w13[0].shape[0], ids.shape[1], z.shape[1]), (_expert_weights(w13),))),
-    )
-}
+OPS: dict[str, Op] = discover()
 
 
 class Implementations(NamedTuple):

@@ -35,8 +35,8 @@ def step_floor(heads, batch, info):
 def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
     """Output and state relative L2 errors against the reference on one seeded case, and whether the conv
     windows are equal."""
-    from model.kimi_k3.ops.kda import kda_decode
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+    from gates.problems.kda_decode import make_case
+    from model.kimi_k3.ops.kda_decode import kda_decode
 
     case = make_case(heads, batch, device="cuda", seed=seed, exact_gemm=exact_gemm)
     ref_case = case.clone_caches()
@@ -49,10 +49,10 @@ def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
 
 
 def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
+    from gates.problems.kda_decode import make_case
     from kernels.arch import detect, with_measured_bandwidth
     from kernels.timing import count_kernels, time_op
-    from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
+    from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
     from model.kimi_k3.specialized.kda_decode.kernel import available, default_v_split, kda_decode_cute
 
     info = detect()
@@ -79,7 +79,8 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
             for name, impl in impls.items():
                 if check:
                     rel, srel, conv_eq = check_against_reference(impl, heads, batch, seed=heads * 1000 + batch)
-                    row[f"{name}_out_rel_l2"], row[f"{name}_state_rel_l2"], row[f"{name}_conv_equal"] = rel, srel, conv_eq
+                    (row[f"{name}_out_rel_l2"], row[f"{name}_state_rel_l2"],
+                     row[f"{name}_conv_equal"]) = rel, srel, conv_eq
                 case = make_case(heads, batch, device="cuda", seed=heads + batch)
                 args = case.args()
                 r = time_op(lambda: impl(*args), iters=iters, flush=flush)
@@ -127,7 +128,8 @@ def _print_row(row):
     (s, sk), (c, ck) = t("standard"), t("specialized")
     sp = f"{row['speedup']:6.2f}x" if "speedup" in row else f"{'-':>7}"
     host = f"{row.get('standard_host_us') or float('nan'):7.1f}/{row.get('specialized_host_us') or float('nan'):7.1f}"
-    err = f"{row.get('specialized_out_rel_l2', float('nan')):.1e}/{row.get('specialized_state_rel_l2', float('nan')):.1e}"
+    err = (f"{row.get('specialized_out_rel_l2', float('nan')):.1e}/"
+           f"{row.get('specialized_state_rel_l2', float('nan')):.1e}")
     frac = row.get("specialized_frac_floor", row.get("standard_frac_floor", float("nan")))
     if "specialized_us" not in row:
         err = f"{row.get('standard_out_rel_l2', float('nan')):.1e}/{row.get('standard_state_rel_l2', float('nan')):.1e}"

@@ -59,10 +59,10 @@ def parse_tuning(text: str) -> dict | None:
 
 
 def main(argv=None):
+    from gates.problems.kda_decode import make_case
     from kernels.arch import detect
     from kernels.timing import time_op
     from model.kimi_k3.specialized.kda_decode.bench import check_against_reference, step_floor
-    from model.kimi_k3.specialized.kda_decode.inputs import make_case
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--heads", type=int, nargs="+", default=[12])
@@ -88,7 +88,7 @@ def main(argv=None):
             name = f"{path.stem}[{text}]" if len(a.tunings) > 1 else path.stem
             variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t), True))
     if a.standard:
-        from model.kimi_k3.ops.kda_standard import kda_decode_standard, standard_available
+        from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
 
         ok, why = standard_available()
         if not ok:

@@ -81,7 +81,8 @@ class KDADecodeConfig:
 
     def __post_init__(self):
         if self.head_dim != 128:
-            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 (8 warps x 16 rows, 32 lanes x 4)")
+            raise ValueError(f"head_dim {self.head_dim}: this kernel is built for 128 "
+                             "(8 warps x 16 rows, 32 lanes x 4)")
         if self.rank != 128:
             raise ValueError(f"rank {self.rank}: the f_b GEMV mapping needs 128 (16 lanes x 8 bf16 per row)")
         if self.conv_width != 4:
@@ -322,7 +323,7 @@ if _IMPORT_ERROR is None:
             sClu = mbar_norm = mbar_decay = None
             if cutlass.const_expr(S > 1):
                 # Every CTA sends its RMSNorm partial (slot = its rank) to all CTAs of the cluster, and with
-                # share_decays first its K / S of the head's decays, by st.async: the K decays' 4 x K bytes
+                # share_decays first its K / DS of the head's decays, by st.async: the K decays' 4 x K bytes
                 # complete one barrier's transaction count, the S partials' 4 x S bytes the other's.
                 sClu = smem.allocate_tensor(Float32, cute.make_layout((S,)), byte_alignment=16)
                 mbar_decay = smem.allocate_array(Int64, 2, byte_alignment=8)
@@ -340,7 +341,7 @@ if _IMPORT_ERROR is None:
 
             slot = Int64(mSlots[b])
 
-            # 1. Issue the slot-independent loads: f_a, this CTA's K / S rows of the head's f_b (warp w rows
+            # 1. Issue the slot-independent loads: f_a, this CTA's K / DS rows of the head's f_b (warp w rows
             #    dec0 + DPW w .., half-warp `sub` odd/even rows, lane `ch` 8 of the R inputs), scalars.
             DPW = K // DS // NUM_WARPS  # decays per warp: 16, 8, 4, 2
             NI = DPW // 2  # f_b rows per half-warp

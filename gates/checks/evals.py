@@ -1,0 +1,89 @@
+"""Evals gate: the model with this op's kernel (decode_backend latency_specialized, this contract alone)
+against the reference path, through every model-level eval (gates.evals: temperature sampling, structured
+output, long context).
+
+CPU: the tiny preset in fp32 with each eval's CPU budget and absolute bounds. GPU: real `k3` layer shapes in
+bf16, cut to `GPU_LAYERS` layers, with smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits
+one GPU command, and the standard path run beside as the yardstick: in bf16 on random weights the candidate is
+held to the standard's own distance from the reference (gates.evals.paths.PathPair). Evals left when
+TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
+never entered the kernel's envelope makes the gate NOT_RUN: it would compare the standard path with itself.
+
+The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the
+reference and standard paths here; only logits and states come back, and every statistic is computed here.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from rich.progress import Progress
+
+from gates.core.registry import Gate, GateContext
+from gates.core.sandbox import Sandbox, SandboxError
+from gates.core.status import GateResult, Status, worst
+from gates.evals import EVALS, run_eval
+from gates.evals.long_context import LongContextConfig
+from gates.evals.remote import RemoteCandidate
+from gates.evals.sampling import SamplingConfig
+from gates.evals.structured import StructuredConfig
+from gates.evals.subject import load_pair
+
+NAME, TITLE = "evals", "Model-level evals"
+GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
+TIME_LIMIT_S = {"cpu": 600.0, "cuda": 180.0}
+GPU_BUDGETS = {
+    "sampling": SamplingConfig().gpu.model_copy(update={"positions": 32, "samples": 4096}),
+    "structured": StructuredConfig().gpu.model_copy(update={"schemas": ("enum", "nested", "patterns"),
+                                                            "spec_tokens": (0, 3), "max_tokens": 96}),
+    "long_context": LongContextConfig().gpu.model_copy(update={"lengths": (2048, 8192), "decode_steps": 8}),
+}
+
+
+def configs(device: str) -> dict:
+    if device == "cpu":
+        return {name: gate.config() for name, gate in EVALS.items()}
+    return {name: gate.config().model_copy(update={"gpu": GPU_BUDGETS[name]}) for name, gate in EVALS.items()}
+
+
+def run(ctx: GateContext) -> GateResult:
+    reason = ctx.cannot_run_here()
+    if reason is not None:
+        return GateResult.not_run(NAME, TITLE, reason)
+    gpu = ctx.device == "cuda"
+    subject = {"preset_name": "k3" if gpu else "tiny", "layers": GPU_LAYERS if gpu else None, "device": ctx.device,
+               "dtype": torch.bfloat16 if gpu else torch.float32}
+    start, results = time.perf_counter(), {}
+    try:
+        with Sandbox() as box, Progress(disable=True) as progress:
+            candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject)
+            pair = load_pair(lambda model: candidate.path, yardstick=gpu, **subject)
+            for name, config in configs(ctx.device).items():
+                if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
+                    results[name] = {"name": name, "status": "NOT_RUN",
+                                     "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
+                    continue
+                ctx.progress(f"eval {name}")
+                results[name] = run_eval(name, pair, progress, config).model_dump(mode="json")
+            ops = candidate.report()["ops"].get(ctx.contract.op, {})
+    except SandboxError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the candidate's process failed during the evals",
+                          details={"evals": results})
+    details = {"model": list(pair.notes), "paths": pair.label, "kernel_calls": ops, "evals": results}
+    if not ops.get("specialized"):
+        return GateResult(gate=NAME, title=TITLE, status=Status.NOT_RUN, details=details,
+                          reason="the eval model never entered this kernel's envelope",
+                          summary="not run: the kernel was never chosen on the eval model")
+    status = worst(Status(r["status"]) for r in results.values())
+    failed = [n for n, r in results.items() if r["status"] not in ("PASSED", "NOT_RUN")]
+    summary = (f"{sum(r['status'] == 'PASSED' for r in results.values())}/{len(results)} evals passed; "
+               f"kernel chosen {ops['specialized']} times")
+    return GateResult(gate=NAME, title=TITLE, status=status, details=details, summary=summary,
+                      reason="; ".join(f"{n}: {results[n]['status']} {results[n].get('reason', '')}".strip()
+                                       for n in failed))
+
+
+GATE = Gate(NAME, TITLE, "the model with this kernel matches the reference path in temperature sampling, "
+            "structured output and long context", run, needs=("contracts", "compile", "numerics"))

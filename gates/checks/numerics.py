@@ -1,0 +1,332 @@
+"""Numerics gate: the candidate against the reference at every point of the contract's envelope.
+
+Per point (batch edges and an odd batch, spec-token edges, each rank-local shape's edges), `trials` seeded
+inputs from each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a
+secret seed and sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers:
+first right after the reference ran in that process (its freed result lying in memory), then after memory the
+size of every output was filled with NaN. The first run's outputs and in-place state must pass the graded
+tolerance (gates.core.compare); every later run must be bitwise identical to it; no run may change its other
+inputs, return anything but plain tensors, share memory between outputs and inputs, or raise. A stateful op
+also runs `steps` consecutive decode steps carrying its state, one of them repeating the previous step's
+input (a result cached on the input would be stale).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from gates.core.compare import TensorCheck, digest
+from gates.core.registry import Gate, GateContext, arg_names
+from gates.core.sandbox import Sandbox, SandboxError
+from gates.core.status import GateResult, Status
+from gates.core.trees import clone, leaves
+from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
+from kernels.contract import Contract, Tolerance
+
+NAME, TITLE = "numerics", "Numerics"
+CHECKS = {
+    "raised": "runs without raising",
+    "plain": "returns plain tensors on the device",
+    "shape": "output and state shapes and dtypes",
+    "finite": "no NaN/inf where the reference is finite",
+    "tolerance": "outputs within graded tolerance",
+    "state": "state updated in place within tolerance",
+    "mutation": "other inputs left untouched",
+    "aliasing": "outputs share no memory with inputs",
+    "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
+    "trajectory": "outputs and final state over consecutive steps",
+    "repeat": "a repeated input with an evolved state (no stale cached result)",
+}
+STATEFUL_CHECKS = ("state", "trajectory", "repeat")
+
+
+@dataclass
+class Expected:
+    outputs: list[tuple[str, torch.Tensor]]
+    states: list[tuple[str, torch.Tensor]]
+
+
+def reference_run(problem: Problem, case: Case, names: list[str], device: str) -> Expected:
+    """The reference on the gate's own copy of the inputs (in this process, on the candidate's device)."""
+    args = clone(case.args, device)
+    out = problem.reference(*args)
+    return Expected(outputs=[(n, t.cpu()) for n, t in leaves(out, "out")],
+                    states=[(n, t.cpu()) for i in case.state for n, t in leaves(args[i], names[i])])
+
+
+def _nonfinite_reference(expected: Expected) -> str | None:
+    for name, t in expected.outputs + expected.states:
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            return name
+    return None
+
+
+class Findings:
+    """Failures counted by check, with the first few messages of each."""
+
+    LIMIT = 5
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = defaultdict(int)
+        self.examples: dict[str, list[str]] = defaultdict(list)
+
+    def add(self, check: str, message: str) -> None:
+        self.counts[check] += 1
+        if len(self.examples[check]) < self.LIMIT:
+            self.examples[check].append(message)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+
+def compare_named(problem: Problem, got: list, expected: list, tol: Tolerance, kind: str, where: str,
+                  findings: Findings) -> list[TensorCheck]:
+    """Check each expected tensor against the candidate's of the same name; findings under `kind`."""
+    by_name = dict(got)
+    checks = []
+    for name, ref in expected:
+        if by_name.get(name) is None:
+            findings.add("shape", f"{where}: no {name} returned")
+            continue
+        got_t = by_name[name]
+        check: TensorCheck = problem.check(name, got_t, ref, tol)
+        checks.append(check)
+        if not check.passed:
+            mismatch = (got_t.shape, got_t.dtype) != (ref.shape, ref.dtype)
+            category = "shape" if mismatch else "finite" if check.nonfinite else kind
+            findings.add(category, f"{where}: {'; '.join(check.problems)}"
+                         + (f" (worst: {check.mismatches[0]})" if check.mismatches else ""))
+    extra = sorted(set(by_name) - {n for n, _ in expected})
+    if extra:
+        findings.add("shape", f"{where}: unexpected outputs {', '.join(extra)}")
+    return checks
+
+
+def _overlaps(outputs: list, inputs: list) -> list[str]:
+    pairs = []
+    for out_name, out_ptr, out_size in outputs:
+        for in_name, in_ptr, in_size in inputs:
+            if out_size and in_size and out_ptr < in_ptr + in_size and in_ptr < out_ptr + out_size:
+                pairs.append(f"{out_name} shares memory with {in_name}")
+    return pairs
+
+
+def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict], names: list[str],
+               contract: Contract, where: str, findings: Findings) -> list[TensorCheck]:
+    """Every check on one input's runs: the first run's tensors against the reference, the later runs' digests
+    against the first's, every run's input digests against the inputs sent. Returns the first run's checks."""
+    pristine = {n: digest(t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])}
+    first: list[TensorCheck] = []
+    base: dict[str, str] = {}
+    for r, run in enumerate(runs):
+        at = f"{where}, run {r + 1}"
+        if "raised" in run:
+            findings.add("raised", f"{at}: {run['raised']}")
+            continue
+        for message in run["problems"]:
+            findings.add("plain", f"{at}: {message}")
+        if r == 0:
+            first = compare_named(problem, run["outputs"], expected.outputs, contract.tolerance, "tolerance", at,
+                                  findings)
+            first += compare_named(problem, run["states"], expected.states, contract.tolerance_for_states, "state",
+                                   at, findings)
+            base = {n: digest(t) for n, t in run["outputs"] + run["states"]}
+        else:
+            for name, d in run["outputs"] + run["states"]:
+                if name in base and d != base[name]:
+                    findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
+                                 "reference's freed result; this run followed poisoned memory)")
+        for name, d in run["inputs"]:
+            if d != pristine.get(name):
+                findings.add("mutation", f"{at}: input {name} changed")
+        for pair in _overlaps(run["output_storage"], run["input_storage"]):
+            findings.add("aliasing", f"{at}: {pair}")
+    return first
+
+
+def _errors(checks: list[list[TensorCheck]], state_names: set[str]) -> dict:
+    """The worst errors over a distribution's inputs: outputs, and the states updated in place."""
+    outs = [c for cs in checks for c in cs if c.name not in state_names and c.numel]
+    states = [c for cs in checks for c in cs if c.name in state_names and c.numel]
+    return {
+        "max_abs": max((c.max_abs for c in outs), default=0.0),
+        "mean_abs": max((c.mean_abs for c in outs), default=0.0),
+        "max_units": max((c.max_units for c in outs), default=0.0),
+        "close_fraction": min((c.close_fraction for c in outs), default=1.0),
+        "rel_l2": max((c.rel_l2 for c in outs), default=0.0),
+        "state_rel_l2": max((c.rel_l2 for c in states), default=0.0),
+    }
+
+
+def _row(point: Point, dist: str, checks: list[list[TensorCheck]], failed: bool, state_names: set[str],
+         standard: list[list[TensorCheck]] | None) -> dict:
+    return {"point": point.label, "series": point.series, "batch": point.batch, "dist": dist, "trials": len(checks),
+            "passed": not failed, **_errors(checks, state_names),
+            "standard": _errors(standard, state_names) if standard else None}
+
+
+STANDARD_TIMEOUT_S = 300.0
+
+
+def standard_checks(ctx: GateContext, problem: Problem, box: Sandbox, cases: list, expected: list, names: list[str],
+                    specs: list) -> tuple[list[list[TensorCheck]] | None, str | None]:
+    """The standard implementation's errors on the same inputs, for the reviewer's comparison (never judged):
+    per case its checks against the reference, or None and why it could not run here. It runs in its own
+    process (`box`), so it can neither disturb the candidate's nor, by hanging, sink the gate."""
+    c = ctx.contract
+    try:
+        reply = box.request("cases", candidate=c.standard, reference=c.reference, device=ctx.device, names=names,
+                            cases=cases, runs=1, output_specs=specs, timeout_s=STANDARD_TIMEOUT_S)
+    except SandboxError as e:
+        return None, str(e).splitlines()[0]
+    checks = []
+    for exp, (run,) in zip(expected, reply["cases"]):
+        if "raised" in run:
+            return None, run["raised"]
+        ignored = Findings()
+        checks.append(compare_named(problem, run["outputs"], exp.outputs, c.tolerance, "tolerance", "", ignored)
+                      + compare_named(problem, run["states"], exp.states, c.tolerance_for_states, "state", "",
+                                      ignored))
+    return checks, None
+
+
+def draw_cases(ctx: GateContext, problem: Problem, point: Point, names: list[str]) -> tuple[list, list, list]:
+    """The point's seeded inputs (every distribution x trials), the reference's results on them, their labels
+    (distribution, trial, the input's seed: `problem.generate_input(point, seed, dist)` draws it again)."""
+    cases, expected, labels = [], [], []
+    for dist in DISTRIBUTIONS:
+        for t in range(ctx.options.trials):
+            seed = seed_for(ctx.options.seed, NAME, point.label, dist, t)
+            case = problem.generate_input(point, seed, dist)
+            exp = reference_run(problem, case, names, ctx.device)
+            if (bad := _nonfinite_reference(exp)) is not None:
+                raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
+                                   f"the problem {problem.source.name} drew inputs outside the op's domain")
+            cases.append(case), expected.append(exp), labels.append((dist, t, seed))
+    return cases, expected, labels
+
+
+def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sandbox, points: list[Point],
+                 names: list[str], findings: Findings) -> tuple[list[dict], str | None]:
+    """Every envelope point's rows, and why the standard could not run beside the candidate (then it is not
+    tried at later points), or None. The standard runs on the same inputs at the same time as the candidate,
+    each in its own process."""
+    c = ctx.contract
+    rows, standard_failure = [], None
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        for point in points:
+            ctx.progress(f"numerics: {point.label}")
+            cases, expected, labels = draw_cases(ctx, problem, point, names)
+            specs = [(tuple(t.shape), t.dtype) for _, t in expected[0].outputs]
+            std_run = None if standard_failure else beside.submit(
+                standard_checks, ctx, problem, std_box, cases, expected, names, specs)
+            reply = box.request("cases", candidate=c.implementation, reference=c.reference, device=ctx.device,
+                                names=names, cases=cases, runs=ctx.options.runs, output_specs=specs)
+            std = None
+            if std_run is not None:
+                std, why = std_run.result()
+                standard_failure = f"{point.label}: {why}" if why else None
+            per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+            std_per_dist: dict[str, list[list[TensorCheck]]] = defaultdict(list)
+            failed_dists = set()
+            for k, (case, exp, (dist, t, seed), runs) in enumerate(zip(cases, expected, labels, reply["cases"])):
+                before = sum(findings.counts.values())
+                per_dist[dist].append(judge_case(problem, case, exp, runs, names, c,
+                                                 f"{point.label}, {dist} #{t + 1} (input seed {seed})", findings))
+                if std:
+                    std_per_dist[dist].append(std[k])
+                if sum(findings.counts.values()) > before:
+                    failed_dists.add(dist)
+            state_names = {n for n, _ in expected[0].states}
+            rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
+                     for dist in DISTRIBUTIONS]
+    return rows, standard_failure
+
+
+def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
+                     findings: Findings) -> dict:
+    """`steps` consecutive steps from one state; step steps//2 repeats the input of the step before it."""
+    opts, device, tol = ctx.options, ctx.device, ctx.contract.tolerance
+    seed = seed_for(opts.seed, "trajectory", point.label)
+    first = problem.generate_input(point, seed, "normal")
+    inputs = [first]
+    for s in range(1, opts.steps):
+        inputs.append(inputs[-1] if s == opts.steps // 2 else problem.next_input(first, seed_for(seed, s), "normal"))
+    ref_args = list(clone(first.args, device))  # the state args stay the same objects, carried in place
+    expected = []
+    for case in inputs:
+        for i, a in enumerate(case.args):
+            if i not in first.state:
+                ref_args[i] = clone(a, device)
+        expected.append([(n, t.cpu()) for n, t in leaves(problem.reference(*ref_args), "out")])
+    final = [(n, t.cpu()) for i in first.state for n, t in leaves(ref_args[i], names[i])]
+    steps = [tuple(None if i in first.state else a for i, a in enumerate(case.args)) for case in inputs]
+    reply = box.request("trajectory", candidate=ctx.contract.implementation, device=device, names=names,
+                        initial=first.args, state=first.state, steps=steps)
+    worst = 0.0
+    for s, (run, exp) in enumerate(zip(reply["steps"], expected)):
+        where = f"{point.label}, step {s + 1} of {opts.steps}"
+        if "raised" in run:
+            findings.add("raised", f"{where}: {run['raised']}")
+            break
+        kind = "repeat" if s == opts.steps // 2 else "trajectory"
+        checks = compare_named(problem, run["outputs"], exp, tol, kind, where, findings)
+        worst = max([worst] + [ch.rel_l2 for ch in checks])
+    for message in reply["problems"]:
+        findings.add("plain", f"{point.label}, final state: {message}")
+    state_checks = compare_named(problem, reply["final_state"], final, ctx.contract.tolerance_for_states, "trajectory",
+                                 f"{point.label}, state after {opts.steps} steps", findings)
+    return {"point": point.label, "steps": opts.steps, "repeated_step": opts.steps // 2 + 1, "out_rel_l2": worst,
+            "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
+
+
+def run(ctx: GateContext) -> GateResult:
+    if reason := ctx.cannot_run_here():
+        return GateResult.not_run(NAME, TITLE, reason)
+    try:
+        problem = ctx.problem()
+        points = envelope_points(ctx.contract, problem)
+        names = arg_names(problem.reference)
+        findings = Findings()
+        with Sandbox() as box, Sandbox() as std_box:
+            rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
+            trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
+                            if problem.stateful else [])
+    except ProblemError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the op's problem cannot check this contract")
+    except SandboxError as e:
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
+                          summary="the candidate's process failed")
+    checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
+               "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
+              for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
+    tol = ctx.contract.tolerance
+    details = {
+        "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
+        "trials": ctx.options.trials, "runs": ctx.options.runs,
+        "tolerance": tol.model_dump(),
+        "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,
+        "problem": problem.source.name, "checks": checks, "rows": rows,
+        "trajectories": trajectories, "standard": ctx.contract.standard,
+        "standard_not_run": [standard_failure] if standard_failure else [],
+    }
+    inputs = len(rows) * ctx.options.trials
+    if not findings:
+        steps = f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""
+        return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
+                          summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points "
+                                  f"passed{steps}")
+    failed = [ch for ch in checks if not ch["passed"]]
+    status = Status.ERROR if [ch["check"] for ch in failed] == ["raised"] else Status.FAILED_NUMERICS
+    return GateResult(gate=NAME, title=TITLE, status=status, details=details,
+                      reason="; ".join(f"{ch['what']}: {ch['examples'][0]}" for ch in failed),
+                      summary="failed: " + ", ".join(f"{ch['check']} ({ch['failures']})" for ch in failed))
+
+
+GATE = Gate(NAME, TITLE, "the candidate matches the reference across the envelope, with every anti-cheat check", run,
+            needs=("contracts", "compile"))

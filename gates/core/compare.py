@@ -1,0 +1,94 @@
+"""Graded comparison of a candidate's tensor against the reference's (vLLM `tests/kernels/utils.py` style).
+
+Error is measured in tolerance units, |got - ref| / (atol * scale + rtol * |ref|), all in float64, where scale is
+the reference's RMS where that exceeds 1: atol is meant for unit-scale data, and large-magnitude inputs make
+rounding errors near zero (cancellation) grow with the data, not with the element. A tensor passes when
+  - shape and dtype match;
+  - no element is NaN/inf where the reference is finite (NaN never passes);
+  - at least `min_close_fraction` of the elements are within one unit;
+  - the largest error is at most `max_units` units and the mean at most MEAN_UNITS units;
+  - the relative norm error ||got - ref|| / ||ref|| is at most `max_rel_l2`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from kernels.contract import Tolerance
+
+MEAN_UNITS = 0.25
+SHOW_MISMATCHES = 5
+
+
+class TensorCheck(BaseModel):
+    """How one tensor (an output, or a state updated in place) compares with the reference."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    passed: bool
+    problems: list[str] = Field(default_factory=list)
+    numel: int = 0
+    close_fraction: float = 0.0
+    max_abs: float = 0.0
+    mean_abs: float = 0.0
+    max_units: float = 0.0
+    mean_units: float = 0.0
+    rel_l2: float = 0.0
+    atol_scale: float = Field(default=1.0, description="atol was multiplied by this: max(1, RMS of the reference)")
+    nonfinite: int = Field(default=0, description="elements NaN/inf where the reference is finite")
+    mismatches: list[str] = Field(default_factory=list, description="the elements with the largest errors")
+
+
+def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> TensorCheck:
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return TensorCheck(name=name, passed=False, problems=[
+            f"{name}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"])
+    g, r = got.detach().cpu().double(), ref.detach().cpu().double()
+    if g.numel() == 0:
+        return TensorCheck(name=name, passed=True, close_fraction=1.0)
+    ref_finite = torch.isfinite(r)
+    nonfinite = int((~torch.isfinite(g) & ref_finite).sum())
+    diff = (g - r).abs().where(ref_finite, torch.zeros((), dtype=torch.float64))
+    diff = diff.nan_to_num(nan=float("inf"))  # a NaN where the reference is finite is an infinite error
+    r_finite = r.where(ref_finite, torch.zeros((), dtype=torch.float64))
+    ref_norm = float(r_finite.norm())
+    scale = max(1.0, ref_norm / r.numel() ** 0.5)
+    units = diff / (tol.atol * scale + tol.rtol * r_finite.abs())
+    result = TensorCheck(
+        name=name, passed=True, numel=g.numel(), close_fraction=float((units <= 1.0).double().mean()),
+        max_abs=float(diff.max()), mean_abs=float(diff.mean()), max_units=float(units.max()),
+        mean_units=float(units.mean()), rel_l2=float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm()),
+        atol_scale=scale, nonfinite=nonfinite)
+    problems = []
+    if nonfinite:
+        problems.append(f"{name}: {nonfinite} NaN/inf elements where the reference is finite")
+    if result.close_fraction < tol.min_close_fraction:
+        problems.append(f"{name}: {result.close_fraction:.6%} of elements within tolerance "
+                        f"(need {tol.min_close_fraction:.6%})")
+    if result.max_units > tol.max_units:
+        problems.append(f"{name}: max error {result.max_abs:.3g} = {result.max_units:.3g} tolerance units "
+                        f"(limit {tol.max_units:g})")
+    if result.mean_units > MEAN_UNITS:
+        problems.append(f"{name}: mean error {result.mean_abs:.3g} = {result.mean_units:.3g} tolerance units "
+                        f"(limit {MEAN_UNITS:g})")
+    if result.rel_l2 > tol.max_rel_l2:
+        problems.append(f"{name}: relative norm error {result.rel_l2:.3g} > {tol.max_rel_l2:g}")
+    if problems:
+        worst = units.reshape(-1).topk(min(SHOW_MISMATCHES, units.numel())).indices
+        result.mismatches = [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, "
+                             f"expected {r[idx].item():.6g}"
+                             for idx in zip(*torch.unravel_index(worst, units.shape))]
+    result.passed = not problems
+    result.problems = problems
+    return result
+
+
+def digest(t: torch.Tensor) -> str:
+    """dtype, shape and sha256 of the bytes (NaN payloads and signed zeros included): equal digests are the
+    bitwise identity the determinism and mutation checks ask for, without sending the tensor."""
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}:{hashlib.sha256(data).hexdigest()}"

@@ -1,0 +1,128 @@
+"""The gate runner: every registered gate for every contract (or the ops asked for), one evidence bundle per
+op and arch under `evidence/<op>/<arch>/`, then the index.
+
+Exit codes: 0 every gate that ran passed; 1 a gate failed (or errored on the candidate); 2 a contract problem.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gates.core.contracts import check_contracts, load_contracts
+from gates.core.machine import Environment, environment, one_thread
+from gates.core.registry import Gate, GateContext, GateOptions, registered
+from gates.core.sources import harness_digest, relative
+from gates.core.status import GateResult, Status, worst
+from gates.evidence.bundle import Bundle, GitState, covered_sources, git_state, now, write_bundle
+from gates.evidence.index import write_index
+from gates.evidence.report import render_reports
+from gates.problems import ProblemError, load_problem
+from kernels.arch import ArchInfo, detect
+from kernels.contract import Contract
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class Reporter:
+    """What the runner tells a user interface; the CLI shows it with rich."""
+
+    def gate_started(self, op: str, gate: Gate) -> None: ...
+    def note(self, text: str) -> None: ...
+    def gate_done(self, op: str, result: GateResult) -> None: ...
+
+
+@dataclass
+class Outcome:
+    bundles: list[tuple[Path, Bundle]] = field(default_factory=list)
+    contract_problems: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.contract_problems:
+            return EXIT_USAGE
+        return EXIT_FAILED if any(b.verdict.failed for _, b in self.bundles) else EXIT_OK
+
+
+def new_options(seed: int | None = None, **overrides) -> GateOptions:
+    """Options with a secret seed drawn now, after the candidate is fixed (or the one given, to reproduce)."""
+    return GateOptions(seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None, **overrides)
+
+
+def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, options: GateOptions,
+              contract_problems: list[str] = (), reporter: Reporter = Reporter(),
+              gates: list[Gate] | None = None) -> list[GateResult]:
+    """Every gate in order; a gate whose prerequisite failed is NOT_RUN, a gate that crashes is an ERROR."""
+    ctx = GateContext(contract=contract, contract_path=contract_path, machine=machine, options=options,
+                      contract_problems=list(contract_problems), progress=reporter.note)
+    for gate in gates if gates is not None else registered():
+        reporter.gate_started(contract.op, gate)
+        blocked = next((n for n in gate.needs if n in ctx.results and ctx.results[n].status.failed), None)
+        t0 = time.perf_counter()
+        if blocked is not None:
+            result = GateResult.not_run(gate.name, gate.title,
+                                        f"the {blocked} gate {ctx.results[blocked].status.value}")
+        else:
+            try:
+                with one_thread():
+                    result = gate.run(ctx)
+            except Exception as e:
+                result = GateResult(gate=gate.name, title=gate.title, status=Status.ERROR,
+                                    reason="".join(traceback.format_exception_only(e)).strip(),
+                                    summary="the gate raised", details={"traceback": traceback.format_exc(limit=-6)})
+        result.seconds = time.perf_counter() - t0
+        ctx.results[gate.name] = result
+        reporter.gate_done(contract.op, result)
+    return list(ctx.results.values())
+
+
+def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState,
+                harness: str, options: GateOptions, results: list[GateResult], command: str) -> Bundle:
+    try:
+        problem_file = load_problem(contract.op).source
+    except ProblemError:
+        problem_file = None
+    return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
+                  contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
+                  owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
+                  environment=env, options=options, harness=harness, gates=results,
+                  verdict=worst(r.status for r in results))
+
+
+def unknown_ops(ops: list[str], known: dict) -> str | None:
+    """`--ops: no valid contract for X (valid: ...)` when some of `ops` name no contract in `known`."""
+    unknown = sorted(set(ops) - set(known))
+    if not unknown:
+        return None
+    return f"--ops: no valid contract for {', '.join(unknown)} (valid: {', '.join(sorted(known)) or 'none'})"
+
+
+def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,
+             reporter: Reporter = Reporter(), command: str = "k3forge gate") -> Outcome:
+    """Check the contracts, gate each op this run covers, write its bundle and the index."""
+    machine = detect()
+    # other archs' evidence is where the contracts say (evidence/<op>/<arch> beside contracts/), wherever --out writes
+    problems = check_contracts(contracts_dir, Path(contracts_dir).resolve().parent / "evidence",
+                               producing_arch=machine.arch)
+    contracts, _ = load_contracts(contracts_dir)
+    by_op = {c.op: (path, c) for path, c in contracts.items()}
+    if ops:
+        if unknown := unknown_ops(ops, by_op):
+            return Outcome(contract_problems=problems + [f"{contracts_dir}: {unknown}"])
+    selected = [by_op[op] for op in (ops or sorted(by_op))]
+    if problems:
+        reporter.note(f"{len(problems)} contract problem(s)")
+    env, git, harness = environment(machine), git_state(), harness_digest()
+    options = options or new_options()
+    outcome = Outcome(contract_problems=problems)
+    for path, contract in selected:
+        results = run_gates(contract, path, machine, options, problems, reporter)
+        bundle = make_bundle(contract, path, machine, env, git, harness, options, results, command)
+        directory = write_bundle(Path(out_dir) / contract.op / machine.arch, bundle, render_reports(bundle))
+        outcome.bundles.append((directory, bundle))
+    if selected:
+        write_index(Path(out_dir))
+    return outcome

@@ -1,0 +1,416 @@
+"""The candidate's side of the sandbox: a spawned process that imports candidate code, runs it on tensors the
+gate sends, and sends back raw results: outputs and states (as tensors, or as sha256 digests for a repeated
+run), digests of the other inputs after the call, storage pointers, per-call timings. It decides nothing:
+every verdict is computed by the gate, in the parent.
+
+It never learns the seed that drew its inputs. The functions the harness times and synchronizes with are
+captured here before any candidate module is imported, used through those references, and checked after
+every request: a candidate that replaces one is reported, whatever it returns.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import io
+import os
+import signal
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+
+from gates.core.compare import digest as _tensor_digest
+from gates.core.trees import clone, copy_into, leaves
+from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
+from model.kimi_k3.ops.registry import import_entry_point
+
+_perf_counter = time.perf_counter
+_synchronize = torch.cuda.synchronize
+_record = torch.cuda.Event.record
+_elapsed_time = torch.cuda.Event.elapsed_time
+_replay = torch.cuda.CUDAGraph.replay
+_sleep = torch.cuda._sleep
+
+# (owner, attribute) pairs a candidate could patch to forge timings or results.
+GUARDED = {
+    "time.perf_counter": (time, "perf_counter"),
+    "torch.cuda.synchronize": (torch.cuda, "synchronize"),
+    "torch.cuda.Event.record": (torch.cuda.Event, "record"),
+    "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
+    "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
+    "torch.cuda.CUDAGraph.replay": (torch.cuda.CUDAGraph, "replay"),
+    "torch.cuda._sleep": (torch.cuda, "_sleep"),
+    "torch.Tensor.copy_": (torch.Tensor, "copy_"),
+    "torch.Tensor.clone": (torch.Tensor, "clone"),
+    "torch.Tensor.cpu": (torch.Tensor, "cpu"),
+    "torch.save": (torch, "save"),
+}
+_ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
+POISON_COPIES = 4
+
+
+def tampered() -> list[str]:
+    return [name for name, (owner, attr) in GUARDED.items() if getattr(owner, attr) is not _ORIGINAL[name]]
+
+
+class Tampered(RuntimeError):
+    """Importing candidate code replaced a guarded function: nothing more runs in this process's request."""
+
+
+def load(entry: str) -> Callable:
+    """Import a `module:function` entry point and stop at once if that replaced a guarded function (the gate
+    reports tampering from the reply), before it can run anything else, e.g. a standard that takes minutes."""
+    fn = import_entry_point(entry)
+    if patched := tampered():
+        raise Tampered(f"importing {entry} replaced {', '.join(patched)}")
+    return fn
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        _synchronize()
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return 0, 0
+
+
+def _accepted(name: str, t: Any, device: str, problems: list[str]) -> bool:
+    if type(t) is not torch.Tensor:  # noqa: E721 - subclasses can defer work past the call or lie about values
+        problems.append(f"{name} is a {type(t).__module__}.{type(t).__qualname__}, not a plain torch.Tensor")
+        return False
+    if t.device.type != device:
+        problems.append(f"{name} is on {t.device}, expected {device}")
+        return False
+    return True
+
+
+def plain_copy(name: str, t: Any, device: str, problems: list[str]) -> torch.Tensor | None:
+    """A detached CPU copy of a candidate's tensor, or None with the reason in `problems`."""
+    return _ORIGINAL["torch.Tensor.clone"](t.detach()).to("cpu") if _accepted(name, t, device, problems) else None
+
+
+def _digest(name: str, t: Any, device: str, problems: list[str]) -> str | None:
+    return _tensor_digest(t) if _accepted(name, t, device, problems) else None
+
+
+def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], device: str, keep: list,
+         full: bool = True, with_inputs: bool = True) -> dict:
+    """One call of the candidate on `args` (its buffers, updated in place): its raw outputs and side effects.
+
+    Outputs and states come back as tensors (`full`) or as digests (a repeated run, compared bit for bit);
+    the other inputs as digests. `keep` holds the returned objects alive, so a later run cannot be handed
+    this run's result memory.
+    """
+    inputs = [(n, *_storage(t)) for i, a in enumerate(args) for n, t in leaves(a, names[i])]
+    try:
+        out = fn(*args)
+        _sync(device)
+    except Exception as e:  # the candidate's own failure: a result, not a harness error
+        return {"raised": f"{type(e).__name__}: {e}"}
+    keep.append(out)
+    problems: list[str] = []
+    record = plain_copy if full else _digest
+    result = {
+        "outputs": [(n, v) for n, t in leaves(out, "out") if (v := record(n, t, device, problems)) is not None],
+        "states": [(n, v) for i in state for n, t in leaves(args[i], names[i])
+                   if (v := record(n, t, device, problems)) is not None],
+        "problems": problems,
+        "input_storage": inputs,
+        "output_storage": [(n, *_storage(t)) for n, t in leaves(out, "out")],
+    }
+    if with_inputs:
+        result["inputs"] = [(n, _tensor_digest(t)) for i, a in enumerate(args) if i not in state
+                            for n, t in leaves(a, names[i])]
+    return result
+
+
+def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> None:
+    """Fill freed memory of each output's size with NaN (or the max integer): an output the candidate does not
+    write then reads as poison, not as whatever result last lived there."""
+    held = []
+    for shape, dtype in specs:
+        for _ in range(POISON_COPIES):
+            value = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
+            held.append(torch.full(shape, value, dtype=dtype, device=device))
+    _sync(device)
+    del held
+
+
+def run_cases(*, candidate: str, reference: str, device: str, names: list[str], cases: list, runs: int,
+              output_specs: list) -> dict:
+    """Every case of one envelope point on the same persistent buffers (same pointers, fresh contents, as a
+    serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
+    freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
+    match run 0's bit for bit."""
+    fn, ref = load(candidate), load(reference)
+    buffers = None
+    results = []
+    for case in cases:
+        pristine = clone(case.args, device)
+        buffers = clone(pristine) if buffers is None else buffers
+        keep: list = []
+        per_run = []
+        for r in range(runs):
+            copy_into(buffers, pristine)
+            if r == 0:
+                ref(*clone(pristine))  # its result is freed right here: the trap a candidate must not fall into
+            else:
+                poison(output_specs, device)
+            per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
+        results.append(per_run)
+        del keep
+    return {"cases": results}
+
+
+def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tuple, state: tuple[int, ...],
+                   steps: list) -> dict:
+    """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
+    fn = load(candidate)
+    args = clone(initial, device)
+    keep: list = []
+    outputs = []
+    for step in steps:
+        for i, a in enumerate(step):
+            if i not in state:
+                copy_into(args[i], a)
+        result = call(fn, args, (), names, device, keep, with_inputs=False)
+        outputs.append(result)
+        if "raised" in result:
+            break
+        keep.clear()
+    problems: list[str] = []
+    final = [(n, plain_copy(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])]
+    return {"steps": outputs, "final_state": final, "problems": problems}
+
+
+class BenchSession:
+    """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
+
+    Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
+    the graph's buffers and a buffer of twice the L2 is written. Then a spin kernel holds the stream while the
+    host enqueues the start event, the replay and the end event (NVBench's blocking kernel), so the events
+    time the GPU's work and never the host's enqueueing (a replay the host has not submitted when the stream
+    reaches the start event would be charged the host's delay). On the H200 this order gave the steadiest
+    times of the three tried (NOTES.md run 5): with the spin before the flush, or none, a 4-CTA-cluster kernel
+    at batch 1 swung between 7 and 15 us from block to block.
+    Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
+    hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
+    streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
+
+    In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
+    input sets in one graph, an L2 flush before each call, as a decode step runs one layer after another with the
+    other layers' weights passing through the L2 between them; an identical graph of the N flushes alone is
+    replayed beside it. Each pair of replays gives (pipeline - flushes) / N: the per-call time with the graph's
+    launch paid once for N calls. The fresh inputs are copied into the N buffers before each pipeline replay.
+    """
+
+    def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
+        self.fns = {name: load(entry) for name, entry in impls.items()}
+        self.names, self.state = names, state
+        self.sets = [clone(s, "cuda") for s in sets]
+        self.flush = L2Flusher()
+        self.buffers = {name: clone(self.sets[0]) for name in self.fns}
+        self.graphs, self.outs = {}, {}
+        for name, fn in self.fns.items():
+            held: dict[str, Any] = {}
+            self.graphs[name] = capture_graph(lambda fn=fn, args=self.buffers[name], held=held:
+                                              held.update(out=fn(*args)))
+            self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
+        self.pipe_buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
+        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args)
+                                                  for args in self.pipe_buffers[name]],
+                                                 self.flush)
+                          for name, fn in self.fns.items()}
+        self.flushes = capture_pipeline([lambda: None] * len(self.sets), self.flush, warmup=1)
+        self.replays = 0
+
+    def _prepare(self, name: str) -> None:
+        copy_into(self.buffers[name], self.sets[self.replays % len(self.sets)])
+
+    def block(self, pairs: int) -> dict:
+        order, events = list(self.fns), []
+        for i in range(pairs):
+            for name in (order if i % 2 == 0 else order[::-1]):
+                self._prepare(name)
+                events.append((name, *self._timed(self.graphs[name])))
+            self.replays += 1
+        piped = []
+        for i in range(pairs):
+            for name in (order if i % 2 == 0 else order[::-1]):
+                for buffer, s in zip(self.pipe_buffers[name], self.sets):
+                    copy_into(buffer, s)
+                piped.append((name, self._timed(self.pipelines[name]), self._timed(self.flushes)))
+        _synchronize()
+        device_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for name, start, end in events:
+            device_us[name].append(_elapsed_time(start, end) * 1e3)
+        n = len(self.sets)
+        pipeline_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for name, (s1, e1), (s2, e2) in piped:
+            pipeline_us[name].append((_elapsed_time(s1, e1) - _elapsed_time(s2, e2)) * 1e3 / n)
+        return {"device_us": device_us, "pipeline_us": pipeline_us}
+
+    def _timed(self, graph) -> tuple:
+        """Replay a graph from a cold L2 behind a spin kernel, bracketed by events (not yet read)."""
+        self.flush()
+        _sleep(PAD_CYCLES)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _record(start)
+        _replay(graph)
+        _record(end)
+        return start, end
+
+    def finish(self, host_iters: int) -> dict:
+        host_us: dict[str, list[float]] = {name: [] for name in self.fns}
+        for _ in range(host_iters):
+            for name in self.fns:
+                self._prepare(name)
+                self.flush()
+                _synchronize()
+                t0 = _perf_counter()
+                _replay(self.graphs[name])
+                _synchronize()
+                host_us[name].append((_perf_counter() - t0) * 1e6)
+            self.replays += 1
+        recheck: dict[str, list[dict]] = {name: [] for name in self.fns}
+        for name in self.fns:
+            for s in self.sets:
+                copy_into(self.buffers[name], s)
+                _replay(self.graphs[name])
+                _synchronize()
+                problems: list[str] = []
+                recheck[name].append({
+                    "outputs": [(n, c) for n, t in leaves(self.outs[name], "out")
+                                if (c := plain_copy(n, t, "cuda", problems)) is not None],
+                    "states": [(n, plain_copy(n, t, "cuda", problems)) for i in self.state
+                               for n, t in leaves(self.buffers[name][i], self.names[i])],
+                    "problems": problems})
+        kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name]: fn(*args))
+                   for name, fn in self.fns.items()}
+        return {"host_us": host_us, "recheck": recheck, "kernels": kernels}
+
+
+_bench: BenchSession | None = None
+
+
+def bench_start(**session) -> dict:
+    """Capture the graphs of a new benchmark session (replacing any earlier one)."""
+    global _bench
+    _bench = None
+    _bench = BenchSession(**session)
+    return {}
+
+
+def bench_block(*, pairs: int) -> dict:
+    if _bench is None:
+        raise RuntimeError("bench_block before bench_start")
+    return _bench.block(pairs)
+
+
+def bench_finish(*, host_iters: int) -> dict:
+    global _bench
+    if _bench is None:
+        raise RuntimeError("bench_finish before bench_start")
+    try:
+        return _bench.finish(host_iters)
+    finally:
+        _bench = None
+
+
+def probe(*, entries: list[str]) -> dict:
+    """Import each `module:function`; the error for each that does not import, is not callable, or replaces a
+    guarded function on import (put back, so the next entry is judged on its own)."""
+    errors = {}
+    for entry in entries:
+        try:
+            import_entry_point(entry)
+        except Exception as e:
+            errors[entry] = f"{type(e).__name__}: {e}"
+        if patched := tampered():
+            errors[entry] = f"importing it replaced {', '.join(patched)}"
+            for name in patched:
+                owner, attr = GUARDED[name]
+                setattr(owner, attr, _ORIGINAL[name])
+    return {"errors": errors}
+
+
+def _kernels(report) -> list[dict]:
+    """A kernels.cute.CompileReport's per-kernel resources as plain numbers."""
+    return [{"kernel": k.name, "registers": int(k.registers), "spill_bytes": int(k.spill_bytes),
+             "stack_frame_bytes": int(k.stack_frame_bytes), "shared_bytes": int(k.smem_bytes)}
+            for k in report.kernels]
+
+
+def run_compile(*, module: str, contract: dict, archs: list[str], shard: tuple[int, int] = (0, 1)) -> dict:
+    """Compile every key the module lists (or, for `shard` (i, n), keys i, i + n, ...) for every target:
+    per-kernel resources or the error, per key and arch."""
+    from kernels.arch import cute_arch_for
+    from kernels.contract import Contract
+
+    mod = importlib.import_module(module)
+    missing = [f for f in ("compile_keys", "compile") if not callable(getattr(mod, f, None))]
+    if missing:
+        return {"protocol": f"{module} defines no {' or '.join(missing)}()"}
+    results = []
+    index, shards = shard
+    for key in mod.compile_keys(Contract.model_validate(contract))[index::shards]:
+        for arch in archs:
+            entry: dict[str, Any] = {"key": repr(key), "arch": arch, "target": cute_arch_for(arch)}
+            t0 = _perf_counter()
+            try:
+                report = mod.compile(key, entry["target"])
+                entry["kernels"] = _kernels(report)
+                if not entry["kernels"]:
+                    entry["error"] = "no kernel resources reported: " + ("; ".join(report.notes) or "empty report")
+            except Exception as e:
+                entry["error"] = "".join(traceback.format_exception_only(e)).strip()
+            entry["seconds"] = _perf_counter() - t0
+            results.append(entry)
+    return {"compiles": results}
+
+
+HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": bench_start,
+            "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
+            "compile": run_compile}
+
+
+def handler(kind: str) -> Callable[..., dict]:
+    """The function serving a request kind; the evals' candidate handlers load only when an eval asks."""
+    if kind.startswith("eval_"):
+        from gates.evals.remote import CHILD_HANDLERS
+
+        return CHILD_HANDLERS[kind]
+    return HANDLERS[kind]
+
+
+def serve(conn, env: dict[str, str], stack_file: str) -> None:
+    """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
+    every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
+    os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
+    stacks = open(stack_file, "w")  # noqa: SIM115 - open for the process's life: faulthandler writes on a signal
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+    torch.set_num_threads(1)  # see gates.core.machine.one_thread
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except EOFError:
+            return
+        request = torch.load(io.BytesIO(data), weights_only=False)  # from the gate: trusted
+        if request is None:
+            return
+        kind = request.pop("kind")
+        try:
+            reply = handler(kind)(**request)
+        except Exception:
+            reply = {"error": traceback.format_exc(limit=-4)}
+        reply["tampered"] = tampered()
+        buf = io.BytesIO()
+        _ORIGINAL["torch.save"](reply, buf)
+        conn.send_bytes(buf.getvalue())

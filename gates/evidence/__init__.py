@@ -1,0 +1,5 @@
+"""Evidence bundles: the schema and atomic writing (bundle.py), reading them back (verify.py), the reports and
+their templates (report.py, plots.py, templates/), the index (index.py).
+
+Not here: what the gates judge (gates.core, gates.checks); this package records and shows it.
+"""

@@ -1,1 +1,0 @@
-"""The gates, one module each, run in the order gates.registry.GATE_MODULES lists them."""

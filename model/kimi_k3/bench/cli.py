@@ -1,0 +1,174 @@
+"""`k3forge bench layer` / `k3forge bench step` (also `python -m model.kimi_k3.bench layer|step ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kernels.arch import detect
+
+from ..config import preset
+from ..dispatch import DECODE_BACKENDS
+from ..ops.registry import REPO_ROOT
+from .layers import KINDS
+from .run import LAYER_OUTPUT_REL_L2, BenchError, batch_points, bench_layers, bench_step
+
+out = Console(highlight=False)
+
+
+def add_commands(sub) -> None:
+    """Add `layer` and `step` to a subparsers object (the `bench` command's, or this module's own)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--preset", default="k3", help="model config preset (default k3; tiny for CPU smoke runs)")
+    common.add_argument("--tp", type=int, default=8, help="TP size whose rank-local shapes are built (default 8)")
+    common.add_argument("--batch", default="1,4,16,64", help="comma-separated batch sizes (default 1,4,16,64)")
+    common.add_argument("--context", type=int, default=8192, help="cached tokens per sequence (default 8192)")
+    common.add_argument("--backend", choices=[*DECODE_BACKENDS, "both"], default="both",
+                        help="which decode backend to time (default both, side by side)")
+    common.add_argument("--iters", type=int, default=30, help="timed replays per point (default 30)")
+    common.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
+    common.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE")
+    common.add_argument("--device", default="cuda", help="torch device (default cuda; cpu runs the same code "
+                                                         "path untimed on small presets)")
+
+    layer = sub.add_parser("layer", parents=[common], help="one decoder layer of a kind, in-pipeline")
+    layer.add_argument("--kind", choices=KINDS, default="kda", help="KDA+MoE, MLA+MoE, or layer 0 (dense MLP)")
+    layer.add_argument("--layers", type=int, default=8,
+                       help="distinct layers in one CUDA graph (default 8; fewer if memory says so)")
+    layer.set_defaults(func=run_layer)
+
+    step = sub.add_parser("step", parents=[common], help="the whole decode step: every layer, final norm, lm_head")
+    step.add_argument("--kda-sets", type=int, default=8, help="distinct KDA layer weight sets (default 8)")
+    step.add_argument("--mla-sets", type=int, default=3, help="distinct MLA layer weight sets (default 3)")
+    step.add_argument("--spec-tokens", type=int, default=0,
+                      help="verify 1 + K tokens per sequence (speculative mode; default 0: plain decode)")
+    step.add_argument("--acceptance", type=float, default=6 / 7,
+                      help="synthetic fraction of drafts accepted in speculative mode (default 6/7)")
+    step.set_defaults(func=run_step)
+
+
+def _backends(args) -> list[str]:
+    return list(DECODE_BACKENDS) if args.backend == "both" else [args.backend]
+
+
+def _device(args) -> torch.device:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: this machine has no CUDA GPU (use --device cpu --preset tiny to run the "
+                         "code path untimed)")
+    return device
+
+
+def _write(args, command: str, rows) -> None:
+    """The rows with what produced them: the command and its options, the machine, the commit, and the sha256 of
+    every repository source loaded in this process (what an evidence bundle of these rows covers)."""
+    if not args.json:
+        return
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "func"}
+    record = {"command": command, "options": options, "environment": run_environment(), "sources": loaded_sources(),
+              "rows": [r.as_dict() for r in rows]}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(record, indent=1))
+
+
+def loaded_sources() -> dict[str, str]:
+    """{repository-relative path: sha256} of every module of this repository loaded so far (dynamic imports too) and
+    of every contract (they decide what `latency_specialized` runs)."""
+    root = REPO_ROOT.resolve()
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        path = Path(path).resolve()
+        if path.suffix == ".py" and path.is_file() and path.is_relative_to(root) and ".venv" not in path.parts:
+            found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    for path in (root / "contracts").glob("*.yaml"):
+        found[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return dict(sorted(found.items()))
+
+
+def run_environment() -> dict:
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "commit": os.environ.get("K3FORGE_COMMIT") or _git_head(), "arch": detect().arch}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30))
+    return info
+
+
+def _git_head() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def run_layer(args) -> int:
+    device, cfg = _device(args), preset(args.preset)
+    rows = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as bar:
+        task = bar.add_task("bench layer")
+        for batch in batch_points(args.batch):
+            rows += bench_layers(cfg, args.kind, args.tp, batch, args.context, args.layers, _backends(args), device,
+                                 args.iters, args.seed, lambda text: bar.update(task, description=text))
+    table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context} (collectives excluded)")
+    for col in ("batch", "backend", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB", "floor µs",
+                "of floor", "vs reference"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.batch), r.backend, _fmt(r.us, ".1f"), _fmt(r.us_one_per_graph, ".1f"), _fmt(r.kernels, "d"),
+                      f"{r.bytes / 1e6:.1f}", f"{r.floor_us:.1f}", _fmt(r.fraction_of_floor, ".0%"),
+                      _fmt(r.output_rel_l2_same_routing, ".1e"))
+    out.print(table)
+    bad = [f"standard outside its tolerance: {r.backend} batch {r.batch}: {op} {c['rel_l2']:.2e} rel. L2, "
+           f"{c['close_fraction']:.4f} close" for r in rows for op, c in r.op_checks.items() if not c["ok"]]
+    bad += [f"layer output off the reference layer's: {r.backend} batch {r.batch}: {r.output_rel_l2_same_routing:.2e} "
+            f"rel. L2 over the tokens routed alike (bound {LAYER_OUTPUT_REL_L2:g})" for r in rows
+            if r.output_rel_l2_same_routing is not None and r.output_rel_l2_same_routing > LAYER_OUTPUT_REL_L2]
+    for line in bad:
+        out.print(line)
+    for r in rows:
+        if r.routing_flips:
+            out.print(f"{r.backend} batch {r.batch}: {r.routing_flips} token(s) routed to other experts than the "
+                      f"reference's (near-tied router keys); judged apart, all-token rel. L2 {r.output_rel_l2:.2e}")
+    _write(args, "layer", rows)
+    return 1 if bad else 0
+
+
+def run_step(args) -> int:
+    device, cfg = _device(args), preset(args.preset)
+    rows = []
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as bar:
+        task = bar.add_task("bench step")
+        for batch in batch_points(args.batch):
+            rows += bench_step(cfg, args.tp, batch, args.context, args.spec_tokens, args.acceptance, _backends(args),
+                               device, args.kda_sets, args.mla_sets, args.iters, args.seed,
+                               lambda text: bar.update(task, description=text))
+    table = Table(title=f"bench step: TP{args.tp}, context {args.context}, {rows[0].layers if rows else 0} layers "
+                        f"(collectives excluded)")
+    for col in ("batch", "spec", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r.batch), str(r.spec_tokens), r.backend, _fmt(r.ms, ".3f"), _fmt(r.kernels, "d"),
+                      f"{r.bytes / 1e9:.2f}", f"{r.floor_ms:.3f}", _fmt(r.fraction_of_floor, ".0%"),
+                      _fmt(r.tokens_per_s, ".0f"))
+    out.print(table)
+    _write(args, "step", rows)
+    return 0

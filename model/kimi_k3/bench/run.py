@@ -1,0 +1,408 @@
+"""`bench layer` and `bench step`: K3 decode on the GPU at real rank shapes, timed as a decode step runs.
+
+Layer bench, per (layer kind, TP size, batch), for each backend (`auto`: every op's standard; `latency_specialized`:
+every contracted kernel inside its envelope):
+- in-pipeline time: N distinct layers (their weights together far beyond the L2) captured back to back in one CUDA
+  graph, replay time / N (kernels.timing.time_pipeline), beside the one-layer-per-graph time with the L2 flushed
+  (launch latency included, as the benchmark gate used to time ops);
+- kernels per layer and a per-op breakdown from an eager profiler trace;
+- bytes the layer must move (each op's own cost model over the calls it made; only the experts routed to) and the
+  fraction of the bandwidth floor;
+- correctness on the same weights: each backend's layer output against the reference layer's, and every op
+  call's standard against its reference within the op's `standard_tolerance`.
+Collectives are excluded (one rank of the TP group on one GPU), and so is the drafter in speculative mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from kernels import arch as arch_info
+from kernels.timing import count_kernels, time_op, time_pipeline
+
+from ..config import KimiK3Config
+from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
+from ..errors import UsageError
+from ..ops.registry import OPS, load_specialized
+from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
+from .trace import RecordingDispatcher, call_costs, op_trace
+
+LAYER_OUTPUT_REL_L2 = 2e-2  # a bf16 layer against the reference layer: many bf16 roundings, none amplified
+HEADROOM_BYTES = 8 << 30  # left free on the device for graphs, workspaces and temporaries
+FLOOR_ARCH_OFF_GPU = "sm_90"
+
+
+class BenchError(UsageError):
+    """A request the device cannot hold or the bench cannot run; the message says what fits (one line, exit 2)."""
+
+
+@dataclass
+class LayerRow:
+    kind: str
+    tp: int
+    batch: int
+    context: int
+    backend: str
+    layers_in_graph: int
+    us: float | None  # in-pipeline, per layer (None where no GPU times it)
+    us_q1: float | None
+    us_q3: float | None
+    us_one_per_graph: float | None
+    kernels: int | None
+    bytes: float
+    floor_us: float
+    fraction_of_floor: float | None
+    ops: dict[str, dict] = field(default_factory=dict)  # per-op trace rows
+    dispatch: dict = field(default_factory=dict)  # specialized / standard calls and fallback reasons per op
+    output_rel_l2: float | None = None  # vs the reference layer, every token
+    output_rel_l2_same_routing: float | None = None  # over the tokens routed to the same experts as the reference
+    routing_flips: int = 0  # tokens whose experts differ from the reference's (near-tied router keys)
+    op_checks: dict[str, dict] = field(default_factory=dict)  # standard vs reference per op (auto only)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def target(tp_size: int, device: torch.device) -> Target:
+    info = arch_info.detect(device)
+    return Target(info.arch, info.device_name, tp_size, torch.bfloat16)
+
+
+def dispatcher(backend: str, tgt: Target) -> RecordingDispatcher:
+    specialized = load_specialized(arch=tgt.arch) if backend == "latency_specialized" else {}
+    return RecordingDispatcher(tgt, backend, specialized)
+
+
+class ReferenceDispatcher(RecordingDispatcher):
+    """Every op's reference, whatever the device: the numerics ground truth for a whole layer."""
+
+    def _standard_fn(self, name: str) -> Callable:
+        return OPS[name].reference
+
+
+def fit_count(cfg: KimiK3Config, ids: Sequence[int], tp: int, batch: int, context: int, wanted: int,
+              device: torch.device) -> int:
+    """How many distinct layers of `ids` fit the device's free memory (at most `wanted`); an error saying what
+    fits when not even one does."""
+    if device.type != "cuda":
+        return wanted
+    per_layer = planned_bytes(cfg, ids[0], tp, batch, context) + standard_copy_bytes(cfg, ids[0], tp)
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = int((free - HEADROOM_BYTES) // per_layer)
+    if fits < 1:
+        raise BenchError(f"one layer at TP{tp}, batch {batch}, context {context} needs {per_layer / 2**30:.1f} GiB; "
+                         f"{free / 2**30:.1f} GiB are free: lower the batch or the context")
+    return min(wanted, fits)
+
+
+def _snapshot(bl: BenchLayer) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    caches = [*bl.cache.kv.values(), *bl.cache.conv.values(), *bl.cache.ssm.values()]
+    return [(t, t.clone()) for t in caches]
+
+
+def _restore(saved) -> None:
+    for t, copy in saved:
+        t.copy_(copy)
+
+
+def same_routing(ids: torch.Tensor | None, ref_ids: torch.Tensor | None, tokens: int) -> torch.Tensor:
+    """[tokens] bool: the token chose the same set of experts in both runs (all True in a layer without the MoE). A
+    token whose 16th and 17th router keys are within rounding of each other can choose differently under another
+    summation order; its output then differs by a whole expert, which no tolerance should hide or excuse, so such
+    tokens are counted and judged apart."""
+    if ids is None or ref_ids is None:
+        return torch.ones(tokens, dtype=torch.bool)
+    return (ids.sort(-1).values == ref_ids.sort(-1).values).all(-1).cpu()
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (got.double() - ref.double()).norm()
+    return float(diff / ref.double().norm().clamp_min(1e-30))
+
+
+def _clone(x):
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_clone(v) for v in x)
+    return x
+
+
+def _outputs(x) -> list[torch.Tensor]:
+    return [x] if isinstance(x, torch.Tensor) else [t for t in x if isinstance(t, torch.Tensor)]
+
+
+def check_op_calls(calls, gpu: bool) -> dict[str, dict]:
+    """Each recorded call's standard output against its reference on clones of the same arguments: the worst
+    relative L2 and close fraction per op, and whether the op's `standard_tolerance` holds. Integer outputs (the
+    router's expert ids) are compared as the fraction that agree."""
+    worst: dict[str, dict] = {}
+    for name, args, kwargs in calls:
+        op = OPS[name]
+        ref = _outputs(op.reference(*_clone(args), **kwargs))
+        std = _outputs(op.standard(gpu)(*_clone(args), **kwargs))
+        tol = op.standard_tolerance
+        row = worst.setdefault(name, {"rel_l2": 0.0, "close_fraction": 1.0, "calls": 0, "ok": True,
+                                      "bound": {"max_rel_l2": tol.max_rel_l2, "atol": tol.atol, "rtol": tol.rtol,
+                                                "min_close_fraction": tol.min_close_fraction}})
+        row["calls"] += 1
+        for got, exp in zip(std, ref, strict=True):
+            if not exp.is_floating_point():
+                row["close_fraction"] = min(row["close_fraction"], float((got == exp).float().mean()))
+                continue
+            close = float(torch.isclose(got.float(), exp.float(), atol=tol.atol, rtol=tol.rtol).float().mean())
+            row["rel_l2"] = max(row["rel_l2"], rel_l2(got, exp))
+            row["close_fraction"] = min(row["close_fraction"], close)
+        row["ok"] = row["rel_l2"] <= tol.max_rel_l2 and row["close_fraction"] >= tol.min_close_fraction
+    return worst
+
+
+def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int, count: int,
+                 backends: Sequence[str], device: torch.device, iters: int = 30, seed: int = 0,
+                 progress: Callable[[str], None] = lambda _: None) -> list[LayerRow]:
+    """Rows for one (kind, TP, batch) point, one per backend (see the module docstring)."""
+    for b in backends:
+        if b not in DECODE_BACKENDS:
+            raise BenchError(f"backend {b!r}: one of {', '.join(DECODE_BACKENDS)}")
+    ids = layer_ids(cfg, kind)
+    n = fit_count(cfg, ids, tp, batch, context, count, device)
+    # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.
+    chosen = [ids[(i * len(ids)) // n] for i in range(n)]
+    progress(f"{kind} TP{tp} batch {batch}: building {n} layers")
+    layers = [build_layer(cfg, lid, tp, batch, context, device, seed + i) for i, lid in enumerate(chosen)]
+    tgt = target(tp, device)
+
+    reference = ReferenceDispatcher(tgt)
+    reference.begin_step(layers[0].step)
+    saved = _snapshot(layers[0])
+    reference.record()
+    ref_out = layers[0].run(reference)
+    ref_ids = reference.routed()
+    _restore(saved)
+
+    rows = []
+    for backend in backends:
+        progress(f"{kind} TP{tp} batch {batch}: {backend}")
+        ops = dispatcher(backend, tgt)
+        ops.begin_step(layers[0].step)
+        ops.record()
+        _restore(saved)  # the reference's starting state: earlier runs advanced it
+        out = layers[0].run(ops)
+        _restore(saved)
+        agree = same_routing(ops.routed(), ref_ids, out[0].shape[0])
+        out_rel = max(rel_l2(g, r) for g, r in zip(out, ref_out))
+        out_rel_agree = (max(rel_l2(g[agree.to(g.device)], r[agree.to(r.device)]) for g, r in zip(out, ref_out))
+                         if agree.any() else None)
+        op_checks = check_op_calls(ops.calls, gpu=device.type == "cuda") if backend == "auto" else {}
+        _restore(saved)
+        ops.record()
+        for bl in layers:  # the bytes each layer must move: its calls through the op cost models
+            bl.run(ops)
+        costs = call_costs(ops.calls)
+        ops.calls = None
+        layer_bytes = sum(c.bytes for c in costs.values()) / n
+        floor_us = layer_bytes / tgt_bandwidth(tgt) * 1e6
+        dispatch = _dispatch_summary(ops, layers[0])
+        row = LayerRow(kind, tp, batch, context, backend, n, None, None, None, None, None, layer_bytes, floor_us,
+                       None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
+                       routing_flips=int((~agree).sum()), op_checks=op_checks)
+        if device.type == "cuda":
+            _time_layers(row, layers, ops, costs, iters)
+        rows.append(row)
+    return rows
+
+
+def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatcher, costs, iters: int) -> None:
+    """Fill the row's times, kernel count and per-op trace (GPU only)."""
+    n = len(layers)
+    trace = op_trace([bl.closure(ops) for bl in layers], ops)
+    with ops.recording():
+        row.kernels = count_kernels(layers[0].closure(ops))
+        piped = time_pipeline([bl.closure(ops) for bl in layers], iters=iters)
+        single = time_op(layers[0].closure(ops), iters=iters)
+    for name, op_row in trace.items():
+        op_row["us"] /= n
+        op_row["kernels"] /= n
+        op_row["bytes"] = costs[name].bytes / n if name in costs else 0.0
+    row.ops = trace
+    row.us, row.us_q1, row.us_q3, row.us_one_per_graph = piped.median_us, piped.q1_us, piped.q3_us, single.median_us
+    row.fraction_of_floor = row.floor_us / piped.median_us
+
+
+def tgt_bandwidth(tgt: Target) -> float:
+    """The copy bandwidth of the target's arch; on a CPU (CI's tiny shapes) the H200's, so floors stay comparable."""
+    return arch_info.known(tgt.arch if tgt.gpu else FLOOR_ARCH_OFF_GPU).mem_bw_Bps
+
+
+def _dispatch_summary(ops: Dispatcher, layer: BenchLayer) -> dict:
+    """Which implementation each op call of one layer took, and why the specialized kernel did not run."""
+    with ops.recording() as decisions:
+        ops.begin_step(layer.step)
+        layer.run(ops)
+    out: dict[str, dict] = {}
+    for name, specialized, fallback in decisions:
+        row = out.setdefault(name, {"specialized": 0, "standard": 0, "fallbacks": {}})
+        row["specialized" if specialized else "standard"] += 1
+        if fallback is not None:
+            row["fallbacks"][fallback.reason.value] = row["fallbacks"].get(fallback.reason.value, 0) + 1
+    return out
+
+
+def batch_points(text: str) -> list[int]:
+    """'1,4,16,64' -> [1, 4, 16, 64]; a clear error for anything else."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise BenchError(f"--batch {text!r}: a comma-separated list of positive integers") from None
+    if not values or any(v < 1 for v in values):
+        raise BenchError(f"--batch {text!r}: a comma-separated list of positive integers")
+    return values
+
+
+def speculative_tokens_per_step(spec_tokens: int, acceptance: float) -> float:
+    """Tokens a verification step emits per sequence: the accepted drafts plus the target's own token."""
+    return spec_tokens * acceptance + 1
+
+
+@dataclass
+class StepRow:
+    tp: int
+    batch: int
+    context: int
+    spec_tokens: int
+    backend: str
+    layers: int
+    weight_sets: dict[str, int]  # distinct layers built per kind, cycled through the schedule
+    ms: float | None  # None where no GPU times it
+    ms_q1: float | None
+    ms_q3: float | None
+    kernels: int | None
+    bytes: float
+    floor_ms: float
+    fraction_of_floor: float | None
+    tokens_per_step: float  # per sequence: 1, or the accepted drafts plus one
+    tokens_per_s: float | None  # the whole batch's (accepted) tokens per second
+    dispatch: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Head:
+    """The end of a step: the final AttnRes over every block, the norm and this rank's lm_head shard."""
+
+    modules: torch.nn.Module
+    sources: list[torch.Tensor]
+
+    def run(self, ops: Dispatcher) -> torch.Tensor:
+        res, norm, vocab = self.modules
+        return vocab.logits(norm(res(self.sources, ops), ops), ops)
+
+
+def build_head(cfg: KimiK3Config, tp: int, tokens: int, device: torch.device, seed: int) -> Head:
+    from ..attn_res import AttnResWeights
+    from ..model import VocabParallel
+    from ..module import RMSNorm
+    from .layers import RankOfTP, fill_random_
+
+    rank = RankOfTP(size=tp)
+    d, eps, dtype = cfg.hidden_size, cfg.rms_norm_eps, torch.bfloat16
+    with torch.device(device):
+        modules = torch.nn.ModuleList([AttnResWeights("model.", "output_attn_res", d, eps, rank, dtype),
+                                       RMSNorm("model.norm.weight", d, eps, rank, dtype),
+                                       VocabParallel(cfg, rank, dtype)])
+    gen = torch.Generator(device).manual_seed(seed)
+    fill_random_(modules, gen)
+    sources = [torch.randn(tokens, d, generator=gen, device=device).to(dtype)
+               for _ in range(cfg.num_attn_res_blocks + 1)]
+    return Head(modules, sources)
+
+
+def schedule(cfg: KimiK3Config) -> list[str]:
+    """The kind of every layer in model order: 'dense' (layer 0), 'kda' or 'mla'."""
+    return ["dense" if not cfg.is_moe_layer(i) else "mla" if cfg.is_mla_layer(i) else "kda"
+            for i in range(cfg.num_hidden_layers)]
+
+
+def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens: int, acceptance: float,
+               backends: Sequence[str], device: torch.device, kda_sets: int = 8, mla_sets: int = 3, iters: int = 20,
+               seed: int = 0, progress: Callable[[str], None] = lambda _: None) -> list[StepRow]:
+    """One whole decode (or verification) step of the model's schedule in one CUDA graph per backend: every layer
+    in model order, each kind's distinct weight sets cycled, then the final AttnRes, norm and lm_head."""
+    kinds = schedule(cfg)
+    wanted = {"dense": 1, "kda": kda_sets, "mla": mla_sets}
+    ids = {kind: layer_ids(cfg, kind) for kind in wanted}
+    need = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens) + standard_copy_bytes(cfg, ids[k][0], tp)
+            for k in wanted}
+    total = sum(need[k] * wanted[k] for k in wanted)
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else total + HEADROOM_BYTES
+    if total + HEADROOM_BYTES > free:
+        raise BenchError(f"{kda_sets} KDA and {mla_sets} MLA weight sets at TP{tp}, batch {batch}, context {context} "
+                         f"need {total / 2**30:.1f} GiB; {free / 2**30:.1f} GiB are free (keep {HEADROOM_BYTES >> 30} "
+                         f"GiB headroom): one KDA set is {need['kda'] / 2**30:.2f} GiB, one MLA set "
+                         f"{need['mla'] / 2**30:.2f} GiB")
+    sets: dict[str, list[BenchLayer]] = {}
+    for kind, n in wanted.items():
+        progress(f"step TP{tp} batch {batch}: building {n} {kind} layers")
+        chosen = [ids[kind][(i * len(ids[kind])) // n] for i in range(n)]
+        sets[kind] = [build_layer(cfg, lid, tp, batch, context, device, seed + 100 * len(sets) + j, spec_tokens)
+                      for j, lid in enumerate(chosen)]
+    head = build_head(cfg, tp, batch * (1 + spec_tokens), device, seed + 1)
+    used = {kind: 0 for kind in wanted}
+    order = []
+    for kind in kinds:
+        order.append(sets[kind][used[kind] % len(sets[kind])])
+        used[kind] += 1
+
+    tgt = target(tp, device)
+    per_step = speculative_tokens_per_step(spec_tokens, acceptance) if spec_tokens else 1.0
+    rows = []
+    for backend in backends:
+        progress(f"step TP{tp} batch {batch}: {backend}")
+        ops = dispatcher(backend, tgt)
+        ops.begin_step(order[0].step)
+        per_kind_bytes = {kind: _recorded_bytes(ops, [bl.run for bl in sets[kind]]) / len(sets[kind])
+                          for kind in wanted}
+        head_bytes = _recorded_bytes(ops, [head.run])
+        step_bytes = sum(per_kind_bytes[k] for k in kinds) + head_bytes
+
+        def whole_step(ops=ops) -> None:
+            for bl in order:
+                bl.run(ops)
+            head.run(ops)
+
+        floor_ms = step_bytes / tgt_bandwidth(tgt) * 1e3
+        row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(wanted), None, None, None, None,
+                      step_bytes, floor_ms, None, per_step, None)
+        with ops.recording() as decisions:
+            if device.type == "cuda":
+                row.kernels = count_kernels(whole_step)
+                timing = time_pipeline([whole_step], iters=iters)
+                row.ms, row.ms_q1, row.ms_q3 = timing.median_us / 1e3, timing.q1_us / 1e3, timing.q3_us / 1e3
+                row.fraction_of_floor = floor_ms / row.ms
+                row.tokens_per_s = batch * per_step / (row.ms / 1e3)
+            else:
+                whole_step()
+        fallbacks: dict[str, dict] = {}
+        for name, _, fallback in decisions:
+            if fallback is not None:
+                counts = fallbacks.setdefault(name, {})
+                counts[fallback.reason.value] = counts.get(fallback.reason.value, 0) + 1
+        row.dispatch = {"fallbacks": fallbacks}
+        rows.append(row)
+    return rows
+
+
+def _recorded_bytes(ops: RecordingDispatcher, runs: Sequence[Callable[[Dispatcher], object]]) -> float:
+    """Bytes the op calls of `runs` must move, by the ops' own cost models (one eager run each)."""
+    ops.calls = []
+    try:
+        for run in runs:
+            run(ops)
+        return sum(c.bytes for c in call_costs(ops.calls).values())
+    finally:
+        ops.calls = None

@@ -1,0 +1,246 @@
+"""The model area of the `k3forge` command: `config show`, `ckpt make` and `generate` (`gates/cli.py` adds the
+gating area's commands beside them), and the command line's shared vocabulary.
+
+The vocabulary (UsageError and the exit codes) is defined in the lower layer (`model/kimi_k3/errors.py`),
+because `gates` imports `model` and never the reverse: the gating area's commands raise this same UsageError,
+and `gates/cli.py` turns it into one line and exit code 2 for both areas.
+
+    config show   the config (Hugging Face field names), MLA layer ids and every rank-local weight
+    ckpt make     a random, well-scaled checkpoint in the Hugging Face layout, with its tokenizer
+    generate      prefill then decode from a checkpoint directory, optionally tensor-parallel (`--tp N`: N local
+                  processes, gloo on CPU, NCCL on GPUs) and speculative (`--spec-tokens K`)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from model.kimi_k3.checkpoint import checkpoint_tensors, write_checkpoint
+from model.kimi_k3.config import KimiK3Config, preset
+from model.kimi_k3.dispatch import DECODE_BACKENDS
+from model.kimi_k3.distributed import run_tp
+from model.kimi_k3.drafters import Drafter, NgramDrafter, SyntheticDrafter
+from model.kimi_k3.engine import Engine, Generation, SamplingParams
+from model.kimi_k3.errors import UsageError
+from model.kimi_k3.loader import load_config, load_model
+from model.kimi_k3.model import KimiK3Model
+from model.kimi_k3.parallel import TP
+
+
+def register(sub) -> None:
+    """Add this area's commands to the `k3forge` subparsers; each parser's `func` is its handler -> exit code."""
+    _register_config(sub)
+    _register_ckpt(sub)
+    _register_generate(sub)
+
+
+# ------------------------------------------------------------------------------------------------ config show
+
+
+def _register_config(sub) -> None:
+    p = sub.add_parser("config", help="inspect a K3 config")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    show = verbs.add_parser("show", help="print a config and the rank-local shape of every weight")
+    src = show.add_mutually_exclusive_group()
+    src.add_argument("--preset", default="k3", help="k3 (the real config) or tiny (CPU tests); default k3")
+    src.add_argument("--config", help="a config.json or checkpoint directory instead of a preset")
+    show.add_argument("--tp", type=int, default=1, help="tensor-parallel size for the rank-local shapes")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=run_config_show)
+
+
+def describe(cfg: KimiK3Config, tp: int) -> dict:
+    """Config, MLA layer ids and {parameter: {shape, dtype}} of rank 0 at TP size tp."""
+    cfg.check_tp(tp)
+    with torch.device("meta"):
+        model = KimiK3Model(cfg, TP(0, tp))
+    weights = {name: {"shape": list(p.shape), "dtype": str(p.dtype).removeprefix("torch.")}
+               for name, p in model.named_parameters()}
+    return {"config": cfg.to_hf_dict(nested=False), "tp": tp, "mla_layer_ids": cfg.mla_layer_ids,
+            "kda_layer_ids": [i for i in range(cfg.num_hidden_layers) if not cfg.is_mla_layer(i)],
+            "weights": weights}
+
+
+def run_config_show(args) -> int:
+    cfg = KimiK3Config.from_file(args.config) if args.config else preset(args.preset)
+    info = describe(cfg, args.tp)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    out = Console()
+    fields = Table(title="config (text_config)", show_header=False)
+    for key, value in info["config"].items():
+        if key != "quantization_config":
+            fields.add_row(key, json.dumps(value))
+    fields.add_row("quantization", "MXFP4 routed experts" if cfg.experts_quantized else "none (dense experts)")
+    out.print(fields)
+    out.print(f"mla_layer_ids (0-indexed): {info['mla_layer_ids']}")
+    weights = Table(title=f"rank-local weights at TP{args.tp}")
+    for col in ("parameter", "shape", "dtype"):
+        weights.add_column(col)
+    for name, w in info["weights"].items():
+        weights.add_row(name, str(w["shape"]), w["dtype"])
+    out.print(weights)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ ckpt make
+
+
+def _register_ckpt(sub) -> None:
+    p = sub.add_parser("ckpt", help="make checkpoints")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    make = verbs.add_parser("make", help="write a random checkpoint (safetensors, config.json, tokenizer.json)")
+    make.add_argument("--preset", default="tiny", help="config preset (default tiny)")
+    make.add_argument("--out", required=True, help="output directory")
+    make.add_argument("--seed", type=int, default=0)
+    make.add_argument("--dense-experts", action="store_true",
+                      help="store routed experts as bf16 instead of compressed-tensors MXFP4")
+    make.add_argument("--flat", action="store_true",
+                      help="a flat kimi_linear config and unprefixed names instead of kimi_k3 with text_config")
+    make.add_argument("--max-gb", type=float, default=4.0, help="refuse to write more than this (default 4)")
+    make.set_defaults(func=run_ckpt_make)
+
+
+def run_ckpt_make(args) -> int:
+    cfg = preset(args.preset)
+    if args.dense_experts:
+        cfg = cfg.model_copy(update={"quantization_config": None})
+    size = sum(t.dtype.itemsize * _numel(t.shape) for t in checkpoint_tensors(cfg).values()) / 1e9
+    if size > args.max_gb:
+        raise UsageError(f"--preset {args.preset}: the checkpoint would be {size:,.0f} GB "
+                         f"(limit --max-gb {args.max_gb})")
+    with Console(stderr=True).status(f"writing {args.preset} checkpoint to {args.out}"):
+        out = write_checkpoint(cfg, args.out, seed=args.seed, nested=not args.flat)
+    print(out)
+    return 0
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ------------------------------------------------------------------------------------------------ generate
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _register_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate tokens from a checkpoint")
+    p.add_argument("--ckpt", required=True, help="checkpoint directory (config.json + safetensors)")
+    p.add_argument("--prompt-ids", required=True, help="comma-separated prompt token ids, e.g. 1,2,3")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda; with --tp N > 1 on cuda, rank r runs on cuda:r")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one local process each (default 1)")
+    p.add_argument("--spec-tokens", type=int, default=0, help="draft tokens verified per step (0 = no speculation)")
+    p.add_argument("--drafter", help="with --spec-tokens: ngram (prompt lookup, the default) or synthetic:A "
+                                     "(replays the greedy trajectory so that exactly A drafts are accepted per step)")
+    p.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
+                   help="auto: the standard path (default); "
+                        "latency_specialized: contracted kernels inside their envelopes")
+    p.add_argument("--json", action="store_true",
+                   help="end with one JSON line: tokens, logprobs, dispatch counts (and accepted_per_step)")
+    p.set_defaults(func=run_generate)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything a rank needs to generate (it travels to the TP ranks' processes)."""
+
+    ckpt: str
+    dtype: str
+    prompt: list[int]
+    params: SamplingParams
+    spec_tokens: int
+    drafter: str
+    decode_backend: str
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--prompt-ids: {text!r} is not a comma-separated list of integers") from None
+    if not ids:
+        raise UsageError("--prompt-ids: empty prompt")
+    return ids
+
+
+def synthetic_accept(drafter: str) -> int | None:
+    """A of `synthetic:A`, None for `ngram`; a UsageError for anything else."""
+    if drafter == "ngram":
+        return None
+    name, _, value = drafter.partition(":")
+    if name != "synthetic" or not value.isdigit():
+        raise UsageError(f"--drafter: {drafter!r}; expected ngram or synthetic:A (A accepted drafts per step)")
+    return int(value)
+
+
+def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Generation, dict]:
+    """This rank's generation and its dispatcher's report (per-op specialized/standard counts, reasons)."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("model.kimi_k3").setLevel(logging.INFO)  # dispatch fallback reasons, each once
+    model = load_model(req.ckpt, tp=tp, act_dtype=DTYPES[req.dtype], device=device)
+    engine = Engine(model, max_len=len(req.prompt) + req.params.max_new_tokens + req.spec_tokens,
+                    decode_backend=req.decode_backend)
+    drafter: Drafter | None = None
+    if req.spec_tokens:
+        accept = synthetic_accept(req.drafter)
+        drafter = NgramDrafter() if accept is None else SyntheticDrafter.from_greedy(
+            engine, [req.prompt], req.params.max_new_tokens, accept, req.spec_tokens)
+    gen = engine.generate([req.prompt], req.params, req.spec_tokens, drafter)[0]
+    return gen, model.ops.report()
+
+
+def run_generate(args) -> int:
+    prompt = parse_ids(args.prompt_ids)
+    if args.max_new_tokens < 1:
+        raise UsageError("--max-new-tokens: must be >= 1")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.tp < 1:
+        raise UsageError("--tp: must be >= 1")
+    if args.spec_tokens < 0:
+        raise UsageError("--spec-tokens: must be >= 0")
+    if args.drafter and not args.spec_tokens:
+        raise UsageError("--drafter: only used with --spec-tokens K > 0")
+    drafter = args.drafter or "ngram"
+    accept = synthetic_accept(drafter)
+    if accept is not None and not (accept <= args.spec_tokens and args.temperature == 0):
+        raise UsageError(f"--drafter synthetic:{accept}: needs A <= --spec-tokens ({args.spec_tokens}) and "
+                         "--temperature 0 (it replays the greedy trajectory)")
+    load_config(args.ckpt)[0].check_tp(args.tp)  # before any rank starts
+    params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend)
+    status = Console(stderr=True)
+    try:
+        with status.status(f"generating from {args.ckpt} (TP{args.tp})"):
+            gen, dispatch = run_tp(generate_on_rank, args.tp, req, device=args.device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    out = {"tokens": gen.tokens, "logprobs": gen.logprobs, "dispatch": dispatch}
+    if args.spec_tokens:
+        out["accepted_per_step"] = gen.accepted
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(" ".join(map(str, gen.tokens)))
+        if args.spec_tokens:
+            mean = sum(gen.accepted) / max(1, len(gen.accepted))
+            status.print(f"{len(gen.accepted)} verification steps, {mean:.2f} drafts accepted per step")
+    return 0

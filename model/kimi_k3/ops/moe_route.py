@@ -1,0 +1,52 @@
+"""moe_route: the latent MoE's sigmoid router with correction bias (SPEC.md §5, steps 1-7).
+
+    ids, weights = moe_route(x, gate_w, bias, top_k, renormalize, scaling)     # [T, k] int64, [T, k] fp32
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.contract import Tolerance
+
+from .op import Cost, Op, nbytes
+
+
+def moe_route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
+              scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid router with correction bias (noaux_tc, one group): choose by score + bias, weigh by the
+    un-biased scores. Returns (expert ids [T, k] int64, weights [T, k] fp32)."""
+    scores = torch.sigmoid(x.float() @ gate_w.float().t())
+    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+    weights = scores.gather(-1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return ids, weights * scaling
+
+
+def moe_route_standard(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
+                       scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GPU standard: the router GEMM on cuBLAS with bf16 operands and fp32 output (vLLM's `GateLinear`), then
+    sigmoid, biased top-k and the renormalization as PyTorch ops."""
+    scores = torch.sigmoid(torch.mm(x, gate_w.t(), out_dtype=torch.float32))
+    ids = torch.topk(scores + bias, top_k, dim=-1).indices
+    weights = scores.gather(-1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return ids, weights * scaling
+
+
+def signature(x, gate_w, bias, top_k, renormalize, scaling):
+    return (gate_w.shape[0], top_k, gate_w.shape[1]), (gate_w.dtype,)
+
+
+def cost(x, gate_w, bias, top_k, renormalize, scaling):
+    t, e = x.shape[0], gate_w.shape[0]
+    return Cost(bytes=nbytes(x, gate_w, bias) + t * top_k * (8 + 4), flops=2 * t * e * gate_w.shape[1])
+
+
+# The weights are fp32 from fp32 scores; ids are compared exactly by the checker (near-ties reported apart).
+OP = Op("moe_route", moe_route, shapes=("experts", "top_k", "hidden"), dtypes=("weights",), signature_of=signature,
+        cost_of=cost, gpu_standard="model.kimi_k3.ops.moe_route:moe_route_standard",
+        standard_label="cuBLAS bf16 GEMM with fp32 output (GateLinear), torch sigmoid / topk / gather",
+        standard_tolerance=Tolerance(atol=1e-4, rtol=1e-3, max_rel_l2=1e-4, min_close_fraction=0.999))

@@ -1,0 +1,149 @@
+"""Benchmark verdicts from raw samples (computed in the gate, not the candidate's process); the GPU run."""
+
+import random
+
+import pytest
+
+from gates.checks import benchmarks
+from gates.checks.benchmarks import judge_point, time_point, timing
+from gates.core.estimate import Estimate, enough, paired_speedup
+from gates.core.registry import GateOptions
+from gates.core.status import Status
+from gates.problems import Point
+from tests.gates.fixtures.helpers import LAUNCH_US, kda_contract, paired_block, run_gate, timed
+
+POINT = Point(1, 0, (("heads", 12), ("head_dim", 128)), "bf16")
+JITTER = (0.98, 1.0, 1.0, 1.02, 1.1)
+
+
+def jittered(base: float) -> list[float]:
+    return [base * f for f in JITTER]
+
+
+def test_timing_quartiles():
+    t = timing([5.0, 1.0, 2.0, 3.0, 4.0])
+    assert (t["median_us"], t["q1_us"], t["q3_us"], t["iqr_us"], t["n"]) == (3.0, 2.0, 4.0, 2.0, 5)
+
+
+def test_faster_than_required():
+    row, flags, slower = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=5.0, required=1.5,
+                                     min_fraction=0.4)
+    assert row["speedup"] == pytest.approx(2.0) and row["roofline_fraction"] == pytest.approx(0.5)
+    assert row["blocks"] == 3 and row["speedup_ci"] == pytest.approx([2.0, 2.0])
+    assert flags == [] and slower == []
+
+
+def test_the_headline_is_in_pipeline_and_one_call_per_graph_stands_beside_it():
+    """The graph's launch, paid by every one-call replay, lowers that column's speedup; the verdict uses the
+    in-pipeline times."""
+    row, _, slower = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=5.0, required=1.9,
+                                 min_fraction=None)
+    assert row["speedup"] == pytest.approx(2.0) and slower == []
+    one = row["one_per_graph"]
+    assert one["speedup"] == pytest.approx((20.0 + LAUNCH_US) / (10.0 + LAUNCH_US))
+    assert one["candidate"]["median_us"] == pytest.approx(10.0 + LAUNCH_US)
+    assert one["roofline_fraction"] == pytest.approx(5.0 / (10.0 + LAUNCH_US))
+
+
+@pytest.mark.parametrize("required, min_fraction, expected", [(2.5, None, "contract requires 2.5×"),
+                                                              (1.0, 0.9, "50.0% of the roofline")])
+def test_slower_than_the_contract(required, min_fraction, expected):
+    _, _, slower = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=5.0, required=required,
+                               min_fraction=min_fraction)
+    assert len(slower) == 1 and expected in slower[0]
+
+
+def test_implausible_speedup_is_flagged():
+    _, flags, _ = judge_point(POINT, *timed(jittered(1.0), jittered(20.0)), floor_us=None, required=1.0,
+                              min_fraction=None)
+    assert "more than 10×" in flags[0]
+
+
+def test_host_time_far_above_gpu_time_is_flagged():
+    _, flags, _ = judge_point(POINT, *timed(jittered(10.0), jittered(20.0), host_extra=60.0), floor_us=None,
+                              required=1.0, min_fraction=None)
+    assert "work outside the timed stream" in flags[0]
+
+
+def test_speedup_pairs_replays_timed_side_by_side():
+    """A slow phase of the machine that doubles both replays of a pair leaves their ratio alone."""
+    phase = [1.0, 1.0, 2.0, 2.0, 2.0]
+    assert paired_speedup([10.0 * p for p in phase], [30.0 * p for p in phase]) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="paired samples"):
+        paired_speedup([1.0], [1.0, 2.0])
+
+
+def test_interval_narrows_with_blocks_and_decides_against_a_bound():
+    rng = random.Random(1)
+    few, many = (Estimate(tuple(3.0 + rng.gauss(0, 0.1) for _ in range(n))) for n in (3, 30))
+    assert few.half_width > many.half_width > 0
+    assert many.decided(2.8) and many.decided(3.2) and not many.decided(many.mean)
+    assert Estimate((3.0,)).half_width == float("inf")
+
+
+def test_stopping_rule():
+    tight = Estimate((3.0, 3.01, 2.99))
+    assert not enough([(Estimate((3.0, 3.0)), None)], precision=0.02, min_blocks=3, max_blocks=12)
+    assert enough([(tight, 2.0)], precision=0.02, min_blocks=3, max_blocks=12)
+    noisy = Estimate((2.0, 4.0, 3.0))  # interval [0.5, 5.5] straddles 2.8 and is wide: keep timing
+    assert not enough([(noisy, 2.8)], precision=0.02, min_blocks=3, max_blocks=12)
+    assert enough([(noisy, 2.8)], precision=0.02, min_blocks=3, max_blocks=3)
+    assert enough([(tight, 2.0), (noisy, 0.4)], precision=0.02, min_blocks=3, max_blocks=12)  # far from 0.4
+    assert not enough([(tight, 2.0), (noisy, 2.8)], precision=0.02, min_blocks=3, max_blocks=12)  # every one
+
+
+class ScriptedBox:
+    """Stands in for the sandbox: serves pre-recorded blocks, one per request."""
+
+    def __init__(self, blocks: list[dict]):
+        self.blocks, self.served = list(blocks), 0
+
+    def request(self, kind: str, **payload) -> dict:
+        assert kind == "bench_block" and payload == {"pairs": 50, "timeout_s": benchmarks.BLOCK_TIMEOUT_S}
+        self.served += 1
+        return self.blocks.pop(0)
+
+
+def block(candidate: float, standard: float) -> dict:
+    return paired_block(jittered(candidate), jittered(standard))
+
+
+def test_timing_stops_once_the_speedup_is_settled():
+    options = GateOptions(seed=0)
+    steady = ScriptedBox([block(10.0, 30.0)] * 12)
+    assert len(time_point(steady, options, None, 2.8, None, lambda _: None)) == options.min_blocks
+    # one block from a slow phase of the candidate alone: more blocks, and the outlier does not decide
+    noisy = ScriptedBox([block(10.0, 30.0), block(30.0, 30.0)] + [block(10.0, 30.0)] * 10)
+    blocks = time_point(noisy, options, None, 2.8, None, lambda _: None)
+    assert options.min_blocks < len(blocks) <= options.max_blocks
+    row, flags, slower = judge_point(POINT, blocks, timed([10.0], [30.0])[1], None, 2.8, None)
+    assert slower == [] and row["speedup"] > 2.8 and row["blocks"] == len(blocks)
+
+
+def test_a_speedup_undecided_at_the_last_block_is_flagged():
+    blocks = [block(10.0, 30.0), block(10.0, 25.0), block(10.0, 32.0)]
+    _, flags, slower = judge_point(POINT, blocks, timed([10.0], [30.0])[1], None, 2.8, None)
+    assert slower == [] and "contains the bound 2.80×" in flags[0]
+
+
+def test_not_run_without_a_gpu():
+    result = run_gate(benchmarks.GATE, kda_contract())
+    assert result.status is Status.NOT_RUN and result.reason == "needs a CUDA GPU; this machine has none"
+
+
+@pytest.mark.gpu
+def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
+    contract = kda_contract(shapes={"heads": [12], "head_dim": [128]}, batch={"min": 1, "max": 64},
+                            benchmark={"points": [{"batch": 1}, {"batch": 64}], "required_speedup": 0.01})
+    result = run_gate(benchmarks.GATE, contract, bench_pairs=10, host_iters=5)
+    assert result.status is Status.PASSED, result.reason
+    for row in result.details["rows"]:
+        assert 0 < row["speedup"] < 2 and 0 < row["roofline_fraction"] < 1
+        assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
+        assert row["kernels"]["candidate"] > row["kernels"]["standard"] >= 1  # many small ops vs FLA's fused ones
+
+
+def test_summary_names_a_points_shape_only_where_it_differs():
+    rows = [{"batch": 1, "series": "heads 12", "speedup": 2.791}, {"batch": 4, "series": "heads 12", "speedup": 3.69},
+            {"batch": 1, "series": "heads 6", "speedup": 2.73}]
+    assert benchmarks.speedup_summary(rows) == "batch 1: 2.79×, batch 4: 3.69×, batch 1 (heads 6): 2.73×"

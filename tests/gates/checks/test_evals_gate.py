@@ -1,0 +1,46 @@
+"""The evals gate on CPU: the attn_res kernel runs in the sandbox's child, the statistics here."""
+
+from pathlib import Path
+
+import pytest
+
+from gates.checks import evals
+from gates.core.status import Status
+from gates.evals.long_context import LongContextConfig
+from gates.evals.sampling import SamplingConfig
+from gates.evals.structured import StructuredConfig
+from kernels.contract import load_contract
+from tests.gates.fixtures.helpers import run_gate
+
+ATTN_RES = Path("contracts/attn_res.yaml")
+SMALL = {
+    "sampling": SamplingConfig(cpu=SamplingConfig().cpu.model_copy(update={"positions": 4, "samples": 2048})),
+    "structured": StructuredConfig(cpu=StructuredConfig().cpu.model_copy(update={"schemas": ("enum",)})),
+    "long_context": LongContextConfig(cpu=LongContextConfig().cpu.model_copy(
+        update={"lengths": (128, 320), "decode_steps": 3, "prefill_chunk": 128})),
+}
+
+
+@pytest.fixture(autouse=True)
+def small_budgets(monkeypatch):
+    monkeypatch.setattr(evals, "configs", lambda device: SMALL)
+
+
+def test_the_kernel_runs_only_in_the_sandbox(monkeypatch):
+    """Broken in this process, the kernel still passes: every call the gate counted ran in the child."""
+    import model.kimi_k3.specialized.attn_res_fused as fused
+
+    contract = load_contract(ATTN_RES)
+    name = contract.implementation.split(":")[1]
+    monkeypatch.setattr(fused, name, lambda *a, **k: pytest.fail("the kernel ran in the gate's process"))
+    result = run_gate(evals.GATE, contract, ATTN_RES)
+    assert result.status is Status.PASSED, result.reason
+    assert result.details["kernel_calls"]["specialized"] > 0
+    assert {n: r["status"] for n, r in result.details["evals"].items()} == dict.fromkeys(SMALL, "PASSED")
+
+
+def test_a_candidate_that_tampers_is_an_error():
+    contract = load_contract(ATTN_RES).model_copy(
+        update={"implementation": "tests.adversarial.patches_timer:kda_decode"})
+    result = run_gate(evals.GATE, contract, ATTN_RES)
+    assert result.status is Status.ERROR and "replaced time.perf_counter" in result.reason

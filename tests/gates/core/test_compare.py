@@ -1,0 +1,76 @@
+"""Graded comparison: fraction within tolerance, max and mean error in tolerance units, relative norm, NaN."""
+
+import pytest
+import torch
+
+from gates.core.compare import check_tensor, digest
+from kernels.contract import Tolerance
+
+TOL = Tolerance(atol=1e-3, rtol=0.0, max_rel_l2=1e-2, min_close_fraction=0.999)
+
+
+def _ref(n=10_000):
+    return torch.linspace(-1, 1, n)  # RMS below 1: atol applies unscaled
+
+
+@pytest.mark.parametrize("name, perturb, passed, problem", [
+    ("identical", lambda x: x, True, None),
+    ("one element 2 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([2e-3])), True, None),
+    ("one element 4 units off", lambda x: x.index_add(0, torch.tensor([7]), torch.tensor([4e-3])), False, "max error"),
+    ("all within, but half a unit on average", lambda x: x + 5e-4, False, "mean error"),
+    ("one in a hundred off", lambda x: torch.where(torch.arange(x.numel()) % 100 == 0, x + 2e-3, x), False,
+     "within tolerance"),
+    ("a NaN", lambda x: x.index_fill(0, torch.tensor([3]), float("nan")), False, "NaN/inf"),
+])
+def test_graded(name, perturb, passed, problem):
+    ref = _ref()
+    check = check_tensor("out", perturb(ref.clone()), ref, TOL)
+    assert check.passed is passed, check.problems
+    if problem:
+        assert any(problem in p for p in check.problems), check.problems
+        assert check.mismatches and check.mismatches[0].startswith("out[")
+
+
+def test_nan_is_counted_and_located():
+    ref = _ref(16)
+    got = ref.clone()
+    got[5] = float("nan")
+    check = check_tensor("out", got, ref, TOL)
+    assert check.nonfinite == 1 and check.mismatches[0].startswith("out[5] = nan")
+
+
+def test_atol_scales_with_large_data():
+    """Cancellation near zero in data of magnitude 64 leaves errors of 64x the unit-scale rounding."""
+    ref = _ref() * 64
+    got = ref + 2e-3 * torch.sign(torch.randn(ref.shape, generator=torch.Generator().manual_seed(0)))
+    check = check_tensor("out", got, ref, TOL)
+    assert check.passed and check.atol_scale == pytest.approx(64 / 3**0.5, rel=1e-3)
+    assert not check_tensor("out", _ref() + 2e-3, _ref(), TOL).passed  # the same error at unit scale
+
+
+def test_relative_norm_bound():
+    ref = _ref()
+    check = check_tensor("out", ref * 1.02, ref, Tolerance(atol=1.0, rtol=0.0, max_rel_l2=1e-2))
+    assert not check.passed and check.rel_l2 == pytest.approx(0.02, rel=1e-6)
+
+
+@pytest.mark.parametrize("got", [torch.zeros(3), torch.zeros(2, 2, dtype=torch.bfloat16),
+                                 torch.zeros(2, 2, dtype=torch.float64)])
+def test_shape_and_dtype_first(got):
+    check = check_tensor("out", got, torch.zeros(2, 2), TOL)
+    assert not check.passed and "expected torch.float32 (2, 2)" in check.problems[0]
+
+
+def test_digest_is_bitwise_identity():
+    a = torch.tensor([0.0, float("nan"), 1.0])
+    assert digest(a) == digest(a.clone())
+    assert digest(a) != digest(torch.tensor([-0.0, float("nan"), 1.0]))  # equal as numbers, not as bits
+    assert digest(a) != digest(a.double()) and digest(a) != digest(a.reshape(3, 1))
+    assert digest(torch.ones(2, 3).t()) == digest(torch.ones(3, 2))  # layout is not content
+
+
+def test_max_units_comes_from_the_tolerance():
+    ref = _ref()
+    got = ref.index_add(0, torch.tensor([7]), torch.tensor([5e-3]))  # one element 5 units off
+    assert "(limit 3)" in check_tensor("out", got, ref, TOL).problems[0]
+    assert check_tensor("out", got, ref, TOL.model_copy(update={"max_units": 10.0})).passed

@@ -1,0 +1,51 @@
+"""The decode bundle from bench records: made, verified, refused when the records disagree, stale when a source
+the runs loaded changes, broken when a file is edited."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from gates.cli import main
+from gates.evidence import decode
+from gates.evidence.verify import verify_bundle
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    out = tmp_path_factory.mktemp("records")
+    common = ["--preset", "tiny", "--device", "cpu", "--tp", "1", "--context", "3", "--batch", "1"]
+    assert main(["bench", "layer", *common, "--kind", "mla", "--layers", "1", "--json", str(out / "l.json")]) == 0
+    assert main(["bench", "step", *common, "--kda-sets", "1", "--mla-sets", "1", "--json", str(out / "s.json")]) == 0
+    return [out / "l.json", out / "s.json"]
+
+
+def test_a_bundle_from_records_is_intact_and_fresh(records, tmp_path):
+    assert main(["evidence", "decode", *map(str, records), "--out", str(tmp_path / "b")]) == 0
+    b = decode.load(tmp_path / "b")
+    assert {r["kind"] for r in b.layers} == {"mla"} and len(b.steps) == 2
+    assert "model/kimi_k3/bench/run.py" in b.sources and "contracts/kda_decode.yaml" in b.sources
+    assert verify_bundle(tmp_path / "b") == []
+    assert "K3 decode on cpu" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_records_of_two_commits_make_no_bundle(records, tmp_path):
+    other = tmp_path / "other.json"
+    rec = json.loads(records[0].read_text())
+    rec["environment"]["commit"] = "0" * 40
+    other.write_text(json.dumps(rec))
+    with pytest.raises(decode.DecodeError, match="environment.commit"):
+        decode.from_records([records[1], other])
+
+
+def test_an_edited_report_or_a_changed_source_is_caught(records, tmp_path):
+    bundle = decode.from_records(records)
+    decode.write(bundle, tmp_path / "b")
+    shutil.copytree(tmp_path / "b", tmp_path / "edited")
+    (tmp_path / "edited" / "report.md").write_text("all fast\n")
+    assert any("modified" in p for p in verify_bundle(tmp_path / "edited"))
+    bundle.sources["model/kimi_k3/bench/run.py"] = "0" * 64
+    decode.write(bundle, tmp_path / "stale")
+    assert any("stale: model/kimi_k3/bench/run.py" in p for p in verify_bundle(tmp_path / "stale"))

@@ -1,0 +1,114 @@
+"""The report a reviewer reads: Markdown and HTML from one bundle, plots inline, rendered by a real browser."""
+
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from gates.core.status import GateResult, Status, worst
+from gates.evals.result import Check, EvalResult, Plot, Table
+from gates.evidence.plots import bar_chart, by_batch, nice_step
+from gates.evidence.report import render_html, render_markdown
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed "
+                                    "(apt-get install -y chromium); the report is then checked without a browser")
+
+
+def test_markdown_says_what_ran_and_what_did_not(gated):
+    _, out = gated
+    text = (out / "kda_decode" / "cpu" / "report.md").read_text()
+    assert text.startswith("# kda_decode on cpu: PASSED (3 of 5 gates not run here)")
+    assert "- **Compile**: torch backend: nothing to compile" in text
+    assert "- **Benchmarks**: needs a CUDA GPU; this machine has none" in text
+    assert "| outputs share no memory with inputs | ✓ | 0 |" in text
+
+
+def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
+    html = render_html(gpu_like_bundle)
+    bench = html[html.index('id="gate-benchmarks"'):html.index('id="gate-evals"')]
+    assert bench.count("<svg") == 2  # speedup and fraction of the roofline, per batch size
+    assert "Speedup over the standard implementation" in html and "Fraction of the roofline" in html
+    assert "required 1.5×" in html
+    md = render_markdown(gpu_like_bundle)
+    assert re.search(r"\| batch 64 · heads 12 · head_dim 128 · bf16 \| [\d.]+ µs ± [\d.]+ \|", md)
+
+
+def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
+    evals = GateResult(gate="evals_structured_output", title="Structured output", status=Status.FAILED_EVAL,
+                       reason="JSON validity 91% with the kernel, 99% without", summary="validity dropped",
+                       details={"valid_with": 0.91, "valid_without": 0.99})
+    gates = [*gpu_like_bundle.gates, evals]
+    bundle = gpu_like_bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
+    assert bundle.verdict is Status.FAILED_EVAL
+    html = render_html(bundle)
+    assert "JSON validity 91% with the kernel" in html and "valid_without" in html
+    assert '"valid_with": 0.91' in render_markdown(bundle)
+
+
+def test_evals_render_as_checks_tables_and_plots(gpu_like_bundle):
+    drift = Plot(title="max logit drift from the reference", x_label="context tokens", y_label="max |dlogit|",
+                 categories=["4096", "131072"], series={"candidate": [2.37, float("nan")], "standard": [2.30, 2.21]},
+                 bound=7.59)
+    result = EvalResult.from_checks(
+        "long_context", [Check.at_most("max logit drift", 2.37, 7.59, "tightest bucket: 4096 tokens")],
+        tables=[Table(title="per context-length bucket", columns=["context tokens", "cand correct"],
+                      rows=[[4096, False], [131072, True]])],
+        plots=[drift], notes=["random k3 weights (seed 0)", "on random weights it measures agreement"])
+    evals = GateResult(gate="evals", title="Model-level evals", status=Status.PASSED, summary="1/1 evals passed",
+                       details={"model": ["random k3 weights (seed 0)"], "paths": "latency_specialized vs reference",
+                                "kernel_calls": {"specialized": 262, "standard": 0, "fallbacks": {}},
+                                "evals": {"long_context": json.loads(result.model_dump_json())}})
+    gates = [g for g in gpu_like_bundle.gates if g.gate != "evals"] + [evals]
+    bundle = gpu_like_bundle.model_copy(update={"gates": gates})
+    html = render_html(bundle)
+    section = html[html.index('id="gate-evals"'):]
+    assert '<tr data-check="max logit drift">' in section and '"checks"' not in section  # a table, not a JSON dump
+    (svg,) = re.findall(r"<svg.*?</svg>", section, re.S)
+    assert "max logit drift from the reference" in svg and ">bound<" in svg
+    assert svg.count("<rect") == 3 + 2  # three bars (the NaN is a gap), two legend swatches
+    assert section.count("random k3 weights (seed 0)") == 1  # the model line, not again in the eval's notes
+    md = render_markdown(bundle)
+    assert "| max logit drift | ✓ | 2.37 | 7.59 | tightest bucket: 4096 tokens |" in md
+    assert "| 131072 | ✓ |" in md and "- on random weights it measures agreement" in md
+
+
+def test_flags_are_shown_first(gpu_like_bundle):
+    flagged = gpu_like_bundle.gates[-1].model_copy(update={"flags": ["batch 1: 14.0× over the standard"]})
+    bundle = gpu_like_bundle.model_copy(update={"gates": [*gpu_like_bundle.gates[:-1], flagged]})
+    html = render_html(bundle)
+    assert html.index("Look at these first") < html.index('id="gates"')
+
+
+@pytest.mark.parametrize("value, step", [(0.3, 0.5), (1.0, 1.0), (1.01, 2.0), (2.3, 2.5), (7, 10), (130, 200)])
+def test_nice_step(value, step):
+    assert nice_step(value) == step
+
+
+def test_bar_chart_leaves_gaps_for_missing_values():
+    rows = [{"batch": 1, "series": "heads 12", "speedup": 2.0}, {"batch": 64, "series": "heads 6", "speedup": 1.5}]
+    categories, series = by_batch(rows, "speedup")
+    assert categories == ["1", "64"] and series == {"heads 12": [2.0, None], "heads 6": [None, 1.5]}
+    svg = bar_chart("t", categories, series, y_label="×", lines=[(1.2, "required")])
+    assert svg.count("<rect") == 2 + 2  # two bars, two legend swatches
+
+
+@needs_chromium
+def test_report_renders_in_headless_chromium(gpu_like_bundle, tmp_path):
+    page = tmp_path / "report.html"
+    html = render_html(gpu_like_bundle)
+    page.write_text(html)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert re.search(r'id="verdict" data-status="SLOWER"', dom)
+    # the benchmarks' two plots and the CPU evals' (sampling's TV, long context's drift and state error)
+    assert dom.count("<svg") == html.count("<svg") == 5 and dom.count('data-gate="') == 5
+    shot = tmp_path / "report.png"
+    subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120,
+                   check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
