@@ -20,9 +20,11 @@ def test_valid(raw, backend):
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"decode_backend": "fastest"}, r"^additional_config\.decode_backend: 'fastest' is not one of auto, latency_specialized"),
+    ({"decode_backend": "fastest"},
+     r"^additional_config\.decode_backend: 'fastest' is not one of auto, latency_specialized"),
     ({"decode_backend": 1}, r"^additional_config\.decode_backend: 1 is not one of"),
-    ({"decode_backnd": "auto"}, r"^additional_config\.decode_backnd: unknown k3forge option; the options are: decode_backend"),
+    ({"decode_backnd": "auto"},
+     r"^additional_config\.decode_backnd: unknown k3forge option; the options are: decode_backend"),
     ("latency_specialized", r"^additional_config: expected a JSON object"),
 ])
 def test_invalid_names_the_option(raw, message):

@@ -26,7 +26,7 @@ if _spec is None or _spec.origin is None:
 import jsonschema  # noqa: E402
 import torch  # noqa: E402
 
-from gates.commands.generate import Request, generate_on_rank  # noqa: E402
+from model.kimi_k3.cli import Request, generate_on_rank  # noqa: E402
 from model.kimi_k3.engine import SamplingParams as K3Sampling  # noqa: E402
 from model.kimi_k3.parallel import TP  # noqa: E402
 from model.kimi_k3.vllm import ARCHITECTURES, MODEL_CLASS, VLLM_VERSION, register  # noqa: E402
@@ -61,8 +61,8 @@ def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto") -> list
 def vllm_greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
     from vllm import SamplingParams
 
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=MAX_TOKENS, temperature=0),
-                        use_tqdm=False)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 

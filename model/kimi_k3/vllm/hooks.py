@@ -1,12 +1,13 @@
 """vLLM's per-architecture config hook for the K3 architecture, as k3forge's model class needs it.
 
 vLLM's own hook for `KimiK3ForConditionalGeneration` routes the MXFP4 experts to vLLM's `mxfp4` quantization
-method (bf16 only, its own MoE kernels). k3forge's model reads MXFP4 itself (model/kimi_k3/mxfp4.py), so this
-hook checks the plugin's options (options.py) where vLLM builds its config, hides the checkpoint's quantization config from vLLM's quantization machinery (keeping it, for the model
-class, as `k3forge_quantization_config` on the text config) and turns prefix caching off: the model keeps a
-request's KDA state after its last token only, so a cached prefix could not be resumed. The model also runs
-eagerly: its steps read vLLM's metadata on the host (sequence lengths, slots), which neither torch.compile nor a
-CUDA graph can capture.
+method (bf16 only, its own MoE kernels). k3forge's model reads MXFP4 itself (model/kimi_k3/mxfp4.py). So this
+hook checks the plugin's options (options.py) where vLLM builds its config, so that a bad one fails in the
+caller's process; hides the checkpoint's quantization config from vLLM's quantization machinery (keeping it, for
+the model class, as `k3forge_quantization_config` on the text config); turns prefix caching off (the model keeps
+a request's KDA state after its last token only, so a cached prefix could not be resumed); and makes the model
+run eagerly (its steps read vLLM's metadata on the host: sequence lengths, slots, which neither torch.compile nor
+a CUDA graph can capture).
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ call on vLLM's caches (KDA prefill/decode, MLA's absorbed attention pieces, the 
 from __future__ import annotations
 
 from model.kimi_k3.batch import StepBatch, StepKind
+from model.kimi_k3.checkpoint import LANGUAGE_MODEL_PREFIX
 from model.kimi_k3.config import ConfigError, KimiK3Config
 from model.kimi_k3.dispatch import DECODE_BACKENDS, Dispatcher
 from model.kimi_k3.kda import KimiDeltaAttention
 from model.kimi_k3.loader import _NON_TEXT, load_weights
-from model.kimi_k3.checkpoint import LANGUAGE_MODEL_PREFIX
 from model.kimi_k3.mla import LORA_NORM_EPS, KimiMLA
 from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.module import rms_norm

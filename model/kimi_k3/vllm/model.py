@@ -19,7 +19,6 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
