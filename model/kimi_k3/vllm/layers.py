@@ -190,7 +190,7 @@ class KDAStateLayer(nn.Module, MambaBase):
             return x.new_zeros(x.shape[0], inner.o_proj.shape[0])
         conv, ssm = self.kv_cache
         slots = meta.state_indices.to(x.device)
-        proj = x @ inner.in_proj.t()
+        proj = ops.call("linear", x, inner.in_proj)
         w = inner.weights()
         if batch.kind == k3.StepKind.DECODE:
             out = ops.call("kda_decode", proj, conv, ssm, slots, w)
@@ -203,7 +203,7 @@ class KDAStateLayer(nn.Module, MambaBase):
                 o, conv[s], ssm[s] = k3.kda_prefill(proj[start:start + n], window, state, w)
                 outs.append(o)
             out = torch.cat(outs)
-        return inner.tp.all_reduce(out @ inner.o_proj.t())
+        return inner.tp.all_reduce(ops.call("linear", out, inner.o_proj))
 
 
 class MLACacheLayer(nn.Module, AttentionLayerBase):
@@ -240,10 +240,11 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
         if meta is None:
             return x.new_zeros(x.shape[0], inner.o_proj.shape[0])
         t = x.shape[0]
-        c_q, c_kv, k_pe = (x @ inner.fused_qkv_a.t()).split([inner.q_lora, inner.kv_lora, inner.rope], dim=-1)
-        c_q, c_kv = k3.rms_norm(c_q, inner.q_a_norm, k3.LORA_NORM_EPS), k3.rms_norm(c_kv, inner.kv_a_norm,
-                                                                                    k3.LORA_NORM_EPS)
-        q = (c_q @ inner.q_b_proj.t()).view(t, inner.heads, inner.nope + inner.rope)
+        c_q, c_kv, k_pe = ops.call("linear", x, inner.fused_qkv_a).split([inner.q_lora, inner.kv_lora, inner.rope],
+                                                                         dim=-1)
+        c_q = ops.call("rms_norm", c_q, inner.q_a_norm, k3.LORA_NORM_EPS)
+        c_kv = ops.call("rms_norm", c_kv, inner.kv_a_norm, k3.LORA_NORM_EPS)
+        q = ops.call("linear", c_q, inner.q_b_proj).view(t, inner.heads, inner.nope + inner.rope)
         q_nope, q_pe = q.split([inner.nope, inner.rope], dim=-1)
 
         pages = self._pages()
@@ -264,8 +265,8 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
         else:
             attn = torch.cat([inner._prefill(q_nope[s:s + n], q_pe[s:s + n], c, w_uk, w_uv)
                               for s, n, c in zip(batch.starts, batch.query_lens, contexts)])
-        gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(x @ inner.g_proj.t())
-        return inner.tp.all_reduce(gated @ inner.o_proj.t())
+        gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(ops.call("linear", x, inner.g_proj))
+        return inner.tp.all_reduce(ops.call("linear", gated, inner.o_proj))
 
     @staticmethod
     def _context(pages: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:

@@ -132,10 +132,15 @@ class _TensorDict:
 
     def __init__(self, weights: Iterable[tuple[str, torch.Tensor]]):
         self._tensors: dict[str, torch.Tensor] = {}
-        for name, tensor in weights:
-            name = name.removeprefix(k3.LANGUAGE_MODEL_PREFIX)
+        self._stored: dict[str, str] = {}
+        self._prefix = ""
+        for stored, tensor in weights:
+            name = stored.removeprefix(k3.LANGUAGE_MODEL_PREFIX)
+            if name != stored:
+                self._prefix = k3.LANGUAGE_MODEL_PREFIX
             if not name.startswith(k3.NON_TEXT_PREFIXES):
                 self._tensors[name] = tensor
+                self._stored[name] = stored
 
     def names(self) -> set[str]:
         return set(self._tensors)
@@ -146,6 +151,10 @@ class _TensorDict:
 
     def get_slice(self, name: str) -> torch.Tensor:
         return self._tensors[name]
+
+    def stored_name(self, name: str) -> str:
+        """The checkpoint's name of a tensor (of a missing one: the name it would have)."""
+        return self._stored.get(name, self._prefix + name)
 
 
 def dispatch_report(model: K3ForgeForCausalLM) -> dict:
