@@ -2,23 +2,35 @@
 the model area (`model.kimi_k3.cli`: config, ckpt, generate) and the gating area (`gates.commands`: contract,
 gate, bench, evidence, eval, task, op).
 
-Exit codes: 0 success, 1 a gate or check failed, 2 a usage, config, contract, checkpoint or environment error.
+Exit codes: 0 success, 1 a gate or check failed, 2 a usage, config, contract, checkpoint or environment error,
+130 interrupted (Ctrl-C). Every error a user can cause ends the same way: one message on stderr, printed as
+plain text (a path may hold anything, rich markup included), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
-from rich.console import Console
+import yaml
+from pydantic import ValidationError
 
 import gates.commands
 import model.kimi_k3.cli
+from gates.evidence.signing import SigningKeyError
+from gates.tasks.schema import TaskError
+from kernels.contract import ContractError
+from kernels.validation import problem_lines
+from model.kimi_k3.config import ConfigError
 from model.kimi_k3.errors import EXIT_USAGE, UsageError
+from model.kimi_k3.weights import CheckpointError
 
 AREAS = (model.kimi_k3.cli, gates.commands)
-
-err = Console(stderr=True, highlight=False)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+# Errors in what the user asked for or in the files they named; anything else is a bug and keeps its traceback.
+USER_ERRORS = (UsageError, ConfigError, CheckpointError, ContractError, TaskError, SigningKeyError, OSError,
+               json.JSONDecodeError, ValidationError, yaml.YAMLError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,16 +42,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from kernels.contract import ContractError
-    from model.kimi_k3.config import ConfigError
-    from model.kimi_k3.weights import CheckpointError
+def error_message(e: BaseException) -> str:
+    """What went wrong, in the words of the file or option concerned: an OSError as `path: reason`, a pydantic
+    error as its `field: problem` lines."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    if isinstance(e, ValidationError):
+        return "\n".join(problem_lines(e.title, e))
+    return str(e)
 
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (UsageError, ConfigError, CheckpointError, ContractError, FileNotFoundError) as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except USER_ERRORS as e:
+        print(f"error: {error_message(e)}", file=sys.stderr)
         return EXIT_USAGE
 
 

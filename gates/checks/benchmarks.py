@@ -16,7 +16,20 @@ than memory and math allow); a speedup over 10× is flagged for the reviewer, no
 
 from __future__ import annotations
 
+import math
 import statistics
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from gates.checks.numerics import Findings, compare_named, reference_run
 from gates.core.estimate import Estimate, enough, paired_speedup
@@ -24,7 +37,9 @@ from gates.core.registry import Gate, GateContext, GateOptions, arg_names
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status
 from gates.problems import Point, ProblemError, bench_point, seed_for
+from kernels.contract import Contract
 from kernels.roofline import floor
+from kernels.validation import problem_lines
 
 NAME, TITLE = "benchmarks", "Benchmarks"
 BLOCK_TIMEOUT_S = 120.0  # one block of replays takes well under a second on a working GPU
@@ -32,6 +47,9 @@ START_TIMEOUT_S = 300.0  # compiling, autotuning and capturing both implementati
 SUSPICIOUS_SPEEDUP = 10.0
 HIDDEN_WORK_US = 10.0  # host-over-device excess beyond the standard's that suggests work off the timed stream
 IMPLS = ("candidate", "standard")
+# A statistic of paired replays may sit this far (as a ratio) from the same statistic of the pooled medians;
+# the H200 runs recorded so far sit within 1 %, so a larger gap means the numbers were not measured together.
+POOLED_SLACK = 1.25
 
 
 def timing(samples: list[float]) -> dict:
@@ -116,10 +134,98 @@ def judge_point(point: Point, blocks: list[dict], finish: dict, floor_us: float 
     return row, flags, slower
 
 
+def inapplicable(contract: Contract, arch: str) -> str | None:
+    """Timing needs a GPU: a CPU arch is validated without benchmarks."""
+    return "needs a CUDA GPU; this machine has none" if arch == "cpu" else None
+
+
+class RecordedTiming(BaseModel):
+    """timing() as a bundle records it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median_us: PositiveFloat
+    q1_us: NonNegativeFloat
+    q3_us: NonNegativeFloat
+    iqr_us: NonNegativeFloat
+    min_us: NonNegativeFloat
+    mean_us: PositiveFloat
+    n: PositiveInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RecordedTiming":
+        if not self.min_us <= self.q1_us <= self.median_us <= self.q3_us:
+            raise ValueError("min, first quartile, median and third quartile are out of order")
+        return self
+
+
+class RecordedRow(BaseModel):
+    """A judge_point() row as a bundle records it, with what follows from its own samples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    point: str
+    series: str
+    batch: PositiveInt
+    candidate: RecordedTiming
+    standard: RecordedTiming
+    host_median_us: dict[str, PositiveFloat]
+    speedup: PositiveFloat
+    speedup_ci: tuple[float | None, float | None]
+    block_speedups: list[PositiveFloat] = Field(min_length=1)
+    blocks: PositiveInt
+    floor_us: PositiveFloat | None
+    roofline_fraction: NonNegativeFloat | None
+    kernels: dict[str, NonNegativeInt]
+    required_speedup: PositiveFloat
+    min_roofline_fraction: float | None = Field(ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _follows_from_its_samples(self) -> "RecordedRow":
+        if self.blocks != len(self.block_speedups):
+            raise ValueError(f"{self.blocks} blocks, but {len(self.block_speedups)} block speedups")
+        if not math.isclose(self.speedup, statistics.fmean(self.block_speedups), rel_tol=1e-9):
+            raise ValueError(f"speedup {self.speedup:.4g} is not the mean of its blocks' speedups")
+        low, high = self.speedup_ci
+        if low is not None and high is not None and not low <= self.speedup <= high:
+            raise ValueError(f"the 95 % interval [{low:.4g}, {high:.4g}] does not contain the speedup "
+                             f"{self.speedup:.4g}")
+        pooled = {"speedup": (self.speedup, self.standard.median_us / self.candidate.median_us)}
+        if self.floor_us is not None and self.roofline_fraction is not None:
+            pooled["fraction of the roofline"] = (self.roofline_fraction, self.floor_us / self.candidate.median_us)
+        for name, (recorded, from_medians) in pooled.items():
+            if not 1 / POOLED_SLACK <= recorded / from_medians <= POOLED_SLACK:
+                raise ValueError(f"{name} {recorded:.4g} is far from the {from_medians:.4g} the recorded medians give")
+        return self
+
+
+def audit(result: GateResult) -> list[str]:
+    """What in a recorded benchmarks result its own rows contradict (GATE.audit)."""
+    rows = []
+    for i, row in enumerate(result.details.get("rows", [])):
+        try:
+            rows.append(RecordedRow.model_validate(row))
+        except ValidationError as e:
+            return problem_lines(f"rows.{i}", e)
+    problems = []
+    if result.status is not Status.ERROR:  # a time under the floor is the gate's ERROR, nothing else
+        problems += [f"{r.point}: {r.roofline_fraction:.0%} of the roofline, yet the gate reported "
+                     f"{result.status.value}" for r in rows if (r.roofline_fraction or 0.0) > 1]
+    if result.status is Status.PASSED:
+        if not rows:
+            problems.append("PASSED with no point measured")
+        problems += [f"{r.point}: {r.speedup:.2f}× is under the required {r.required_speedup:g}×, yet the gate PASSED"
+                     for r in rows if r.speedup < r.required_speedup]
+        problems += [f"{r.point}: {r.roofline_fraction:.1%} of the roofline is under the required "
+                     f"{r.min_roofline_fraction:.0%}, yet the gate PASSED" for r in rows
+                     if r.min_roofline_fraction and (r.roofline_fraction or 0.0) < r.min_roofline_fraction]
+    return problems
+
+
 def run(ctx: GateContext) -> GateResult:
     c, opts, m = ctx.contract, ctx.options, ctx.machine
-    if not m.is_gpu:
-        return GateResult.not_run(NAME, TITLE, "needs a CUDA GPU; this machine has none")
+    if reason := inapplicable(c, m.arch):
+        return GateResult.not_run(NAME, TITLE, reason)
     if reason := ctx.cannot_run_here():
         return GateResult.not_run(NAME, TITLE, reason)
     peaks = m.mem_bw_Bps > 0 and m.bf16_flops > 0  # declared figures for this arch (kernels.arch)
@@ -193,4 +299,4 @@ def run(ctx: GateContext) -> GateResult:
 
 
 GATE = Gate(NAME, TITLE, "faster than the standard implementation by the contract's margin at every benchmark point",
-            run, needs=("contracts", "compile", "numerics"))
+            run, needs=("contracts", "compile", "numerics"), inapplicable=inapplicable, audit=audit)

@@ -20,7 +20,7 @@ from gates.core.registry import Gate, GateContext
 from gates.core.sandbox import Sandbox, SandboxError, TamperError
 from gates.core.status import GateResult, Status
 from kernels.arch import cute_arch_for
-from kernels.contract import Resources
+from kernels.contract import Contract, Resources
 
 NAME, TITLE = "compile", "Compile"
 BOUNDS = (("registers", "max_registers"), ("spill_bytes", "max_spill_bytes"), ("shared_bytes", "max_shared_bytes"))
@@ -39,10 +39,15 @@ def resource_violations(compiles: list[dict], bounds: Resources) -> list[str]:
     return out
 
 
+def inapplicable(contract: Contract, arch: str) -> str | None:
+    """A torch backend has no kernel of its own: its archs are validated without this gate."""
+    return "torch backend: nothing to compile" if contract.backend == "torch" else None
+
+
 def run(ctx: GateContext) -> GateResult:
     c = ctx.contract
-    if c.backend == "torch":
-        return GateResult.not_run(NAME, TITLE, "torch backend: nothing to compile")
+    if reason := inapplicable(c, ctx.machine.arch):
+        return GateResult.not_run(NAME, TITLE, reason)
     archs = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
     module = c.implementation.partition(":")[0]
     compiles: list[dict] = []
@@ -89,4 +94,4 @@ def run(ctx: GateContext) -> GateResult:
 
 
 GATE = Gate(NAME, TITLE, "every compile key builds for every validated and declared arch, within the resource bounds",
-            run, needs=("contracts",))
+            run, needs=("contracts",), inapplicable=inapplicable)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from gates.core.compare import TensorCheck, digest
 from gates.core.registry import Gate, GateContext, arg_names
@@ -26,6 +27,7 @@ from gates.core.status import GateResult, Status
 from gates.core.trees import clone, leaves
 from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
 from kernels.contract import Contract, Tolerance
+from kernels.validation import problem_lines
 
 NAME, TITLE = "numerics", "Numerics"
 CHECKS = {
@@ -284,6 +286,55 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
 
 
+class RecordedErrors(BaseModel):
+    """_errors() as a bundle records it (an infinite error reads back as null)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_abs: NonNegativeFloat | None
+    mean_abs: NonNegativeFloat | None
+    max_units: NonNegativeFloat | None
+    close_fraction: float = Field(ge=0, le=1)
+    rel_l2: NonNegativeFloat | None
+    state_rel_l2: NonNegativeFloat | None
+
+
+class RecordedRow(RecordedErrors):
+    point: str
+    series: str
+    batch: PositiveInt
+    dist: str
+    trials: PositiveInt
+    passed: bool
+    standard: RecordedErrors | None
+
+
+class RecordedCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    check: str
+    what: str
+    passed: bool
+    failures: NonNegativeInt
+    examples: list[str]
+
+
+def audit(result: GateResult) -> list[str]:
+    """What in a recorded numerics result its own rows and checks contradict (GATE.audit)."""
+    try:
+        rows = [RecordedRow.model_validate(r) for r in result.details.get("rows", [])]
+        checks = [RecordedCheck.model_validate(c) for c in result.details.get("checks", [])]
+    except ValidationError as e:
+        return problem_lines("details", e)
+    problems = [f"check {c.check}: passed with {c.failures} failure(s)" for c in checks if c.passed != (not c.failures)]
+    if result.status is Status.PASSED:
+        problems += [f"check {c.check} failed, yet the gate PASSED" for c in checks if not c.passed]
+        problems += [f"{r.point}, {r.dist}: failed, yet the gate PASSED" for r in rows if not r.passed]
+    elif result.status is Status.FAILED_NUMERICS and all(c.passed for c in checks):
+        problems.append("FAILED_NUMERICS, yet every check passed")
+    return problems
+
+
 def run(ctx: GateContext) -> GateResult:
     if reason := ctx.cannot_run_here():
         return GateResult.not_run(NAME, TITLE, reason)
@@ -329,4 +380,4 @@ def run(ctx: GateContext) -> GateResult:
 
 
 GATE = Gate(NAME, TITLE, "the candidate matches the reference across the envelope, with every anti-cheat check", run,
-            needs=("contracts", "compile"))
+            needs=("contracts", "compile"), audit=audit)

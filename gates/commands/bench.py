@@ -2,8 +2,12 @@
 against its standard at the contract's benchmark points, side by side in one run, with 95 % intervals and the
 fraction of the roofline. Writes no evidence (`k3forge gate` does); `--json` keeps the rows.
 
+Exit codes: 0 every op was timed and met its contract, 1 one was slower or failed, 2 a usage or contract
+problem, or nothing was timed (no CUDA GPU here, or none of the ops can run on it).
+
 `k3forge bench layer` and `k3forge bench step` time whole decode layers and the whole step at K3's rank shapes,
-both backends side by side (model/kimi_k3/bench); `k3forge evidence decode` makes their records a bundle."""
+both backends side by side (model/kimi_k3/bench); `k3forge evidence decode` makes their records a bundle.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gates.checks import benchmarks
@@ -22,6 +27,7 @@ from gates.core.sources import REPO_ROOT
 from gates.core.status import Status
 from kernels.arch import detect
 from model.kimi_k3.bench.cli import add_commands as add_decode_benches
+from model.kimi_k3.cli import output_file
 from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 
 
@@ -43,6 +49,8 @@ def run(args) -> int:
         options = new_options(bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
     except ValidationError as e:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
+    if args.json:
+        output_file(args.json, "--json")
     contracts, problems = load_contracts(args.contracts)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
     ops = parse_ops(args.ops) or sorted(by_op)
@@ -57,22 +65,24 @@ def run(args) -> int:
             (results[op],) = run_gates(contract, path, machine, options, gates=[benchmarks.GATE])
     for op, result in results.items():
         console.print(_table(op, result) if result.details.get("rows") else
-                      f"{op}: {result.status.value}: {result.reason or result.summary}", soft_wrap=True)
+                      escape(f"{op}: {result.status.value}: {result.reason or result.summary}"), soft_wrap=True)
         for flag in result.flags:
-            console.print(f"  [yellow]flag:[/] {flag}", soft_wrap=True, highlight=False)
+            console.print(f"  [yellow]flag:[/] {escape(flag)}", soft_wrap=True, highlight=False)
     for problem in problems:
-        console.print(f"[bold red]contract:[/] {problem}", soft_wrap=True, highlight=False)
+        console.print(f"[bold red]contract:[/] {escape(problem)}", soft_wrap=True, highlight=False)
     if args.json:
         args.json.write_text(json.dumps({op: r.model_dump(mode="json") for op, r in results.items()}, indent=1))
     if problems:
         return EXIT_USAGE
-    ran = [r for r in results.values() if r.status is not Status.NOT_RUN]
-    return EXIT_FAILED if any(r.status.failed for r in ran) else EXIT_OK
+    if all(r.status is Status.NOT_RUN for r in results.values()):
+        console.print("nothing was timed", highlight=False)
+        return EXIT_USAGE
+    return EXIT_FAILED if any(r.status.failed for r in results.values()) else EXIT_OK
 
 
 def _table(op: str, result) -> Table:
-    table = Table(title=f"{op}: {result.status.value} "
-                        f"({result.summary if result.status is Status.PASSED else result.reason})")
+    outcome = result.summary if result.status is Status.PASSED else result.reason
+    table = Table(title=escape(f"{op}: {result.status.value} ({outcome})"))
     for col in ("point", "candidate µs", "standard µs", "speedup [95 %]", "blocks", "required", "of roofline",
                 "kernels"):
         table.add_column(col, overflow="fold")
@@ -82,7 +92,7 @@ def _table(op: str, result) -> Table:
         fraction = f"{r['roofline_fraction']:.0%}" if r["roofline_fraction"] is not None else "-"
         required = f"{r['required_speedup']:g}×" + (f", {r['min_roofline_fraction']:.0%}"
                                                     if r["min_roofline_fraction"] else "")
-        table.add_row(r["point"], f"{r['candidate']['median_us']:.2f}", f"{r['standard']['median_us']:.2f}",
+        table.add_row(escape(r["point"]), f"{r['candidate']['median_us']:.2f}", f"{r['standard']['median_us']:.2f}",
                       f"{r['speedup']:.2f}×{interval}", str(r["blocks"]), required, fraction,
                       f"{r['kernels']['candidate']} / {r['kernels']['standard']}")
     return table

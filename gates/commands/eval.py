@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
@@ -22,9 +23,9 @@ from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
 from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
+from model.kimi_k3.cli import DTYPES, output_directory, torch_device
 from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}
 
 
@@ -56,19 +57,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as e:
-        raise UsageError(f"--device: {e}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: no CUDA GPU here")
+    device = torch_device(args.device)
+    if args.report:
+        output_directory(args.report, "--report")
     if args.perturb_logits is not None and args.perturb_logits <= 0:
         raise UsageError("--perturb-logits: must be > 0")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     names = list(dict.fromkeys(args.only or EVALS))
     err = Console(stderr=True, highlight=False)
 
-    with err.status(f"loading {args.ckpt or args.preset}"):
+    with err.status(escape(f"loading {args.ckpt or args.preset}")):
         paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
                           seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits,
                           yardstick=device.type == "cuda")
@@ -87,7 +85,7 @@ def run(args) -> int:
         args.report.mkdir(parents=True, exist_ok=True)
         for name, text in render_eval_report(subject, dumped, command).items():
             (args.report / name).write_text(text)
-        err.print(f"report: {args.report / EVAL_REPORT_HTML}", soft_wrap=True)
+        err.print(f"report: {args.report / EVAL_REPORT_HTML}", soft_wrap=True, markup=False)
     if args.json:
         print(json.dumps({"subject": subject, "results": dumped}))
     else:
@@ -101,14 +99,14 @@ def run(args) -> int:
 def _render(result: EvalResult, out: Console) -> None:
     out.rule(f"[{STYLE[result.status]}]{result.name}: {result.status.value}[/] ({result.seconds:.1f} s)")
     if result.reason:
-        out.print(f"reason: {result.reason}")
+        out.print(f"reason: {result.reason}", markup=False)
     if result.checks:
         checks = RichTable(title="checks", title_justify="left")
         for col in ("check", "value", "bound", "verdict", "detail"):
             checks.add_column(col)
         for c in result.checks:
             verdict = "pending" if c.passed is None else "pass" if c.passed else "[bold red]FAIL[/]"
-            checks.add_row(c.name, _fmt(c.value), _fmt(c.bound), verdict, c.detail)
+            checks.add_row(escape(c.name), _fmt(c.value), _fmt(c.bound), verdict, escape(c.detail))
         out.print(checks)
     for table in result.tables:
         rich_table = RichTable(title=table.title, title_justify="left")
@@ -126,4 +124,4 @@ def _fmt(value) -> str:
         return ""
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value) if not isinstance(value, str) else value.encode("unicode_escape").decode()[:80]
+    return escape(str(value) if not isinstance(value, str) else value.encode("unicode_escape").decode()[:80])

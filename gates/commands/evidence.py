@@ -1,23 +1,31 @@
-"""`k3forge evidence verify [PATH]`, `show PATH` and `render [PATH]`: is the evidence intact, fresh, what it says,
-and its reports rendered again with this tree's templates."""
+"""`k3forge evidence verify [PATH]`, `show PATH` and `render [PATH]`: can the evidence be trusted (intact, signed
+where a key is configured, consistent, fresh), what did it find, and its reports rendered again with this
+tree's templates.
+
+verify exits 1 unless every bundle can be trusted and PASSED (its verdict: every gate that ran passed), or
+when there is no bundle to verify; `--allow-failed` accepts a trustworthy bundle that records a failure. The
+key for signatures comes from K3FORGE_EVIDENCE_KEY or K3FORGE_EVIDENCE_KEY_FILE (gates.evidence.signing).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from gates.core.sources import REPO_ROOT, harness_digest, relative
 from gates.core.status import Status
 from gates.evidence import decode
-from gates.evidence.bundle import load_bundle
+from gates.evidence.bundle import BUNDLE_FILE, Bundle, load_bundle
 from gates.evidence.diff import DiffError, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
 from gates.evidence.report import rerender
-from gates.evidence.verify import find_bundles, judged_by_other_gate_code, verify_bundle, verify_tree
-from model.kimi_k3.errors import EXIT_OK, UsageError
+from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR, SIGNATURE_FILE, signing_key
+from gates.evidence.verify import find_bundles, judged_by_other_gate_code, off_schema, verify_bundle, verify_tree
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 
@@ -25,9 +33,19 @@ STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
 def register(sub) -> None:
     p = sub.add_parser("evidence", help="verify or show evidence bundles")
     verbs = p.add_subparsers(dest="verb", required=True)
-    verify = verbs.add_parser("verify", help="check integrity (manifest) and freshness (source hashes)")
+    verify = verbs.add_parser("verify", help="check that bundles can be trusted (intact, fresh) and PASSED",
+                              description="Check each bundle: its files (manifest), its signature (where "
+                                          f"{KEY_VAR} or {KEY_FILE_VAR} gives the key), what bundle.json says "
+                                          "(schema, and each gate's numbers against its status), its freshness "
+                                          "(source hashes), and its verdict. Exits 1 when a bundle fails any of "
+                                          "that (with --allow-failed: any but the verdict), or when there is no "
+                                          "bundle.")
     verify.add_argument("path", nargs="?", type=Path,
                         help="a bundle directory or a directory of bundles (default: evidence/)")
+    verify.add_argument("--allow-failed", action="store_true",
+                        help="accept a trustworthy bundle whose verdict is not PASSED (a recorded failure)")
+    verify.add_argument("--require-signature", action="store_true",
+                        help=f"reject unsigned bundles too (needs the key: {KEY_VAR} or {KEY_FILE_VAR})")
     verify.set_defaults(func=run_verify)
     show = verbs.add_parser("show", help="print a bundle's summary")
     show.add_argument("path", type=Path, help="a bundle directory (evidence/<op>/<arch>)")
@@ -35,7 +53,7 @@ def register(sub) -> None:
     render = verbs.add_parser("render", help="render bundles' reports again with this tree's templates",
                               description="Render report.md and report.html again from each bundle.json (nothing "
                                           "measured or judged changes) and rewrite the manifest. Refused for a "
-                                          "bundle that is not intact.")
+                                          "bundle that is not intact, and for a signed one without its key.")
     render.add_argument("path", nargs="?", type=Path,
                         help="a bundle directory or a directory of bundles (default: evidence/)")
     render.set_defaults(func=run_render)
@@ -63,70 +81,97 @@ def _existing(path: Path) -> Path:
     return path
 
 
+def _verdict(bundle: Bundle) -> str:
+    """`PASSED`, or `PASSED (2 of 5 gates not run here)`: a verdict covers only the gates that ran."""
+    not_run = len(bundle.not_run)
+    return bundle.verdict.value + (f" ({not_run} of {len(bundle.gates)} gates not run here)" if not_run else "")
+
+
 def run_verify(args) -> int:
-    path = _existing(args.path) if args.path else REPO_ROOT / "evidence"  # no evidence/ yet: nothing to verify
-    results = verify_tree(path)
+    key = signing_key()
+    if args.require_signature and key is None:
+        raise UsageError(f"--require-signature: no key to check signatures with; set {KEY_VAR} or {KEY_FILE_VAR}")
+    path = _existing(args.path) if args.path else REPO_ROOT / "evidence"
+    results = verify_tree(path, key=key, require_signature=args.require_signature) if path.is_dir() else {}
     out, harness = Console(highlight=False), harness_digest()
     if not results:
-        out.print(f"no evidence bundles under {relative(path)}")
-        return 0
+        out.print(f"no evidence bundles under {escape(relative(path))}: nothing verified", soft_wrap=True)
+        return EXIT_FAILED
+    trusted = failed = 0
     for directory, problems in results.items():
+        name = escape(relative(directory))
         if problems:
-            out.print(f"[red]✗[/] {relative(directory)}")
+            out.print(f"[red]✗[/] {name}", soft_wrap=True)
             for problem in problems:
-                out.print(f"    {problem}", soft_wrap=True)
+                out.print(f"    {escape(problem)}", soft_wrap=True)
+            continue
+        trusted += 1
+        bundle = load_bundle(directory)
+        if bundle.verdict is Status.PASSED or args.allow_failed:
+            out.print(f"[green]✓[/] {name}: intact and fresh, verdict {_verdict(bundle)}", soft_wrap=True)
         else:
-            out.print(f"[green]✓[/] {relative(directory)}: intact and fresh")
-            if note := judged_by_other_gate_code(directory, harness):
-                out.print(f"    [dim]note: {note}[/]", soft_wrap=True)
-    bad = sum(1 for p in results.values() if p)
-    out.print(f"{len(results) - bad} of {len(results)} bundle(s) intact and fresh")
-    return 1 if bad else 0
+            failed += 1
+            out.print(f"[red]✗[/] {name}: intact and fresh, but its verdict is {_verdict(bundle)} "
+                      "(--allow-failed accepts a recorded failure)", soft_wrap=True)
+        if key is None and (directory / SIGNATURE_FILE).exists():
+            out.print("    [dim]note: signed; the signature was not checked (no key configured)[/]", soft_wrap=True)
+        if note := judged_by_other_gate_code(directory, harness):
+            out.print(f"    [dim]note: {escape(note)}[/]", soft_wrap=True)
+    summary = f"{trusted} of {len(results)} bundle(s) intact and fresh"
+    out.print(summary + (f"; {failed} did not pass" if failed else ""))
+    return EXIT_FAILED if trusted < len(results) or failed else EXIT_OK
 
 
 def run_show(args) -> int:
     directory = _existing(args.path)
     if find_bundles(directory) != [directory]:
         raise UsageError(f"{directory}: not a bundle directory (expected bundle.json and manifest.json)")
-    bundle = load_bundle(directory)
+    try:
+        bundle = load_bundle(directory)
+    except ValueError as e:
+        raise UsageError(off_schema(directory / BUNDLE_FILE, e)) from None
     out = Console(highlight=False)
     verdict = bundle.verdict
     commit = (bundle.git.commit or "no commit")[:12] + (" (uncommitted changes)" if bundle.git.dirty else "")
     out.print(Panel.fit(
-        f"[bold]{bundle.op}[/] on {bundle.arch} ({bundle.environment.device_name})\n"
-        f"verdict [{STYLE.get(verdict, 'red')}]{verdict.value}[/] · commit {commit} · {bundle.created}\n"
-        f"owners {', '.join(bundle.owners)} · backend {bundle.contract['backend']}", title="evidence"))
+        f"[bold]{escape(bundle.op)}[/] on {escape(bundle.arch)} ({escape(bundle.environment.device_name)})\n"
+        f"verdict [{STYLE.get(verdict, 'red')}]{verdict.value}[/] · commit {escape(commit)} · "
+        f"{escape(bundle.created)}\n"
+        f"owners {escape(', '.join(bundle.owners))} · backend {escape(str(bundle.contract.get('backend')))}",
+        title="evidence"))
     table = Table()
     for col in ("gate", "status", "result"):
         table.add_column(col)
     for g in bundle.gates:
-        table.add_row(g.title, f"[{STYLE.get(g.status, 'red')}]{g.status.value}[/]",
-                      g.reason if g.status is Status.NOT_RUN else g.summary)
+        table.add_row(escape(g.title), f"[{STYLE.get(g.status, 'red')}]{g.status.value}[/]",
+                      escape(g.reason if g.status is Status.NOT_RUN else g.summary))
     out.print(table)
     for g in bundle.gates:
         if g.status.failed and g.reason:
-            out.print(f"[red]{g.title}:[/] {g.reason}", soft_wrap=True)
+            out.print(f"[red]{escape(g.title)}:[/] {escape(g.reason)}", soft_wrap=True)
     for flag in bundle.flags:
-        out.print(f"[yellow]⚠[/] {flag}", soft_wrap=True)
-    problems = verify_bundle(directory)
-    out.print("[green]intact and fresh[/]" if not problems else "[red]not trustworthy:[/]\n  " + "\n  ".join(problems),
-              soft_wrap=True)
-    out.print(f"report: {relative(directory / 'report.html')}")
-    return 0
+        out.print(f"[yellow]⚠[/] {escape(flag)}", soft_wrap=True)
+    problems = verify_bundle(directory, key=signing_key())
+    out.print("[green]intact and fresh[/]" if not problems else
+              "[red]not trustworthy:[/]\n  " + "\n  ".join(map(escape, problems)), soft_wrap=True)
+    out.print(f"report: {escape(relative(directory / 'report.html'))}", soft_wrap=True)
+    return EXIT_OK
 
 
 def run_render(args) -> int:
+    key = signing_key()
     path = _existing(args.path) if args.path else REPO_ROOT / "evidence"
     out, refused = Console(highlight=False), 0
     for directory in find_bundles(path):
-        if problems := rerender(directory):
+        name = escape(relative(directory))
+        if problems := rerender(directory, key):
             refused += 1
-            out.print(f"[red]✗[/] {relative(directory)}: not rendered")
+            out.print(f"[red]✗[/] {name}: not rendered", soft_wrap=True)
             for problem in problems:
-                out.print(f"    {problem}", soft_wrap=True)
+                out.print(f"    {escape(problem)}", soft_wrap=True)
         else:
-            out.print(f"[green]✓[/] {relative(directory)}: reports rendered again")
-    return 1 if refused else 0
+            out.print(f"[green]✓[/] {name}: reports rendered again", soft_wrap=True)
+    return EXIT_FAILED if refused else EXIT_OK
 
 
 def run_diff(args) -> int:

@@ -1,4 +1,5 @@
-"""`k3forge gate`: run every gate for every contract this machine can run, write the evidence bundles."""
+"""`k3forge gate`: run every gate for every contract this machine can run, write the evidence bundles (signed
+where K3FORGE_EVIDENCE_KEY or K3FORGE_EVIDENCE_KEY_FILE gives a key). --out is checked before any gate runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -15,7 +17,9 @@ from gates.core.registry import Gate, registered
 from gates.core.runner import Reporter, gate_all, new_options
 from gates.core.sources import REPO_ROOT, relative
 from gates.core.status import GateResult, Status
+from gates.evidence.signing import signing_key
 from kernels.contract import contract_files
+from model.kimi_k3.cli import output_directory
 from model.kimi_k3.errors import UsageError
 
 STYLE = {Status.PASSED: "green", Status.NOT_RUN: "dim", Status.SLOWER: "yellow"}
@@ -51,7 +55,8 @@ class RichReporter(Reporter):
 
     def gate_done(self, op: str, result: GateResult) -> None:
         style = STYLE.get(result.status, "red")
-        self.console.print(f"  [{style}]{result.status.value:<15}[/] {op} · {result.title}: {result.summary}",
+        self.console.print(f"  [{style}]{result.status.value:<15}[/] {escape(op)} · {escape(result.title)}: "
+                           f"{escape(result.summary)}",
                            highlight=False, soft_wrap=True)
         self.progress.advance(self.task)
 
@@ -75,24 +80,32 @@ def run(args) -> int:
                               bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
     except ValidationError as e:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
+    output_directory(args.out, "--out")
+    key = signing_key()
     console = Console(stderr=True)
     n_ops = len(ops) if ops else len(contract_files(args.contracts))
     command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["gate"] else "k3forge gate"
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task("checking contracts", total=n_ops * len(registered()))
-        outcome = gate_all(args.contracts, args.out, ops, options, RichReporter(progress, task, console), command)
+        outcome = gate_all(args.contracts, args.out, ops, options, RichReporter(progress, task, console), command,
+                           key)
     for problem in outcome.contract_problems:
-        console.print(f"[bold red]contract:[/] {problem}", highlight=False, soft_wrap=True)
+        console.print(f"[bold red]contract:[/] {escape(problem)}", highlight=False, soft_wrap=True)
     if not outcome.bundles:
-        console.print(f"no bundles written (contracts: {args.contracts})", highlight=False)
+        console.print(f"no bundles written (contracts: {escape(str(args.contracts))})", highlight=False)
         return outcome.exit_code
+    for directory in outcome.kept:
+        console.print(f"kept {escape(relative(directory))} as it was: the same judgement on the same code (a CPU "
+                      "bundle is rewritten only when that changes)", highlight=False, soft_wrap=True)
     table = Table(title=f"evidence ({len(outcome.bundles)} bundle(s))")
     for col in ("op", "arch", "verdict", "gates", "report"):
         table.add_column(col, overflow="fold")
     for directory, bundle in outcome.bundles:
-        gates = " ".join(f"[{STYLE.get(g.status, 'red')}]{MARK.get(g.status, '✗')} {g.gate}[/]" for g in bundle.gates)
-        table.add_row(bundle.op, bundle.arch, f"[{STYLE.get(bundle.verdict, 'red')}]{bundle.verdict.value}[/]", gates,
-                      relative(directory / "report.html"))
+        gates = " ".join(f"[{STYLE.get(g.status, 'red')}]{MARK.get(g.status, '✗')} {escape(g.gate)}[/]"
+                         for g in bundle.gates)
+        table.add_row(escape(bundle.op), escape(bundle.arch),
+                      f"[{STYLE.get(bundle.verdict, 'red')}]{bundle.verdict.value}[/]", gates,
+                      escape(relative(directory / "report.html")))
     Console().print(table)
     return outcome.exit_code

@@ -32,6 +32,8 @@ def register(sub) -> None:
     new.add_argument("--op", required=True, help="one of the task's ops")
     new.add_argument("--backend", choices=("cutedsl", "triton", "torch"), default="cutedsl")
     new.add_argument("--owner", help="the human owner for the contract, 'Name <email>' (default: git user)")
+    new.add_argument("--adopt", metavar="MODULE:FUNCTION",
+                     help="a kernel written before its contract: its entry point; write only the missing files")
     check = verbs.add_parser("check", help="check BASE..HEAD against its task's rules; print the PR summary")
     check.add_argument("--base", help="the branch the pull request merges into (default: origin/main, else main)")
     check.add_argument("--task", help="the task (default: the `Task:` trailer of the commits)")
@@ -119,11 +121,14 @@ def run_new(args) -> int:
     if not owner:
         raise UsageError("task new: name the contract's human owner with --owner 'Name <email>' (no git identity)")
     try:
-        written = write(args.root, scaffold(task, args.op, args.backend, owner))
+        written, kept = write(args.root, scaffold(task, args.op, args.backend, owner, args.adopt),
+                              keep_existing=args.adopt is not None)
     except ScaffoldError as e:
         raise UsageError(f"task new: {e}") from None
     for path in written:
         print(f"wrote {path.relative_to(args.root)}")
+    for path in kept:
+        print(f"kept {path.relative_to(args.root)} (already there)")
     print(f"next: read {TASKS_DIR}/{task.name}.md, write the kernel, run its test, `k3forge contract check`, then "
           f"`make gate` on a GPU of the envelope; commit with trailers Task: {task.name}, Assisted-by: and "
           "Signed-off-by: (git commit -s), then `k3forge task check`")

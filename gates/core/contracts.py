@@ -1,5 +1,6 @@
 """Contract checks the gate runs first, as `file: field: problem` lines: the schema, the op registry, that every
-entry point imports, and that each arch the contract calls validated has intact, fresh evidence.
+entry point imports, and that each arch the contract calls validated has intact, fresh evidence in which every
+gate that applies on that arch PASSED (validated means passed: a gate that did not run validated nothing).
 
 Entry points are imported in a spawned process (gates.core.sandbox): importing a candidate runs its top-level code,
 which must never run inside the gate. The arch the gate is producing evidence for right now is not checked.
@@ -9,8 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
+from gates.core.registry import registered
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.sources import REPO_ROOT
+from gates.core.status import Status
+from gates.core.strict_yaml import load_yaml, yaml_problem
+from gates.evidence.bundle import Bundle, load_bundle
 from gates.evidence.verify import verify_bundle
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
 from model.kimi_k3.ops.registry import registry_problems
@@ -19,9 +26,17 @@ ENTRY_FIELDS = ("implementation", "reference", "standard")
 
 
 def load_contracts(contracts_dir: Path) -> tuple[dict[Path, Contract], list[str]]:
-    """Every contract that parses, and the schema problems of those that do not."""
+    """Every contract that parses, and the problems of those that do not: one line for a YAML syntax error or a
+    duplicate key (read strictly here: kernels.contract keeps a duplicate's last value), one per schema problem."""
     contracts, problems = {}, []
     for path in contract_files(contracts_dir):
+        try:
+            load_yaml(path.read_text())
+        except yaml.YAMLError as e:
+            problems.append(f"{path}: <file>: not valid YAML ({yaml_problem(e)})")
+            continue
+        except OSError:
+            pass  # load_contract says why the file cannot be read
         try:
             contracts[path] = load_contract(path)
         except ContractError as e:
@@ -43,15 +58,39 @@ def entry_problems(contracts: dict[Path, Contract]) -> list[str]:
             for (path, field), entry in where.items() if entry in errors]
 
 
+def validation_problems(bundle: Bundle, contract: Contract, arch: str) -> list[str]:
+    """Why `bundle` does not validate `arch` for `contract`: it holds another op or arch, or a gate that applies
+    there did not pass. Its verdict is not enough: a CPU bundle whose GPU-only gates did not run is PASSED (what
+    ran passed), and a NOT_RUN gate that applies validates nothing."""
+    if (bundle.op, bundle.arch) != (contract.op, arch):
+        return [f"holds {bundle.op} on {bundle.arch}, not {contract.op} on {arch}"]
+    results = {g.gate: g for g in bundle.gates}
+    problems = []
+    for gate in registered():
+        if gate.inapplicable(contract, arch):
+            continue
+        result = results.get(gate.name)
+        if result is None:
+            problems.append(f"the {gate.name} gate is not in the bundle")
+        elif result.status is not Status.PASSED:
+            problems.append(f"the {gate.name} gate {result.status.value}: {result.reason or result.summary}")
+    return problems
+
+
 def evidence_problems(path: Path, contract: Contract, evidence_root: Path, producing_arch: str | None) -> list[str]:
-    """Each validated arch's bundle must be intact and fresh against the tree holding evidence_root."""
+    """Each validated arch's bundle must be intact and fresh against the tree holding evidence_root, and must have
+    passed every gate that applies on that arch."""
     problems = []
     for i, hw in enumerate(contract.hardware.validated):
         if hw.arch == producing_arch:
             continue
+        where = f"{path}: hardware.validated.{i}: {hw.arch} is validated"
         directory = evidence_root / evidence_dir(contract.op, hw.arch).removeprefix("evidence/")
-        problems += [f"{path}: hardware.validated.{i}: {hw.arch} is validated, but its evidence is not sound: {p}"
-                     for p in verify_bundle(directory, root=evidence_root.parent)]
+        if unsound := verify_bundle(directory, root=evidence_root.parent):
+            problems += [f"{where}, but its evidence is not sound: {p}" for p in unsound]
+        else:
+            problems += [f"{where}, but its bundle did not pass: {p}"
+                         for p in validation_problems(load_bundle(directory), contract, hw.arch)]
     return problems
 
 

@@ -92,6 +92,14 @@ def arg_names(fn: Callable) -> list[str]:
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
+def always_applies(contract: Contract, arch: str) -> str | None:
+    return None
+
+
+def nothing_to_audit(result: GateResult) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Gate:
     name: str
@@ -99,6 +107,12 @@ class Gate:
     checks: str  # one sentence the report prints: what passing this gate means
     run: Callable[[GateContext], GateResult]
     needs: tuple[str, ...] = ()  # gates that must not have failed for this one to run
+    # Why the gate has nothing to judge for this contract on a machine of this arch, or None. There it reports
+    # NOT_RUN with this reason and the arch is validated without it; every other NOT_RUN validates nothing.
+    inapplicable: Callable[[Contract, str], str | None] = always_applies
+    # What in a recorded result (read back from a bundle) its own numbers contradict: a malformed detail, a
+    # statistic that cannot come from the recorded samples, a status they do not support. [] when consistent.
+    audit: Callable[[GateResult], list[str]] = nothing_to_audit
 
 
 def registered() -> list[Gate]:

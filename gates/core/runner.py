@@ -1,6 +1,12 @@
 """The gate runner: every registered gate for every contract (or the ops asked for), one evidence bundle per
 op and arch under `evidence/<op>/<arch>/`, then the index.
 
+On a CPU machine an existing bundle is kept, byte for byte, when the new run reaches the same judgement on the
+same code (same_judgement): a CPU bundle holds verdicts, not timings, and what changes between such runs (the
+date, the secret seed, the errors its inputs drew, the seconds taken) tells a reviewer nothing new, so `make
+gate` on a fresh clone leaves committed CPU evidence as it is. A GPU bundle always records its run: its
+timings are the evidence.
+
 Exit codes: 0 every gate that ran passed; 1 a gate failed (or errored on the candidate); 2 a contract problem.
 """
 
@@ -17,14 +23,14 @@ from gates.core.machine import Environment, environment, one_thread
 from gates.core.registry import Gate, GateContext, GateOptions, registered
 from gates.core.sources import harness_digest, relative
 from gates.core.status import GateResult, Status, worst
-from gates.evidence.bundle import Bundle, GitState, covered_sources, git_state, now, write_bundle
+from gates.evidence.bundle import Bundle, GitState, covered_sources, git_state, load_bundle, now, write_bundle
 from gates.evidence.index import write_index
 from gates.evidence.report import render_reports
+from gates.evidence.verify import verify_bundle
 from gates.problems import ProblemError, load_problem
 from kernels.arch import ArchInfo, detect
 from kernels.contract import Contract
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 class Reporter:
@@ -39,6 +45,7 @@ class Reporter:
 class Outcome:
     bundles: list[tuple[Path, Bundle]] = field(default_factory=list)
     contract_problems: list[str] = field(default_factory=list)
+    kept: list[Path] = field(default_factory=list)  # bundle directories left as they were (same judgement)
 
     @property
     def exit_code(self) -> int:
@@ -92,6 +99,22 @@ def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env:
                   verdict=worst(r.status for r in results))
 
 
+def judgement(bundle: Bundle) -> tuple:
+    """What a bundle judged and what it found, without what varies from run to run of the same check: the date,
+    command, commit, environment, secret seed, seconds, summaries and the numbers the drawn inputs gave."""
+    return (bundle.schema_version, bundle.op, bundle.arch, bundle.contract_path, bundle.contract, bundle.owners,
+            bundle.sources, bundle.harness, bundle.options.model_dump(exclude={"seed"}),
+            [(g.gate, g.status, g.flags) for g in bundle.gates])
+
+
+def keeps_existing(directory: Path, new: Bundle, key: bytes | None) -> bool:
+    """Whether the bundle at `directory` may stand for `new`: it can be trusted (signed when a key is
+    configured) and judged the same (judgement)."""
+    if verify_bundle(directory, key=key, require_signature=key is not None):
+        return False
+    return judgement(load_bundle(directory)) == judgement(new)
+
+
 def unknown_ops(ops: list[str], known: dict) -> str | None:
     """`--ops: no valid contract for X (valid: ...)` when some of `ops` name no contract in `known`."""
     unknown = sorted(set(ops) - set(known))
@@ -101,8 +124,9 @@ def unknown_ops(ops: list[str], known: dict) -> str | None:
 
 
 def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, options: GateOptions | None = None,
-             reporter: Reporter = Reporter(), command: str = "k3forge gate") -> Outcome:
-    """Check the contracts, gate each op this run covers, write its bundle and the index."""
+             reporter: Reporter = Reporter(), command: str = "k3forge gate", key: bytes | None = None) -> Outcome:
+    """Check the contracts, gate each op this run covers, write its bundle (signed with `key`, if given) and the
+    index."""
     machine = detect()
     # other archs' evidence is where the contracts say (evidence/<op>/<arch> beside contracts/), wherever --out writes
     problems = check_contracts(contracts_dir, Path(contracts_dir).resolve().parent / "evidence",
@@ -121,7 +145,11 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     for path, contract in selected:
         results = run_gates(contract, path, machine, options, problems, reporter)
         bundle = make_bundle(contract, path, machine, env, git, harness, options, results, command)
-        directory = write_bundle(Path(out_dir) / contract.op / machine.arch, bundle, render_reports(bundle))
+        directory = Path(out_dir) / contract.op / machine.arch
+        if not machine.is_gpu and keeps_existing(directory, bundle, key):
+            outcome.kept.append(directory)
+        else:
+            write_bundle(directory, bundle, render_reports(bundle), key)
         outcome.bundles.append((directory, bundle))
     if selected:
         write_index(Path(out_dir))

@@ -1,14 +1,17 @@
-"""The evidence bundle: `evidence/<op>/<arch>/` with bundle.json, report.md, report.html and manifest.json.
+"""The evidence bundle: `evidence/<op>/<arch>/`, a directory of regular files: bundle.json, report.md,
+report.html, manifest.json and, where a signing key is configured, signature.json (gates.evidence.signing).
 
 bundle.json follows the versioned `Bundle` schema: what was checked (the commit, and the sha256 of every source
 file the contract covers), where (the environment), how (the gate options and seed) and what every gate
-found. manifest.json holds the sha256 of each other file. A bundle is written into a temporary directory next
-to its place and renamed into it, so a failed or interrupted run never leaves half a bundle.
+found; every number in it is finite. manifest.json holds the sha256 of each other file. A bundle is staged in
+a hidden directory next to its place and swapped in, so a failed or interrupted write leaves the previous
+bundle or the new one, never half of either (write_bundle).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -22,6 +25,7 @@ from gates.core.machine import Environment
 from gates.core.registry import GateOptions
 from gates.core.sources import REPO_ROOT, import_closure, module_file, relative, sha256_file
 from gates.core.status import GateResult, Status, worst
+from gates.evidence.signing import SIGNATURE_FILE, signature_text
 from kernels.contract import Contract
 
 SCHEMA_VERSION = 2
@@ -129,32 +133,102 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def write_bundle(directory: Path, bundle: Bundle, reports: dict[str, str]) -> Path:
-    """Write bundle.json, the rendered reports ({file name: text}) and manifest.json into `directory`, atomically."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
-    try:
-        files = {BUNDLE_FILE: bundle.model_dump_json(indent=2) + "\n", **reports}
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        manifest = {"schema_version": SCHEMA_VERSION, "files": {name: sha256_file(tmp / name) for name in sorted(files)}}
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        for path in tmp.iterdir():
-            os.chmod(path, 0o644)
-        os.chmod(tmp, 0o755)
-        old = None
-        if directory.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
-            os.replace(directory, old / "bundle")
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return directory
+def is_regular(path: Path) -> bool:
+    """A regular file, not a symbolic link: all a bundle may hold (a link could point anywhere)."""
+    return path.is_file() and not path.is_symlink()
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a bundle may hold")
+
+
+def parse_bundle(text: str) -> Bundle:
+    """A bundle from the text of its bundle.json; ValueError (pydantic's ValidationError among them) when the
+    text is not JSON, holds a NaN or an infinity (pydantic writes those as null), or breaks the schema."""
+    return Bundle.model_validate(json.loads(text, parse_float=_finite, parse_constant=_no_constant))
 
 
 def load_bundle(directory: Path) -> Bundle:
-    return Bundle.model_validate_json((Path(directory) / BUNDLE_FILE).read_text())
+    return parse_bundle((Path(directory) / BUNDLE_FILE).read_text())
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o644)
+
+
+def _stage(directory: Path, files: dict[str, str], key: bytes | None) -> Path:
+    """The bundle's files, its manifest and (with a key) its signature, written and synced in a hidden sibling
+    of `directory`."""
+    staged = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        for name, text in files.items():
+            _write_durably(staged / name, text)
+        digests = {name: sha256_file(staged / name) for name in sorted(files)}
+        manifest_text = json.dumps({"schema_version": SCHEMA_VERSION, "files": digests}, indent=2) + "\n"
+        _write_durably(staged / MANIFEST_FILE, manifest_text)
+        if key is not None:
+            _write_durably(staged / SIGNATURE_FILE, signature_text(manifest_text.encode(), key))
+        os.chmod(staged, 0o755)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return staged
+
+
+def _sync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def repair_interrupted_write(directory: Path) -> None:
+    """Undo what a write killed outright (no exception handler ran) left beside `directory`: the previous bundle
+    moved aside between the two renames goes back, staged and replaced copies go."""
+    for aside in sorted(directory.parent.glob(f".{directory.name}.old-*")):
+        if (aside / "bundle").is_dir() and not directory.exists():
+            os.replace(aside / "bundle", directory)
+        shutil.rmtree(aside, ignore_errors=True)
+    for staged in directory.parent.glob(f".{directory.name}.tmp-*"):
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def write_bundle(directory: Path, bundle: Bundle, reports: dict[str, str], key: bytes | None = None) -> Path:
+    """Write bundle.json, the rendered reports ({file name: text}), manifest.json and, with `key`, signature.json
+    into `directory`, replacing the bundle there.
+
+    The new files are staged beside it, then two renames move the previous bundle aside and the new one in. An
+    exception at any step (Ctrl-C included) leaves the previous bundle in place, or the new one once its rename
+    is done; a write killed between the renames is repaired by the next write to the same place."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    repair_interrupted_write(directory)
+    staged = _stage(directory, {BUNDLE_FILE: bundle.model_dump_json(indent=2) + "\n", **reports}, key)
+    aside = None
+    try:
+        aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
+        if directory.exists():
+            os.replace(directory, aside / "bundle")
+        os.replace(staged, directory)
+    except BaseException:
+        if aside is not None and (aside / "bundle").exists() and not directory.exists():
+            os.replace(aside / "bundle", directory)
+        raise
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    _sync_directory(directory.parent)
+    return directory

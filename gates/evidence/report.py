@@ -13,12 +13,12 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
-from pydantic import ValidationError
 
 from gates.core.status import Status, worst
-from gates.evidence.bundle import BUNDLE_FILE, Bundle, write_bundle
+from gates.evidence.bundle import BUNDLE_FILE, Bundle, parse_bundle, write_bundle
 from gates.evidence.plots import bar_chart, by_batch
-from gates.evidence.verify import check_integrity, off_schema
+from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR, SIGNATURE_FILE
+from gates.evidence.verify import check_integrity, check_signature, off_schema
 
 TEMPLATES = Path(__file__).with_name("templates")
 REPORT_MD, REPORT_HTML = "report.md", "report.html"
@@ -122,20 +122,26 @@ def render_index(rows: list[dict]) -> str:
     return _env().get_template("index.md.j2").render(rows=rows)
 
 
-def rerender(directory: Path) -> list[str]:
+def rerender(directory: Path, key: bytes | None = None) -> list[str]:
     """Render the reports of the bundle at `directory` again from its bundle.json with this tree's templates,
     atomically; nothing measured or judged changes. Refused (the reasons returned, nothing written) unless the
-    bundle is intact and this schema writes its bundle.json back byte for byte."""
+    bundle is intact and this schema writes its bundle.json back byte for byte. A signed bundle stays signed: it
+    needs `key`, which must match its signature; an unsigned one stays unsigned (signing it now would vouch for
+    whatever it holds)."""
     directory = Path(directory)
-    if problems := check_integrity(directory):
+    signed = (directory / SIGNATURE_FILE).exists()
+    if signed and key is None:
+        return [f"{directory / SIGNATURE_FILE}: the bundle is signed, and rendering it again rewrites the manifest "
+                f"the signature covers: set {KEY_VAR} or {KEY_FILE_VAR}"]
+    if problems := check_integrity(directory) + check_signature(directory, key if signed else None, required=False):
         return problems
     path = directory / BUNDLE_FILE
     text = path.read_text()
     try:
-        bundle = Bundle.model_validate_json(text)
-    except ValidationError as e:
+        bundle = parse_bundle(text)
+    except ValueError as e:
         return [off_schema(path, e)]
     if bundle.model_dump_json(indent=2) + "\n" != text:
         return [f"{path}: this tree's bundle schema would not write it back unchanged; re-run the gate instead"]
-    write_bundle(directory, bundle, render_reports(bundle))
+    write_bundle(directory, bundle, render_reports(bundle), key if signed else None)
     return []

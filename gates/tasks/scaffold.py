@@ -7,6 +7,9 @@
 
 The draft contract is checked against the schema and the op registry before anything is written, so a
 scaffold always starts from a contract that `k3forge contract check` accepts (evidence aside).
+
+A kernel written before its contract (`--adopt module:function`, the entry point it already has) gets the files
+it lacks, the draft contract naming that entry point; the files that exist are kept as they are and listed.
 """
 
 from __future__ import annotations
@@ -51,15 +54,19 @@ def _bench_points(task: Task, shapes: dict[str, list[int]]) -> list[dict]:
             for b in batches for shape in shapes_at]
 
 
-def scaffold(task: Task, op: str, backend: str, owner: str) -> dict[str, str]:
-    """{repository path: text} of the four files, after checking the draft contract."""
+def scaffold(task: Task, op: str, backend: str, owner: str, adopt: str | None = None) -> dict[str, str]:
+    """{repository path: text} of the four files, after checking the draft contract; with `adopt`, the contract's
+    implementation is that existing entry point (`module:function` under model/kimi_k3/specialized/<op>/)."""
     if op not in task.ops:
         raise ScaffoldError(f"--op {op}: not an op of task {task.name} (its ops: {', '.join(task.ops)})")
     registered = OPS.get(op)
     if registered is None:
-        raise ScaffoldError(f"--op {op}: not in the op registry (model/kimi_k3/ops/registry.py OPS) yet: register "
-                            f"its reference and standard first (agent_tasks/{task.name}.md says how)")
+        raise ScaffoldError(f"--op {op}: no such op yet: write model/kimi_k3/ops/{op}.py (its reference and its OP "
+                            f"declaration; agent_tasks/{task.name}.md says how)")
     fn = f"{op}_{BACKENDS[backend]}"
+    implementation = adopt or f"model.kimi_k3.specialized.{op}.kernel:{fn}"
+    if adopt and not adopt.partition(":")[0].startswith(f"model.kimi_k3.specialized.{op}"):
+        raise ScaffoldError(f"--adopt {adopt}: a kernel of op {op} lives in model.kimi_k3.specialized.{op}")
     paths = {"contract.yaml.j2": f"contracts/{op}.yaml", "package_init.py.j2": f"{SPECIALIZED}{op}/__init__.py",
              "kernel.py.j2": f"{SPECIALIZED}{op}/kernel.py", "test.py.j2": f"tests/specialized/test_{op}.py"}
     for path in paths.values():
@@ -68,7 +75,7 @@ def scaffold(task: Task, op: str, backend: str, owner: str) -> dict[str, str]:
     shapes = task.shapes.get(op, {})
     bounds = task.success.numerics.model_dump(exclude_none=True)
     context = dict(
-        task=task, op=op, backend=backend, fn=fn, owner=owner,
+        task=task, op=op, backend=backend, fn=fn, owner=owner, implementation=implementation,
         reference=entry_point(registered.reference), standard=registered.standard_entry_point,
         params=", ".join(inspect.signature(registered.reference).parameters),
         reference_doc=inspect.getdoc(registered.reference) or "",
@@ -90,13 +97,16 @@ def scaffold(task: Task, op: str, backend: str, owner: str) -> dict[str, str]:
     return files
 
 
-def write(root: Path, files: dict[str, str]) -> list[Path]:
-    """Write the files under `root`; nothing is written if any of them exists."""
+def write(root: Path, files: dict[str, str], keep_existing: bool = False) -> tuple[list[Path], list[Path]]:
+    """Write the files under `root` -> (written, kept). A scaffold never overwrites: without `keep_existing`
+    nothing is written if any file exists; with it (an adopted kernel) the existing ones are kept and listed."""
     targets = {Path(root) / path: text for path, text in files.items()}
-    existing = [str(p) for p in targets if p.exists()]
-    if existing:
-        raise ScaffoldError(f"already there (a scaffold never overwrites): {', '.join(existing)}")
+    existing = [p for p in targets if p.exists()]
+    if existing and not keep_existing:
+        raise ScaffoldError(f"already there (a scaffold never overwrites): {', '.join(map(str, existing))}; a "
+                            "kernel written before its contract: --adopt module:function")
     for path, text in targets.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return list(targets)
+        if path not in existing:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return [p for p in targets if p not in existing], existing

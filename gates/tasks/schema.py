@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gates.core.strict_yaml import load_yaml, yaml_problem
 from gates.scope.policy import ALLOWED_ROOTS, CORE_FORBIDDEN, allowed_glob_problem, check_glob, expand, path_problem
 from kernels.contract import Range
 from kernels.validation import validate
@@ -160,9 +161,9 @@ def read_task(text: str, brief: str | None, source: str) -> Task:
     """A template from its text, with the checks that need more than its own fields: its name (the file's stem),
     its brief (the text of <name>.md, None when there is none), the gates it names."""
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
-        raise TaskError(f"{source}: <file>: not valid YAML ({e})") from None
+        raise TaskError(f"{source}: <file>: not valid YAML ({yaml_problem(e)})") from None
     task = parse_task(data, source)
     problems = []
     stem = Path(source).stem

@@ -1,9 +1,10 @@
 """The model area of the `k3forge` command: `config show`, `ckpt make` and `generate` (`gates/cli.py` adds the
 gating area's commands beside them), and the command line's shared vocabulary.
 
-The vocabulary (UsageError and the exit codes) is defined in the lower layer (`model/kimi_k3/errors.py`),
-because `gates` imports `model` and never the reverse: the gating area's commands raise this same UsageError,
-and `gates/cli.py` turns it into one line and exit code 2 for both areas.
+The vocabulary (UsageError and the exit codes, `model/kimi_k3/errors.py`) is defined in the lower layer, because
+`gates` imports `model` and never the reverse; the checks of options every command validates before it starts work
+(output paths, devices) are defined here for the same reason: the gating area's commands use the same names, and
+`gates/cli.py` turns every UsageError into one line and exit code 2 for both areas.
 
     config show   the config (Hugging Face field names), MLA layer ids and every rank-local weight
     ckpt make     a random, well-scaled checkpoint in the Hugging Face layout, with its tokenizer
@@ -15,10 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from model.kimi_k3.checkpoint import checkpoint_tensors, write_checkpoint
@@ -26,11 +31,50 @@ from model.kimi_k3.config import KimiK3Config, preset
 from model.kimi_k3.dispatch import DECODE_BACKENDS
 from model.kimi_k3.distributed import run_tp
 from model.kimi_k3.drafters import Drafter, NgramDrafter, SyntheticDrafter
-from model.kimi_k3.engine import Engine, Generation, SamplingParams
+from model.kimi_k3.engine import Engine, Generation, SamplingParams, check_fits, positions_needed
 from model.kimi_k3.errors import UsageError
 from model.kimi_k3.loader import load_config, load_model
 from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.parallel import TP
+
+
+def output_directory(path: Path, option: str) -> Path:
+    """`path` if a command can write files into it: a writable directory, or one it can create (its nearest
+    existing ancestor a writable directory); else a UsageError naming the option."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path}: exists and is not a directory")
+    ancestor = next(p for p in (path, *path.parents) if p.exists())
+    if not ancestor.is_dir():
+        raise UsageError(f"{option} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {path}: {ancestor} is not writable")
+    return path
+
+
+def output_file(path: Path, option: str) -> Path:
+    """`path` if a command can write it: not a directory, writable where it exists, in a directory it can write."""
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {path}: is not writable")
+    output_directory(path.parent, option)
+    return path
+
+
+def torch_device(text: str, option: str = "--device") -> torch.device:
+    """The device `text` names if this machine has it: cpu, or cuda (cuda:N) with a GPU N."""
+    try:
+        device = torch.device(text)
+    except RuntimeError as e:
+        raise UsageError(f"{option} {text}: {e}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UsageError(f"{option} {text}: cpu or cuda")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device.type == "cuda" and (device.index or 0) >= gpus:
+        raise UsageError(f"{option} {text}: this machine has {gpus} CUDA GPU(s)")
+    return device
 
 
 def register(sub) -> None:
@@ -77,7 +121,7 @@ def run_config_show(args) -> int:
     fields = Table(title="config (text_config)", show_header=False)
     for key, value in info["config"].items():
         if key != "quantization_config":
-            fields.add_row(key, json.dumps(value))
+            fields.add_row(key, escape(json.dumps(value)))
     fields.add_row("quantization", "MXFP4 routed experts" if cfg.experts_quantized else "none (dense experts)")
     out.print(fields)
     out.print(f"mla_layer_ids (0-indexed): {info['mla_layer_ids']}")
@@ -98,17 +142,22 @@ def _register_ckpt(sub) -> None:
     verbs = p.add_subparsers(dest="verb", required=True)
     make = verbs.add_parser("make", help="write a random checkpoint (safetensors, config.json, tokenizer.json)")
     make.add_argument("--preset", default="tiny", help="config preset (default tiny)")
-    make.add_argument("--out", required=True, help="output directory")
+    make.add_argument("--out", required=True, type=Path, help="output directory (new or empty, unless --force)")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--dense-experts", action="store_true",
                       help="store routed experts as bf16 instead of compressed-tensors MXFP4")
     make.add_argument("--flat", action="store_true",
                       help="a flat kimi_linear config and unprefixed names instead of kimi_k3 with text_config")
     make.add_argument("--max-gb", type=float, default=4.0, help="refuse to write more than this (default 4)")
+    make.add_argument("--force", action="store_true",
+                      help="write into a directory that is not empty (files of a checkpoint's names are replaced)")
     make.set_defaults(func=run_ckpt_make)
 
 
 def run_ckpt_make(args) -> int:
+    output_directory(args.out, "--out")
+    if args.out.is_dir() and any(args.out.iterdir()) and not args.force:
+        raise UsageError(f"--out {args.out}: not empty; --force writes the checkpoint into it anyway")
     cfg = preset(args.preset)
     if args.dense_experts:
         cfg = cfg.model_copy(update={"quantization_config": None})
@@ -116,7 +165,7 @@ def run_ckpt_make(args) -> int:
     if size > args.max_gb:
         raise UsageError(f"--preset {args.preset}: the checkpoint would be {size:,.0f} GB "
                          f"(limit --max-gb {args.max_gb})")
-    with Console(stderr=True).status(f"writing {args.preset} checkpoint to {args.out}"):
+    with Console(stderr=True).status(escape(f"writing {args.preset} checkpoint to {args.out}")):
         out = write_checkpoint(cfg, args.out, seed=args.seed, nested=not args.flat)
     print(out)
     return 0
@@ -207,12 +256,19 @@ def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Genera
     return gen, model.ops.report()
 
 
+def rank_weight_bytes(cfg: KimiK3Config, tp: int, dtype: str) -> int:
+    """The bytes of one TP rank's parameters and buffers, counted on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        model = KimiK3Model(cfg, TP(0, tp), DTYPES[dtype])
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
 def run_generate(args) -> int:
     prompt = parse_ids(args.prompt_ids)
     if args.max_new_tokens < 1:
         raise UsageError("--max-new-tokens: must be >= 1")
-    if args.temperature < 0 or not 0 < args.top_p <= 1:
-        raise UsageError("--temperature must be >= 0 and --top-p in (0, 1]")
+    if not 0 <= args.temperature < math.inf or not 0 < args.top_p <= 1:
+        raise UsageError("--temperature must be a finite number >= 0 and --top-p in (0, 1]")
     if args.tp < 1:
         raise UsageError("--tp: must be >= 1")
     if args.spec_tokens < 0:
@@ -224,13 +280,22 @@ def run_generate(args) -> int:
     if accept is not None and not (accept <= args.spec_tokens and args.temperature == 0):
         raise UsageError(f"--drafter synthetic:{accept}: needs A <= --spec-tokens ({args.spec_tokens}) and "
                          "--temperature 0 (it replays the greedy trajectory)")
-    load_config(args.ckpt)[0].check_tp(args.tp)  # before any rank starts
+    device = torch_device(args.device)
+    cfg = load_config(args.ckpt)[0]  # what follows is checked before any rank starts or allocates
+    cfg.check_tp(args.tp)
+    ranks_here = args.tp if device.type == "cpu" else 1  # CPU ranks share the host's memory; GPU ranks do not
+    try:
+        positions_needed(cfg, len(prompt), args.max_new_tokens, args.spec_tokens)
+        check_fits(f"the weights of {ranks_here} TP{args.tp} rank(s)",
+                   ranks_here * rank_weight_bytes(cfg, args.tp, args.dtype), device)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed)
     req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend)
     status = Console(stderr=True)
     try:
-        with status.status(f"generating from {args.ckpt} (TP{args.tp})"):
-            gen, dispatch = run_tp(generate_on_rank, args.tp, req, device=args.device)
+        with status.status(escape(f"generating from {args.ckpt} (TP{args.tp})")):
+            gen, dispatch = run_tp(generate_on_rank, args.tp, req, device=str(device))
     except ValueError as e:
         raise UsageError(str(e)) from None
     out = {"tokens": gen.tokens, "logprobs": gen.logprobs, "dispatch": dispatch}

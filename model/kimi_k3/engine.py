@@ -1,19 +1,66 @@
 """Generation: prefill the prompts in one step, then batched steps over sequences of different lengths --
-decode steps of one token each, or speculative steps that verify K drafted tokens per sequence at once."""
+decode steps of one token each, or speculative steps that verify K drafted tokens per sequence at once.
+
+Generation refuses what it cannot do right: sampling parameters that are not finite, sequences longer than
+the model's max_position_embeddings, caches that would not fit in the device's free memory (refused before
+they are allocated, with the size needed), and logits that are not finite (generation stops and names the
+first module whose output was not finite, rather than sampling from NaN).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 from .batch import StepBatch
 from .cache import ModelCache
+from .config import KimiK3Config
 from .dispatch import Dispatcher
 from .drafters import Drafter
 from .model import KimiK3Model
 from .sampling import sample, top_p_probs
 from .spec_decode import greedy_accept, rejection_sample
+
+
+class NonFiniteError(ValueError):
+    """The model produced NaN or inf logits; generation stopped instead of sampling from them."""
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on `device`: the GPU's free memory, or the host's MemAvailable (None when the
+    host does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def check_fits(what: str, needed: int, device: torch.device) -> None:
+    """ValueError naming `what` and the size it needs when that exceeds the memory free on `device`."""
+    free = available_bytes(device)
+    if free is not None and needed > free:
+        raise ValueError(f"{what} need {needed / 2**30:,.2f} GiB; {free / 2**30:,.2f} GiB is free on {device}")
+
+
+def positions_needed(cfg: KimiK3Config, prompt_len: int, max_new_tokens: int, spec_tokens: int) -> int:
+    """Cache positions one sequence needs (its prompt, its new tokens, the drafts of a last verification);
+    ValueError when that is beyond the model's max_position_embeddings."""
+    needed = prompt_len + max_new_tokens - 1 + spec_tokens
+    if needed > cfg.max_position_embeddings:
+        raise ValueError(f"generate: a {prompt_len}-token prompt, {max_new_tokens} new tokens and {spec_tokens} "
+                         f"draft tokens need {needed} positions; the model has {cfg.max_position_embeddings} "
+                         "(max_position_embeddings)")
+    return needed
+
+
+def _bytes(*buffers: dict[int, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for buffer in buffers for t in buffer.values())
 
 
 @dataclass(frozen=True)
@@ -45,16 +92,62 @@ class Engine:
         model.ops = Dispatcher.for_model(model, decode_backend)
         device = next(model.parameters()).device
         self.device = device
-        self.cache = ModelCache(model.cfg, model.tp, num_slots, max_len, model.act_dtype, device)
+        shape = (model.cfg, model.tp, num_slots, max_len, model.act_dtype)
+        planned = ModelCache(*shape, device="meta")
+        check_fits(f"the caches of {num_slots} sequences of {max_len} positions",
+                   _bytes(planned.kv, planned.conv, planned.ssm), device)
+        self.cache = ModelCache(*shape, device)
+
+    def _reserve_spec(self, spec_tokens: int) -> None:
+        """Room for verification steps of `spec_tokens` drafts, refused before allocation if it would not fit."""
+        if spec_tokens > self.cache.spec_tokens:
+            c = self.cache
+            planned = ModelCache(c.cfg, self.model.tp, c.num_slots, 1, self.model.act_dtype, "meta", spec_tokens)
+            check_fits(f"the verification states of {spec_tokens} draft tokens for {c.num_slots} sequences",
+                       _bytes(planned.spec_conv, planned.spec_ssm), self.device)
+        self.cache.reserve_spec(spec_tokens)
 
     def step(self, token_ids: list[int] | torch.Tensor, batch: StepBatch, every_token: bool = False) -> torch.Tensor:
-        """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V]."""
+        """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V].
+        NonFiniteError when they are not all finite (one check of what is sampled from: a non-finite hidden state
+        always reaches it)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
         hidden = self.model(ids, batch, self.cache)
-        if every_token:
-            return self.model.logits(hidden)
-        last = torch.tensor([s + n - 1 for s, n in zip(batch.starts, batch.query_lens)], device=self.device)
-        return self.model.logits(hidden[last])
+        if not every_token:
+            hidden = hidden[torch.tensor([s + n - 1 for s, n in zip(batch.starts, batch.query_lens)],
+                                         device=self.device)]
+        logits = self.model.logits(hidden)
+        if not torch.isfinite(logits).all():
+            raise NonFiniteError(f"generate: the logits are not finite; {self._first_nonfinite(ids, batch)}")
+        return logits
+
+    def _first_nonfinite(self, ids: torch.Tensor, batch: StepBatch) -> str:
+        """Where the step's non-finite values first appear: the embedding, else the first module whose output
+        is not finite when the step runs again with a hook on every module. The re-run starts from the states the
+        failed step left (generation stops anyway), which reproduces a NaN of the weights or of the state."""
+        if not torch.isfinite(self.model.vocab.embed_tokens(ids)).all():
+            return "the token embedding (model.embed_tokens) is not finite for these tokens"
+        names = {module: name or "the model" for name, module in self.model.named_modules()}
+        found: list[str] = []
+
+        def record(module: nn.Module, args, output) -> None:
+            outputs = output if isinstance(output, (tuple, list)) else (output,)
+            if not found and any(isinstance(t, torch.Tensor) and not torch.isfinite(t).all() for t in outputs):
+                found.append(names[module])
+
+        if batch.spec_tokens:  # a verification step waits for its commit before the slot runs again
+            self.cache.commit(list(batch.slots), list(batch.query_lens))
+        for slot, n in zip(batch.slots, batch.query_lens):
+            self.cache.lengths[slot] -= n
+        hooks = [module.register_forward_hook(record) for module in names]
+        try:
+            self.model.norm(self.model(ids, batch, self.cache))
+        finally:
+            for hook in hooks:
+                hook.remove()
+        if found:
+            return f"the first module whose output is not finite is {found[0]}"
+        return "every module's output is finite, so the output head (lm_head) is not"
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, spec_tokens: int = 0,
                  drafter: Drafter | None = None) -> list[Generation]:
@@ -70,11 +163,14 @@ class Engine:
         if spec_tokens < 0 or (spec_tokens > 0) != (drafter is not None):
             raise ValueError(f"generate: speculative decoding needs spec_tokens > 0 and a drafter "
                              f"(got spec_tokens={spec_tokens}, drafter={drafter!r})")
-        longest = max(map(len, prompts)) + params.max_new_tokens - 1 + spec_tokens
+        if not (params.max_new_tokens >= 1 and 0 <= params.temperature < math.inf and 0 < params.top_p <= 1):
+            raise ValueError(f"generate: max_new_tokens >= 1, a finite temperature >= 0 and top_p in (0, 1] (got "
+                             f"{params.max_new_tokens}, {params.temperature}, {params.top_p})")
+        longest = positions_needed(self.model.cfg, max(map(len, prompts)), params.max_new_tokens, spec_tokens)
         if longest > self.cache.max_len:
             raise ValueError(f"generate: up to {longest} cached tokens per sequence exceed the engine's "
                              f"max_len {self.cache.max_len}")
-        self.cache.reserve_spec(spec_tokens)
+        self._reserve_spec(spec_tokens)
         gens = [Generation(list(p)) for p in prompts]
         slots = [self.cache.allocate() for _ in prompts]
         generators = [torch.Generator().manual_seed(params.seed + i) for i in range(len(prompts))]

@@ -87,3 +87,15 @@ def test_cost_grows_with_batch_and_is_dominated_by_the_state():
     assert c2.bytes - c1.bytes > state_per_seq
     assert state_per_seq * 64 / c64.bytes > 0.9
     assert floor(c64.bytes, c64.flops, "sm_90").bound == "memory"
+
+
+def test_linear_problem_draws_strided_and_contiguous_activations():
+    from gates.problems import Point, load_problem
+
+    problem = load_problem("linear")
+    point = Point(3, 1, (("out_features", 48), ("in_features", 64)), "bf16")
+    x, w = problem.generate_input(point, 1, "heavy_tailed").args
+    assert x.shape == (6, 64) and x.stride(0) > 64 and w.shape == (48, 64)
+    x, _ = problem.generate_input(point, 2, "normal").args
+    assert x.is_contiguous()
+    assert problem.cost(point).bytes == 48 * 64 * 2 + 6 * 64 * 2 + 6 * 48 * 2

@@ -31,7 +31,7 @@ def test_the_repository_templates_load():
 @pytest.mark.parametrize("task, op", [(t, op) for t in REPO_TASKS.values() for op in t.ops], ids=str)
 def test_every_template_scaffolds_its_registered_ops(task, op):
     if op not in OPS:
-        with pytest.raises(ScaffoldError, match="not in the op registry"):
+        with pytest.raises(ScaffoldError, match="no such op yet"):
             scaffold(task, op, "cutedsl", OWNER)
         return
     files = scaffold(task, op, "cutedsl", OWNER)  # the draft contract is checked against schema and registry
@@ -136,6 +136,25 @@ def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
     assert main(args) == 2
     assert "already there (a scaffold never overwrites)" in capsys.readouterr().err
     assert (tasks_root / written[0]).read_text() == before
+
+
+def test_new_adopts_a_kernel_written_before_its_contract(tasks_root, capsys):
+    """The kernel package and its test exist: --adopt writes the missing contract naming the kernel's own entry
+    point, keeps the rest as they are, and lists them."""
+    kernel = tasks_root / "model/kimi_k3/specialized/moe_route/__init__.py"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_text("def route_fast(*args):\n    raise NotImplementedError\n")
+    entry = "model.kimi_k3.specialized.moe_route:route_fast"
+    assert main(["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root),
+                 "--adopt", entry]) == 0
+    out = capsys.readouterr().out
+    assert "kept model/kimi_k3/specialized/moe_route/__init__.py (already there)" in out
+    assert "wrote contracts/moe_route.yaml" in out
+    assert f"implementation: {entry}" in (tasks_root / "contracts/moe_route.yaml").read_text()
+    assert kernel.read_text().startswith("def route_fast")
+    assert main(["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root),
+                 "--adopt", "model.kimi_k3.specialized.other:f"]) == 2
+    assert "lives in model.kimi_k3.specialized.moe_route" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, expected", [

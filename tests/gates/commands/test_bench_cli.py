@@ -13,8 +13,9 @@ from tests.gates.fixtures.helpers import CONTRACTS
 
 def test_on_cpu_every_op_says_why_it_was_not_timed(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert main(["bench", "--contracts", str(CONTRACTS), "--json", str(out)]) == 0
-    assert "kda_decode: NOT_RUN: needs a CUDA GPU; this machine has none" in capsys.readouterr().out
+    assert main(["bench", "--contracts", str(CONTRACTS), "--json", str(out)]) == 2  # nothing was measured
+    shown = capsys.readouterr().out
+    assert "kda_decode: NOT_RUN: needs a CUDA GPU; this machine has none" in shown and "nothing was timed" in shown
     assert json.loads(out.read_text())["kda_decode"]["status"] == "NOT_RUN"
     assert not (tmp_path / "evidence").exists()
 
