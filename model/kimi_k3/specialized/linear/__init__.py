@@ -21,9 +21,13 @@ import torch
 
 from kernels.cute import CompileCache, current_cute_arch
 
-from .kernel import _IMPORT_ERROR, MAX_TOKENS, LinearConfig, compile_kernel, launch_args
+from .kernel import _IMPORT_ERROR, MAX_TOKENS, LinearConfig, compile_kernel, compile_report, launch_args
 
-__all__ = ["LinearConfig", "available", "check_args", "config_for", "linear_cute", "prepare"]
+__all__ = ["LinearConfig", "available", "check_args", "compile", "compile_keys", "config_for", "linear_cute",
+           "prepare"]
+# Token counts the compile gate builds for: each path's band edges (the code a config generates changes with M
+# only through the tile loops the heuristic sizes for these bands).
+COMPILE_TOKENS = (1, 2, 8, 9, 16, 32, 64)
 
 MAX_M = MAX_TOKENS["mma"]
 K_MULTIPLE = 32
@@ -147,3 +151,18 @@ def linear_cute(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | No
     kernel(*launch_args(x.data_ptr(), weight.data_ptr(), out.data_ptr(), config.out_dtype, n,
                     x.stride(0) if m > 1 else k, torch.cuda.current_stream(x.device).cuda_stream))
     return out
+
+
+def compile_keys(contract) -> list[tuple[LinearConfig, int, int]]:
+    """The gate's compile protocol: the (config, M, K) the entry point compiles, at every in_features and out_features
+    the contract admits, for the token counts of COMPILE_TOKENS inside its batch range."""
+    tokens = [m for m in COMPILE_TOKENS if contract.batch.min <= m <= min(contract.batch.max, MAX_M)]
+    keys = {(config_for(m, n, k), m, k) for m in tokens for n in contract.shapes["out_features"]
+            for k in contract.shapes["in_features"]}
+    return sorted(keys, key=lambda key: (key[2], key[1], repr(key[0])))
+
+
+def compile(key: tuple[LinearConfig, int, int], target: str):  # noqa: A001 - the name the gate's protocol asks for
+    """Compile one (config, M, K) for a target ('sm_90a', 'sm_100a') without a GPU: a kernels.cute.CompileReport."""
+    config, m, k = key
+    return compile_report(config, m, k, arch=target)
