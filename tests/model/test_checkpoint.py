@@ -1,31 +1,21 @@
 """Checkpoint formats the loader accepts, and every malformed case refused with a named error."""
 
 import json
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from model.kimi_k3.checkpoint import write_checkpoint
 from model.kimi_k3.config import ConfigError
 from model.kimi_k3.loader import load_model
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.weights import CheckpointError
+from tests.model.edits import rewrite
 
 EXPERT = "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight_packed"
 
 
-@pytest.fixture()
-def ckpt(tiny_ckpt, tmp_path):
-    """A private copy of the tiny checkpoint to break."""
-    return shutil.copytree(tiny_ckpt, tmp_path / "ckpt")
-
-
-def rewrite(path, edit):
-    tensors = load_file(path / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, path / "model.safetensors")
 
 
 def params_equal(a, b):

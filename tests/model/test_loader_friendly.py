@@ -8,16 +8,16 @@ Checkpoints are the tiny preset written by `write_checkpoint` (`k3forge ckpt mak
 """
 
 import logging
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from model.kimi_k3.checkpoint import write_checkpoint
 from model.kimi_k3.loader import load_model
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.weights import CheckpointError
+from tests.model.edits import rewrite
 
 P = "language_model."
 NORM = P + "model.layers.{}.input_layernorm.weight"  # declared bf16
@@ -27,16 +27,6 @@ PACKED = P + "model.layers.1.block_sparse_moe.experts.3.w2.weight_packed"  # dec
 SCALE = P + "model.layers.1.block_sparse_moe.experts.3.w2.weight_scale"  # declared uint8 (E8M0)
 
 
-@pytest.fixture()
-def ckpt(tiny_ckpt, tmp_path):
-    """A private copy of the tiny (nested, MXFP4) checkpoint to edit."""
-    return shutil.copytree(tiny_ckpt, tmp_path / "ckpt")
-
-
-def rewrite(path, edit):
-    tensors = load_file(path / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, path / "model.safetensors")
 
 
 def kda_layers(cfg):
