@@ -141,7 +141,7 @@ class Engine:
             self.cache.lengths[slot] -= n
         hooks = [module.register_forward_hook(record) for module in names]
         try:
-            self.model.norm(self.model(ids, batch, self.cache))
+            self.model.norm(self.model(ids, batch, self.cache), self.model.ops)
         finally:
             for hook in hooks:
                 hook.remove()

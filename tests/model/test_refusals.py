@@ -21,12 +21,13 @@ def generate(capsys, ckpt, *extra: str) -> tuple[int, str]:
 
 @pytest.fixture
 def poisoned(tiny_ckpt, tmp_path):
-    """A copy of the tiny checkpoint with one tensor (the first whose name holds `part`) set to NaN."""
+    """A copy of the tiny checkpoint with one tensor (the first whose name holds `part`) set to NaN; zero padding
+    stays zero (A_log is stored padded, and the loader refuses padding that is not zero)."""
     def make(part: str):
         ckpt = shutil.copytree(tiny_ckpt, tmp_path / "nan")
         tensors = load_file(ckpt / "model.safetensors")
         name = next(k for k in sorted(tensors) if part in k and tensors[k].is_floating_point())
-        tensors[name] = torch.full_like(tensors[name], float("nan"))
+        tensors[name] = torch.where(tensors[name] == 0, tensors[name], float("nan"))
         save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
         return ckpt
     return make
