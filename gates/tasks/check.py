@@ -391,11 +391,18 @@ def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]
                 out.append(Violation(k.contract_path, "thresholds", f"{tol_name}.min_close_fraction "
                                      f"{tol.min_close_fraction:g} is looser than the task's "
                                      f"{bounds.min_close_fraction:g}"))
+    envelopes = {k.op: k.contract.batch for k in touched}
     for ev in evidence:
         if ev.bundle is None or ev.op not in task.ops:
             continue
         measured = ev.speedups()
-        for want in task.success.speedup:
+        # A contract narrows its envelope where its kernel is not faster (the standard serves the rest), so the
+        # task's speedups bind at the batch sizes it claims; it must claim at least one of them.
+        claimed = [w for w in task.success.speedup if ev.op not in envelopes or w.batch in envelopes[ev.op]]
+        if not claimed:
+            out.append(Violation(ev.directory, "thresholds", "the contract's batch range holds none of the task's "
+                                 f"speedup batch sizes ({', '.join(str(w.batch) for w in task.success.speedup)})"))
+        for want in claimed:
             if want.batch not in measured:
                 out.append(Violation(ev.directory, "thresholds", f"batch {want.batch}: no speedup measured (the "
                                      f"task requires {want.min:g}×; the contract needs a benchmark point there "

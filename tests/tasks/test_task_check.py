@@ -152,6 +152,28 @@ def test_gates_thresholds_and_envelope(task_repo):
         violations(task_repo, base="task")
 
 
+def test_speedups_bind_at_the_batch_sizes_the_contract_claims(task_repo):
+    """A contract that narrows its batch range (the standard serves the rest) answers for the task's speedups inside
+    it only; a range that holds none of them is itself a violation."""
+    task_repo.write_task({**TASK, "required_gates": ["contracts", "numerics", "benchmarks"],
+                          "success": {"speedup": [{"batch": 1, "min": 1.5}, {"batch": 8, "min": 1.2}]}})
+    task_repo.commit("core: tighter task")
+    task_repo.repo.git.checkout("-q", "-b", "task2")
+    task_repo.edit(KERNEL)
+    def points(batch: int) -> dict:
+        return {"points": [{"batch": batch, "shape": {"sources": 9, "hidden": 7168}}], "required_speedup": 1.2}
+
+    task_repo.edit_contract(batch={"min": 1, "max": 4}, benchmark=points(1))
+    task_repo.gate(gates=(passed("contracts"), not_run("compile"), passed("numerics"), benchmarks({1: 1.6})))
+    task_repo.commit("kernel: batch 1-4", *TRAILERS)
+    assert not [m for _, rule, m in violations(task_repo, base="task") if rule == "thresholds"]
+    task_repo.edit_contract(batch={"min": 2, "max": 4}, benchmark=points(2))
+    task_repo.gate(gates=(passed("contracts"), not_run("compile"), passed("numerics"), benchmarks({2: 1.6})))
+    task_repo.commit("kernel: batch 2-4", *TRAILERS)
+    assert [m for _, rule, m in violations(task_repo, base="task") if rule == "thresholds"] == [
+        "the contract's batch range holds none of the task's speedup batch sizes (1, 8)"]
+
+
 def test_the_evidence_index_must_match_the_bundles(task_repo):
     kernel_change(task_repo)
     write_index(task_repo.root / "evidence", task_repo.root)
