@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -200,6 +201,8 @@ class RecordedRow(BaseModel):
     required_speedup: PositiveFloat
     min_roofline_fraction: float | None = Field(ge=0, le=1)
     one_per_graph: RecordedOnePerGraph | None = None  # absent in bundles made before in-pipeline timing
+    # how the in-pipeline calls start cold (BenchSession); absent in bundles made before the choice existed
+    pipeline: Literal["flushed", "cold_sets"] | None = None
 
     @model_validator(mode="after")
     def _follows_from_its_samples(self) -> "RecordedRow":
@@ -265,8 +268,9 @@ def run(ctx: GateContext) -> GateResult:
                 cost = problem.cost(point)
                 floor_us = floor(cost.bytes, cost.flops, m).floor_us if peaks else None
                 required, min_fraction = c.benchmark.requirement(bp)
-                box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
-                            names=names, state=sets[0].state, sets=[s.args for s in sets], timeout_s=START_TIMEOUT_S)
+                started = box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
+                                      names=names, state=sets[0].state, sets=[s.args for s in sets],
+                                      timeout_s=START_TIMEOUT_S)
                 blocks = time_point(box, opts, floor_us, required, min_fraction,
                                     lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"))
                 finish = box.request("bench_finish", host_iters=opts.host_iters)
@@ -282,6 +286,7 @@ def run(ctx: GateContext) -> GateResult:
                         flags.append(f"{point.label}: the standard disagrees with the reference, so the speedup "
                                      f"means little ({next(iter(check.examples.values()))[0]})")
                 row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction)
+                row["pipeline"] = started["pipeline"]
                 rows.append(row), flags.extend(point_flags), slower.extend(point_slower)
                 if floor_us and row["candidate"]["median_us"] < floor_us:
                     impossible.append(f"{point.label}: {row['candidate']['median_us']:.2f} µs is under the "
@@ -294,9 +299,10 @@ def run(ctx: GateContext) -> GateResult:
     details = {"rows": rows, "required_speedup": c.benchmark.required_speedup,
                "min_roofline_fraction": c.benchmark.min_roofline_fraction,
                "peaks": {"mem_bw_Bps": m.mem_bw_Bps, "flops": m.bf16_flops, "source": m.source} if peaks else None,
-               "method": f"in-pipeline (the headline): {opts.input_sets} distinct input sets in one CUDA graph, the "
-                         f"L2 flushed (2× L2 written) before each call, an identical graph of the flushes alone "
-                         f"replayed beside it and subtracted, per-call time = difference / {opts.input_sets}; one call "
+               "method": f"in-pipeline (the headline): {opts.input_sets} distinct input sets in one CUDA graph, "
+                         f"per-call time = replay / {opts.input_sets}; where the other sets together are under twice "
+                         f"the L2 (a row's `pipeline`: flushed), the L2 flushed (2× L2 written) before each call and "
+                         f"an identical graph of the flushes alone replayed beside it and subtracted; one call "
                          f"per graph replay beside it (input sets rotated, L2 flushed before each replay); both in "
                          f"interleaved (candidate, standard) pairs with the stream held by a spin kernel before each "
                          f"timed replay; blocks of {opts.bench_pairs} pairs until the in-pipeline speedup (median of "

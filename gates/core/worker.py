@@ -206,10 +206,14 @@ class BenchSession:
     streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
 
     In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
-    input sets in one graph, an L2 flush before each call, as a decode step runs one layer after another with the
-    other layers' weights passing through the L2 between them; an identical graph of the N flushes alone is
-    replayed beside it. Each pair of replays gives (pipeline - flushes) / N: the per-call time with the graph's
-    launch paid once for N calls. The fresh inputs are copied into the N buffers before each pipeline replay.
+    input sets in one graph, as a decode step runs one layer after another with the other layers' weights
+    passing through the L2 between them; per-call time = replay / N, the graph's launch paid once for N calls.
+    Where the other N - 1 sets together exceed twice the L2 (a projection's weights), each call's inputs are cold
+    without help, and the L2 holds clean lines as in a decode step ("cold_sets"). Otherwise an L2 flush precedes
+    each call and an identical graph of the N flushes alone is replayed beside it and subtracted ("flushed"):
+    the flush's dirty lines are written back during the next call, which charges a weight-streaming op a few
+    µs no decode step pays (NOTES.md of the linear kernel: 27.0 µs flushed, 22.8 µs cold sets). The fresh
+    inputs are copied into the N buffers before each pipeline replay.
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
@@ -225,11 +229,13 @@ class BenchSession:
                                               held.update(out=fn(*args)))
             self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
         self.pipe_buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
+        set_bytes = min(sum(t.numel() * t.element_size() for _, t in leaves(s, "set")) for s in self.sets)
+        self.pipeline = "cold_sets" if (len(self.sets) - 1) * set_bytes >= self.flush.nbytes else "flushed"
+        flush = self.flush if self.pipeline == "flushed" else None
         self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args)
-                                                  for args in self.pipe_buffers[name]],
-                                                 self.flush)
+                                                  for args in self.pipe_buffers[name]], flush)
                           for name, fn in self.fns.items()}
-        self.flushes = capture_pipeline([lambda: None] * len(self.sets), self.flush, warmup=1)
+        self.flushes = capture_pipeline([lambda: None] * len(self.sets), flush, warmup=1) if flush else None
         self.replays = 0
 
     def _prepare(self, name: str) -> None:
@@ -247,15 +253,17 @@ class BenchSession:
             for name in (order if i % 2 == 0 else order[::-1]):
                 for buffer, s in zip(self.pipe_buffers[name], self.sets):
                     copy_into(buffer, s)
-                piped.append((name, self._timed(self.pipelines[name]), self._timed(self.flushes)))
+                piped.append((name, self._timed(self.pipelines[name]),
+                              self._timed(self.flushes) if self.flushes else None))
         _synchronize()
         device_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for name, start, end in events:
             device_us[name].append(_elapsed_time(start, end) * 1e3)
         n = len(self.sets)
         pipeline_us: dict[str, list[float]] = {name: [] for name in self.fns}
-        for name, (s1, e1), (s2, e2) in piped:
-            pipeline_us[name].append((_elapsed_time(s1, e1) - _elapsed_time(s2, e2)) * 1e3 / n)
+        for name, (s1, e1), flushes in piped:
+            subtract = _elapsed_time(*flushes) if flushes else 0.0
+            pipeline_us[name].append((_elapsed_time(s1, e1) - subtract) * 1e3 / n)
         return {"device_us": device_us, "pipeline_us": pipeline_us}
 
     def _timed(self, graph) -> tuple:
@@ -306,7 +314,7 @@ def bench_start(**session) -> dict:
     global _bench
     _bench = None
     _bench = BenchSession(**session)
-    return {}
+    return {"pipeline": _bench.pipeline}
 
 
 def bench_block(*, pairs: int) -> dict:
