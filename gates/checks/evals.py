@@ -52,8 +52,10 @@ def run(ctx: GateContext) -> GateResult:
     if reason is not None:
         return GateResult.not_run(NAME, TITLE, reason)
     gpu = ctx.device == "cuda"
+    # On the GPU, layers at the smallest TP size the contract admits, so a kernel contracted for rank-local
+    # shapes (TP8's projections) is chosen; the CPU's tiny model never has K3's shapes, whatever its TP.
     subject = {"preset_name": "k3" if gpu else "tiny", "layers": GPU_LAYERS if gpu else None, "device": ctx.device,
-               "dtype": torch.bfloat16 if gpu else torch.float32}
+               "dtype": torch.bfloat16 if gpu else torch.float32, "tp": min(ctx.contract.tp_sizes) if gpu else 1}
     start, results = time.perf_counter(), {}
     try:
         with Sandbox() as box, Progress(disable=True) as progress:

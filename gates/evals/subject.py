@@ -4,6 +4,10 @@ weights drawn directly on the device (no file), and the decode paths to compare 
 The GPU evals use the real `k3` layer shapes on the first few layers (`first_layers`): every dimension is
 K3's, only the depth is cut, so one MoE layer of MXFP4 experts is ~15 GB and 4 layers fit an H200. Never on
 CPU: those shapes are refused there.
+
+A subject with `tp` > 1 is one rank's model (`random_model`): its decoder layers at the rank-local shapes of a
+TP group, so a kernel contracted for TP8 shapes (the projections) is chosen on it; the vocabulary stays whole so
+that the logits span every token.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Callable
 import torch
 from tokenizers import Tokenizer
 
+from model.kimi_k3.bench.layers import RankOfTP
 from model.kimi_k3.checkpoint import RandomSource, checkpoint_tensors
 from model.kimi_k3.config import ConfigError, KimiK3Config, preset
 from model.kimi_k3.loader import load_model, load_weights
@@ -41,19 +46,34 @@ def first_layers(cfg: KimiK3Config, num_layers: int) -> KimiK3Config:
     return KimiK3Config.model_validate(body)
 
 
-def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torch.dtype) -> KimiK3Model:
-    """The model with the seeded random weights `k3forge ckpt make` would write, drawn on the device."""
-    with torch.device(device):
-        model = KimiK3Model(cfg, TP(), dtype)
-    load_weights(model, RandomSource(checkpoint_tensors(cfg), seed, device), origin=f"random weights (seed {seed})")
+def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torch.dtype,
+                 tp: int = 1) -> KimiK3Model:
+    """The model with the seeded random weights `k3forge ckpt make` would write, drawn on the device.
+
+    With `tp` > 1: rank 0 of a TP group of that size with every collective the identity (`RankOfTP`), its
+    decoder layers (and so its caches) at the rank's shapes, its embedding and lm_head the whole model's. A
+    stand-in for what one GPU of the group computes, not the TP model: the other ranks' shares of every
+    all-reduce are missing, so it is the same function for the reference and the candidate paths, not K3's."""
+    def build(group: TP) -> KimiK3Model:
+        with torch.device(device):
+            model = KimiK3Model(cfg, group, dtype)
+        load_weights(model, RandomSource(checkpoint_tensors(cfg), seed, device),
+                     origin=f"random weights (seed {seed})")
+        return model
+
+    model = build(TP())
+    if tp > 1:
+        rank = build(RankOfTP(size=tp))
+        model.layers, model.tp = rank.layers, rank.tp  # model.vocab keeps the whole vocabulary
     return model.eval()
 
 
 def load_subject(*, ckpt: str | Path | None = None, preset_name: str = "tiny", layers: int | None = None,
-                 seed: int = 0, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> tuple[KimiK3Model, Tokenizer, list[str]]:
-    """The model an eval runs on (a checkpoint, or a preset's seeded random weights, cut to `layers`), its
-    tokenizer, and notes for the report. The same arguments give the same weights in any process."""
+                 seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 tp: int = 1) -> tuple[KimiK3Model, Tokenizer, list[str]]:
+    """The model an eval runs on (a checkpoint, or a preset's seeded random weights, cut to `layers`, with its
+    layers at one rank's shapes of a TP group of `tp`), its tokenizer, and notes for the report. The same
+    arguments give the same weights in any process."""
     device = torch.device(device)
     notes = []
     if ckpt is not None:
@@ -72,8 +92,10 @@ def load_subject(*, ckpt: str | Path | None = None, preset_name: str = "tiny", l
         cfg = first_layers(cfg, layers or K3_EVAL_LAYERS)
     elif layers is not None:
         cfg = first_layers(cfg, layers)
-    notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}")
-    return random_model(cfg, seed, device, dtype), build_tokenizer(cfg), notes
+    cfg.check_tp(tp)
+    rank = f", layers at rank 0's shapes of TP{tp} (collectives excluded)" if tp > 1 else ""
+    notes.append(f"random {preset_name} weights (seed {seed}), {cfg.num_hidden_layers} layers, {dtype}{rank}")
+    return random_model(cfg, seed, device, dtype, tp), build_tokenizer(cfg), notes
 
 
 def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, perturb: float | None = None,

@@ -115,3 +115,17 @@ def test_cpu_evals_run_single_threaded_and_restore():
     with single_threaded_on_cpu(torch.device("cpu")):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_a_rank_subject_has_rank_layers_and_the_whole_vocabulary(tiny_cfg):
+    """tp=2: the layers (and so the caches and the kernels' shapes) are rank 0's of TP2, equal to the slices of the
+    whole model's weights; the embedding and the logits span the vocabulary; reference and standard paths agree."""
+    whole = random_model(tiny_cfg, seed=0, device=torch.device("cpu"), dtype=torch.float32)
+    rank = random_model(tiny_cfg, seed=0, device=torch.device("cpu"), dtype=torch.float32, tp=2)
+    assert rank.tp.size == 2 and all(layer.self_attn.tp.size == 2 for layer in rank.layers)
+    assert torch.equal(rank.vocab.lm_head, whole.vocab.lm_head)
+    in_proj = [m.in_proj for m in rank.modules() if hasattr(m, "in_proj")]
+    assert in_proj and all(p.shape[0] < q.in_proj.shape[0] for p, q in
+                           zip(in_proj, [m for m in whole.modules() if hasattr(m, "in_proj")]))
+    pair = load_pair("auto", preset_name="tiny", device="cpu", tp=2)
+    assert pair.model.tp.size == 2 and pair.model.vocab.lm_head.shape[0] == tiny_cfg.vocab_size
