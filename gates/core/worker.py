@@ -11,6 +11,7 @@ every request: a candidate that replaces one is reported, whatever it returns.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import importlib
 import io
 import os
@@ -195,7 +196,8 @@ class BenchSession:
     """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
 
     Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
-    the graph's buffers and a buffer of twice the L2 is written. Then a spin kernel holds the stream while the
+    the graph's buffers and a buffer of twice the L2 is written (read, for "cold_sets" below: the dirty lines
+    of the flush or the copies are then written back before the replay instead of during it). Then a spin kernel holds the stream while the
     host enqueues the start event, the replay and the end event (NVBench's blocking kernel), so the events
     time the GPU's work and never the host's enqueueing (a replay the host has not submitted when the stream
     reaches the start event would be charged the host's delay). On the H200 this order gave the steadiest
@@ -212,8 +214,8 @@ class BenchSession:
     without help, and the L2 holds clean lines as in a decode step ("cold_sets"). Otherwise an L2 flush precedes
     each call and an identical graph of the N flushes alone is replayed beside it and subtracted ("flushed"):
     the flush's dirty lines are written back during the next call, which charges a weight-streaming op a few
-    µs no decode step pays (NOTES.md of the linear kernel: 27.0 µs flushed, 22.8 µs cold sets). The fresh
-    inputs are copied into the N buffers before each pipeline replay.
+    µs no decode step pays (the linear kernel's NOTES.md: KDA in_proj 27.0 µs flushed against 22.8 µs in its
+    own benchmark). The fresh inputs are copied into the N buffers before each pipeline replay.
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
@@ -236,6 +238,9 @@ class BenchSession:
                                                   for args in self.pipe_buffers[name]], flush)
                           for name, fn in self.fns.items()}
         self.flushes = capture_pipeline([lambda: None] * len(self.sets), flush, warmup=1) if flush else None
+        # cold_sets: what precedes a timed replay reads twice the L2 instead of writing it, so the dirty lines of
+        # the flush or of the input copies are written back before the replay, not during it
+        self.evict = self.flush if flush else functools.partial(torch.amax, torch.empty_like(self.flush.buf))
         self.replays = 0
 
     def _prepare(self, name: str) -> None:
@@ -268,7 +273,7 @@ class BenchSession:
 
     def _timed(self, graph) -> tuple:
         """Replay a graph from a cold L2 behind a spin kernel, bracketed by events (not yet read)."""
-        self.flush()
+        self.evict()
         _sleep(PAD_CYCLES)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         _record(start)

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from gates.core.sandbox import Sandbox
-from kernels.contract import Contract
+from kernels.contract import Contract, HardwareSupport, ValidatedHardware
 from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.ops.registry import Specialized
 from model.kimi_k3.sampling import sample
@@ -95,15 +95,29 @@ def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
     return copy
 
 
+def judged_here(contract: Contract, target: Target) -> Contract:
+    """The contract as the candidate path's dispatcher sees it while the gate judges it on this arch: the arch
+    counted as validated, since the gate is what would validate it (a declared arch would always fall back, and
+    a kernel's first gate would never run its evals). Every other envelope check stands."""
+    if target.arch in contract.archs_validated:
+        return contract
+    hw = contract.hardware
+    judged = ValidatedHardware(arch=target.arch, devices=[target.device_name])
+    return contract.model_copy(update={"hardware": HardwareSupport(
+        validated=[*hw.validated, judged], declared=[h for h in hw.declared if h.arch != target.arch])})
+
+
 def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:
     """Build the model and the candidate path: this contract's kernel specialized, every other op standard."""
     from gates.core.worker import load
 
     _child.clear()
     contract = Contract.model_validate(contract)
-    spec = Specialized(contract, contract_path, load(contract.implementation))
     model, _, _ = load_subject(**subject)
-    ops = Dispatcher(Target.of(model), "latency_specialized", {contract.op: spec})
+    target = Target.of(model)
+    contract = judged_here(contract, target)
+    spec = Specialized(contract, contract_path, load(contract.implementation))
+    ops = Dispatcher(target, "latency_specialized", {contract.op: spec})
     path = DecodePath(f"latency_specialized[{contract.op}]", partial(DispatchedEngine, model, ops=ops))
     _child.update(path=path, ops=ops, session=None, id=-1)
     return {"name": path.name}
