@@ -197,8 +197,9 @@ class BenchSession:
 
     Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
     the graph's buffers and a buffer of twice the L2 is written (read, for "cold_sets" below: the dirty lines
-    of the flush or the copies are then written back before the replay instead of during it). Then a spin kernel holds the stream while the
-    host enqueues the start event, the replay and the end event (NVBench's blocking kernel), so the events
+    of the flush or the copies are then written back before the replay instead of during it). Then a spin
+    kernel holds the stream while the host enqueues the start event, the replay and the end event (NVBench's
+    blocking kernel), so the events
     time the GPU's work and never the host's enqueueing (a replay the host has not submitted when the stream
     reaches the start event would be charged the host's delay). On the H200 this order gave the steadiest
     times of the three tried (NOTES.md run 5): with the spin before the flush, or none, a 4-CTA-cluster kernel

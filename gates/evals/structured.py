@@ -157,12 +157,13 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
         between = {(name, k): verdict for name, k, *_, verdict in runs}
         agree = []
         for name, k, r, c in against_plain:
-            # the candidate follows its plain run, or, where the reference does not, the reference's speculative run
-            held_to_reference = not _agrees(r) and _agrees(between[name, k])
+            held_to_reference = _held_to_reference(r, between.get((name, 0), "identical"), between[name, k])
             agree.append(_agrees(c) or held_to_reference)
             if held_to_reference and not _agrees(c):
-                notes.append(f"{name} (spec {k}): the reference's own speculative run left its plain run ({r}); "
-                             f"the candidate's speculative tokens match the reference's ({between[name, k]})")
+                which = (f"the reference's own speculative run left its plain run ({r})" if not _agrees(r) else
+                         f"the candidate's plain run left the reference's ({between[name, 0]})")
+                notes.append(f"{name} (spec {k}): {which}; the candidate's speculative tokens match the "
+                             f"reference's ({between[name, k]})")
         differ = "; ".join(f"{name} (spec {k}): reference {r}, candidate {c}, between paths {between[name, k]}"
                            for (name, k, r, c), ok in zip(against_plain, agree) if not ok)
         checks.append(Check.at_least("speculative tokens identical to plain decoding", sum(agree) / len(agree),
@@ -264,6 +265,15 @@ def _allowed(matcher: llguidance.LLMatcher, vocab: int) -> torch.Tensor:
 
 def _agrees(verdict: str) -> bool:
     return verdict == "identical" or verdict.startswith("near-tie")
+
+
+def _held_to_reference(reference_vs_plain: str, plain_between: str, speculative_between: str) -> bool:
+    """Whether the candidate's speculative run is judged by the reference's speculative run instead of by its own
+    plain run: where a plain run took a branch of its own, the reference's (its speculative run left it) or the
+    candidate's (it left the reference's plain run at an excused near-tie, so its later tokens answer other
+    contexts), and the candidate's speculative tokens agree with the reference's."""
+    own_branch = not _agrees(reference_vs_plain) or plain_between != "identical"
+    return own_branch and _agrees(speculative_between)
 
 
 def _compare(ref: _Decode, cand: _Decode, tie_tolerance: float) -> str:

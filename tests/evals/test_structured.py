@@ -165,3 +165,17 @@ def test_unused_ids_of_a_padded_vocabulary_are_never_allowed():
 def test_divergence_is_excused_only_at_a_near_tie(cand, gap, verdict):
     ref = _Decode(tokens=[1, 2, 3], gaps=[1.0, gap, 1.0], stopped=True)
     assert _compare(ref, _Decode(tokens=cand), tie_tolerance=1e-4).startswith(verdict)
+
+
+@pytest.mark.parametrize("reference_vs_plain, plain_between, speculative_between, held", [
+    ("identical", "identical", "identical", False),  # nothing parted: the candidate answers for its own runs
+    ("diverged at step 3", "identical", "identical", True),  # the reference's speculative run left its plain run
+    ("identical", "near-tie at step 6", "near-tie at step 7", True),  # the candidate's plain run took a near-tie
+    ("identical", "near-tie at step 6", "diverged at step 2", False),  # ... but its speculative run is not the ref's
+    ("diverged at step 3", "identical", "diverged at step 2", False),
+])
+def test_when_the_candidate_is_held_to_the_references_speculative_tokens(reference_vs_plain, plain_between,
+                                                                        speculative_between, held):
+    from gates.evals.structured import _held_to_reference
+
+    assert _held_to_reference(reference_vs_plain, plain_between, speculative_between) is held
