@@ -17,6 +17,7 @@ from pathlib import Path
 
 import git
 
+from gates.core.contracts import validation_problems
 from gates.core.status import Status
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
 from gates.evidence.diff import DiffError, contract_changes, render_markdown
@@ -43,7 +44,8 @@ RULES = {
     "contract": "a changed kernel source under model/kimi_k3/specialized/ belongs to a contract, and that "
                 "contract (contracts/<op>.yaml) changed with it and loads",
     "evidence": "every kernel the change touches (its contract, its sources, or any file its evidence covers) "
-                "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh",
+                "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh, and in "
+                "which every gate that applies on that arch PASSED (validated means passed)",
     "gates": "in those bundles, each gate the task requires PASSED",
     "thresholds": "the bundles meet the task's speedup at each of its batch sizes, and the contract's "
                   "tolerance is no looser than the task's numerics bounds",
@@ -326,7 +328,10 @@ def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[l
                                  "hardware.validated, run the gates on it (make gate) and commit "
                                  f"evidence/{k.op}/<arch>/"))
         for arch in k.contract.archs_validated:
-            found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
+            ev = found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
+            if ev.bundle is not None and not ev.problems:  # what `contract check` refuses, refused here too
+                out += [Violation(ev.directory, "evidence", f"{arch} is validated, but its bundle did not pass: {p}")
+                        for p in validation_problems(ev.bundle, k.contract, arch)]
     for path in branch.changed:  # bundles the change writes, validated or not
         key = bundle_key(path)
         if key and key not in found and (branch.root / evidence_dir(*key)).is_dir():

@@ -9,9 +9,22 @@ import shutil
 import pytest
 
 from gates.cli import main
+from gates.core.status import Status
 from gates.evidence.index import write_index
 from gates.tasks.check import check, read_branch, summary, task_at_base
-from tests.tasks.conftest import AGENT, CONTRACT, CPU_GATES, KERNEL, OWNER, TASK, TRAILERS, benchmarks, not_run, passed
+from tests.tasks.conftest import (
+    AGENT,
+    CONTRACT,
+    CPU_GATES,
+    KERNEL,
+    OWNER,
+    TASK,
+    TRAILERS,
+    benchmarks,
+    failed,
+    not_run,
+    passed,
+)
 
 
 def violations(r, base: str = "main") -> list[tuple[str, str, str]]:
@@ -93,6 +106,27 @@ def test_a_hand_edited_bundle(task_repo):
     assert ("evidence/attn_res/cpu", "evidence",
             "evidence/attn_res/cpu/report.md: modified after the bundle was written (sha256 differs from the "
             "manifest)") in violations(task_repo)
+
+
+@pytest.mark.parametrize("gates, expected", [
+    ((passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"),
+      failed("evals", Status.FAILED_EVAL, "sampling: TV 0.4 > 0.1")),
+     "the evals gate FAILED_EVAL: sampling: TV 0.4 > 0.1"),
+    ((passed("contracts"), not_run("compile"), not_run("numerics"), not_run("benchmarks"), passed("evals")),
+     "the numerics gate NOT_RUN: needs a CUDA GPU; this machine has none"),
+    ((passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks")),
+     "the evals gate is not in the bundle"),
+])
+def test_validated_means_passed(task_repo, gates, expected):
+    """An intact, fresh bundle of a validated arch that failed, or skipped, a gate that applies there validates
+    nothing, whatever its verdict says (a NOT_RUN gate leaves the verdict PASSED) and whatever the task requires."""
+    task_repo.write_task({**TASK, "required_gates": ["contracts"]})
+    task_repo.commit("core: a task that requires only the contract gate")
+    task_repo.repo.git.checkout("-q", "-b", "task2")
+    kernel_change(task_repo, gates)
+    task_repo.commit("kernel", *TRAILERS)
+    assert violations(task_repo, base="task") == [
+        ("evidence/attn_res/cpu", "evidence", f"cpu is validated, but its bundle did not pass: {expected}")]
 
 
 def test_a_validated_arch_without_evidence(task_repo):
