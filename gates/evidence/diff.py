@@ -273,7 +273,7 @@ def contract_changes(base_rev: str, head_rev: str | None = None, root: Path = RE
     for op in sorted(set(base) | set(head)):
         b, h = base.get(op), head.get(op)
         if b is None or h is None:
-            out.append(Move(op, None, b and "present", h and "present", False))
+            out.append(Move(op, None, None if b is None else "present", None if h is None else "present", False))
         else:
             out += contract_moves(op, b, h)
     return out
