@@ -18,8 +18,6 @@ from pathlib import Path
 from model.kimi_k3.ops.registry import REPO_ROOT
 
 BUNDLE = "bundle.json"
-# Contract fields whose change moves the bar a kernel is judged by.
-JUDGED_FIELDS = ("hardware", "tp_sizes", "batch", "spec_tokens", "dtypes", "shapes", "tolerance", "benchmark")
 
 
 class DiffError(ValueError):
@@ -61,8 +59,7 @@ class BundleDiff:
     gates: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)  # only gates whose status moved
     points: list[dict] = field(default_factory=list)  # per benchmark point: base and head figures
     compile: list[dict] = field(default_factory=list)  # per kernel config: registers / spills that moved
-    contract: dict[str, tuple] = field(default_factory=dict)  # judged contract fields that moved
-    loosened: list[str] = field(default_factory=list)  # the moves that lower the bar
+    contract: list[Move] = field(default_factory=list)  # judged contract values that moved (contract_moves)
     evals: dict[str, tuple] = field(default_factory=dict)  # eval metrics that moved
 
 
@@ -105,33 +102,101 @@ def _eval_metrics(bundle: dict | None) -> dict[str, float]:
     return out
 
 
-def loosened(field_name: str, base, head) -> bool:
-    """Whether a judged contract field moved so that more passes: wider tolerances, lower required speedups or
-    fractions, a wider envelope (more TP sizes, batches, tokens, shape values or archs)."""
-    if field_name == "tolerance":
-        b, h = base or {}, head or {}
-        return any(h.get(k, 0) > b.get(k, 0) for k in ("atol", "rtol", "max_rel_l2", "max_units")) or \
-            h.get("min_close_fraction", 1) < b.get("min_close_fraction", 1)
-    if field_name == "benchmark":
-        def bars(bm):
-            bm = bm or {}
-            return {(p.get("batch"), json.dumps(p.get("shape", {}), sort_keys=True)):
-                    (p.get("required_speedup") or bm.get("required_speedup") or 0,
-                     p.get("min_roofline_fraction") or bm.get("min_roofline_fraction") or 0)
-                    for p in bm.get("points", [])}
-        b, h = bars(base), bars(head)
-        return any(k not in h for k in b) or any(h[k][0] < b[k][0] or h[k][1] < b[k][1] for k in b if k in h)
-    if field_name in ("batch", "spec_tokens"):
-        b, h = base or {}, head or {}
-        return h.get("min", 0) < b.get("min", 0) or h.get("max", 0) > b.get("max", 0)
-    if field_name == "tp_sizes":
-        return bool(set(head or []) - set(base or []))
-    if field_name == "shapes":
-        return any(set((head or {}).get(k, [])) - set((base or {}).get(k, [])) for k in (head or {}))
-    if field_name == "hardware":
-        archs = lambda hw: {v.get("arch") for v in (hw or {}).get("validated", [])}  # noqa: E731
-        return bool(archs(head) - archs(base))
-    return base != head
+@dataclass(frozen=True)
+class Move:
+    """One judged value of a contract that differs between two revisions, and whether more now passes."""
+
+    contract: str  # the op (contracts/<op>.yaml)
+    path: str | None  # the value's dotted path, e.g. tolerance.atol; None: the whole contract added or removed
+    base: object
+    head: object
+    loosened: bool
+
+    @property
+    def name(self) -> str:
+        """How a pull request names it: <op>.<path>."""
+        return f"{self.contract}.{self.path}" if self.path else self.contract
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _looser(base, head, higher_is_looser: bool) -> bool:
+    """A bound that moved so that more passes. No bound before: any bound now is tighter. A bound removed, or one
+    that is not a number, counts as looser."""
+    if base is None:
+        return False
+    if not (_is_number(base) and _is_number(head)):
+        return True
+    return head > base if higher_is_looser else head < base
+
+
+def _point_key(p: dict) -> str:
+    shape = "".join(f",{k}={v}" for k, v in sorted((p.get("shape") or {}).items()))
+    return f"batch={p.get('batch')},spec_tokens={p.get('spec_tokens', 0)}{shape}"
+
+
+def contract_moves(op: str, base: dict, head: dict) -> list[Move]:
+    """Every judged value of a contract that moved from `base` to `head` (contracts as dumped with their defaults,
+    `Contract.model_dump(mode="json")`, so that deleting a line that held a stricter value than the default shows):
+    the reference and standard (another judge or baseline: the bar moved, which way is unknown), the validated
+    archs and devices, the envelope (TP sizes, batch, spec tokens, dtypes, shapes), the tolerances (the state's
+    own where it has one), the benchmark bars per point (a point dropped is a point no longer measured) and the
+    resource limits. Loosened: more passes at head than at base."""
+    moves: list[Move] = []
+
+    def add(path: str, b, h, looser: bool) -> None:
+        if b != h:
+            moves.append(Move(op, path, b, h, looser))
+
+    for f in ("reference", "standard"):
+        add(f, base.get(f), head.get(f), True)
+
+    def archs(c: dict, kind: str) -> dict[str, list[str]]:
+        return {hw.get("arch"): sorted(hw.get("devices") or []) for hw in (c.get("hardware") or {}).get(kind, [])}
+
+    vb, vh = archs(base, "validated"), archs(head, "validated")
+    for arch in sorted(set(vb) | set(vh), key=str):
+        b, h = vb.get(arch), vh.get(arch)
+        add(f"hardware.validated.{arch}", b, h, bool(set(h or ()) - set(b or ())))
+    add("hardware.declared", sorted(archs(base, "declared"), key=str), sorted(archs(head, "declared"), key=str), False)
+    tb, th = sorted(base.get("tp_sizes") or []), sorted(head.get("tp_sizes") or [])
+    add("tp_sizes", tb, th, bool(set(th) - set(tb)))
+    for f in ("batch", "spec_tokens"):
+        rb, rh = base.get(f) or {}, head.get(f) or {}
+        add(f"{f}.min", rb.get("min"), rh.get("min"), _looser(rb.get("min"), rh.get("min"), False))
+        add(f"{f}.max", rb.get("max"), rh.get("max"), _looser(rb.get("max"), rh.get("max"), True))
+    db, dh = base.get("dtypes") or {}, head.get("dtypes") or {}
+    for k in sorted(set(db) | set(dh)):
+        add(f"dtypes.{k}", db.get(k), dh.get(k), True)
+    sb, sh = base.get("shapes") or {}, head.get("shapes") or {}
+    for k in sorted(set(sb) | set(sh)):
+        b, h = sb.get(k), sh.get(k)
+        add(f"shapes.{k}", b and sorted(b), h and sorted(h), b is not None and (h is None or bool(set(h) - set(b))))
+    for f in ("tolerance", "state_tolerance"):
+        if f == "state_tolerance" and base.get(f) == head.get(f):
+            continue  # both absent: the states are held to `tolerance`, whose moves are listed
+        b, h = base.get(f) or base.get("tolerance") or {}, head.get(f) or head.get("tolerance") or {}
+        for k in sorted(set(b) | set(h)):
+            add(f"{f}.{k}", b.get(k), h.get(k), _looser(b.get(k), h.get(k), k != "min_close_fraction"))
+    bb, bh = base.get("benchmark") or {}, head.get("benchmark") or {}
+    for k in ("required_speedup", "min_roofline_fraction"):
+        add(f"benchmark.{k}", bb.get(k), bh.get(k), _looser(bb.get(k), bh.get(k), False))
+    pb = {_point_key(p): p for p in bb.get("points") or []}
+    ph = {_point_key(p): p for p in bh.get("points") or []}
+    for key in [*pb, *(k for k in ph if k not in pb)]:
+        path = f"benchmark.points[{key}]"
+        if key not in pb or key not in ph:
+            add(path, "measured" if key in pb else None, "measured" if key in ph else None, key not in ph)
+            continue
+        for k in ("required_speedup", "min_roofline_fraction"):  # the bar at the point: its own, else the default
+            add(f"{path}.{k}", pb[key].get(k), ph[key].get(k),
+                _looser(pb[key].get(k) or bb.get(k), ph[key].get(k) or bh.get(k), False))
+    rb, rh = base.get("resources") or {}, head.get("resources") or {}
+    for k in sorted(set(rb) | set(rh)):
+        add(f"resources.{k}", rb.get(k), rh.get(k), _looser(rb.get(k), rh.get(k), True))
+    return moves
 
 
 def _moved(a, b) -> bool:
@@ -159,12 +224,8 @@ def diff_bundles(base: dict | None, head: dict | None, op: str, arch: str) -> Bu
     for key in sorted(set(cb) | set(ch)):
         if cb.get(key) != ch.get(key):
             d.compile.append({"config": key, "base": cb.get(key), "head": ch.get(key)})
-    kb, kh = (base or {}).get("contract") or {}, (head or {}).get("contract") or {}
-    for f in JUDGED_FIELDS:
-        if kb.get(f) != kh.get(f):
-            d.contract[f] = (kb.get(f), kh.get(f))
-            if base is not None and head is not None and loosened(f, kb.get(f), kh.get(f)):
-                d.loosened.append(f)
+    if base is not None and head is not None:
+        d.contract = contract_moves(op, base.get("contract") or {}, head.get("contract") or {})
     eb, eh = _eval_metrics(base), _eval_metrics(head)
     for k in sorted(set(eb) | set(eh)):
         if _moved(eb.get(k), eh.get(k)):
@@ -180,29 +241,41 @@ def diff(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> 
     return [diff_bundles(base.get(key), head.get(key), *key) for key in sorted(set(base) | set(head))]
 
 
-def contract_changes(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> list[dict]:
-    """Judged fields of `contracts/*.yaml` that differ between two revisions (None: the working tree), each with
-    whether it loosens the bar; a contract added or removed is one entry with field None."""
+def _contract_dump(text: str, where: str) -> dict:
+    """A contract file's judged values: as the schema fills its defaults where it parses, else as written (the
+    `contract` rule of task check and `contract check` say why it does not parse)."""
     import yaml
 
+    from kernels.contract import ContractError, parse_contract
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise DiffError(f"{where}: not valid YAML ({str(e).splitlines()[0]})") from None
+    try:
+        return parse_contract(data, where).model_dump(mode="json")
+    except ContractError:
+        return data if isinstance(data, dict) else {}
+
+
+def contract_changes(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> list[Move]:
+    """The judged values of `contracts/<op>.yaml` that moved between two revisions (None: the working tree),
+    contract_moves of each; a contract added or removed is one Move with path None."""
     def contracts(rev: str | None) -> dict[str, dict]:
         if rev is None:
-            return {p.name: yaml.safe_load(p.read_text()) or {} for p in (root / "contracts").glob("*.yaml")}
+            return {p.stem: _contract_dump(p.read_text(), p.relative_to(root).as_posix())
+                    for p in (root / "contracts").glob("*.yaml")}
         names = [p for p in _git(root, "ls-tree", "--name-only", rev, "contracts/").split() if p.endswith(".yaml")]
-        return {Path(p).name: yaml.safe_load(_git(root, "show", f"{rev}:{p}")) or {} for p in names}
+        return {Path(p).stem: _contract_dump(_git(root, "show", f"{rev}:{p}"), f"{rev}:{p}") for p in names}
 
     base, head = contracts(base_rev), contracts(head_rev)
     out = []
-    for name in sorted(set(base) | set(head)):
-        b, h = base.get(name), head.get(name)
+    for op in sorted(set(base) | set(head)):
+        b, h = base.get(op), head.get(op)
         if b is None or h is None:
-            out.append({"contract": name, "field": None, "base": b is not None, "head": h is not None,
-                        "loosened": False})
-            continue
-        for f in JUDGED_FIELDS:
-            if b.get(f) != h.get(f):
-                out.append({"contract": name, "field": f, "base": b.get(f), "head": h.get(f),
-                            "loosened": loosened(f, b.get(f), h.get(f))})
+            out.append(Move(op, None, None if b is None else "present", None if h is None else "present", False))
+        else:
+            out += contract_moves(op, b, h)
     return out
 
 
@@ -210,28 +283,38 @@ def _num(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None,
-                    contracts: list[dict] | None = None) -> str:
-    """The diff as Markdown: the contracts' judged fields that moved (loosening first), then one section per bundle
-    that moved, tables of the moves."""
+def _value(v) -> str:
+    return "-" if v is None else f"`{json.dumps(v)}`"
+
+
+def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None, contracts: list[Move] | None = None,
+                    reasons: dict[str, str] | None = None) -> str:
+    """The diff as Markdown: the contracts' judged values that moved (loosening first, each with the reason the
+    pull request gives in `reasons`, by Move.name), then one section per bundle that moved, tables of the moves."""
     lines = [f"## Evidence diff: `{base_rev}` → `{head_rev or 'working tree'}`", ""]
     if contracts:
-        lines += ["| contract | field | base | head | |", "|---|---|---|---|---|"]
-        for c in sorted(contracts, key=lambda c: not c["loosened"]):
-            if c["field"] is None:
-                lines.append(f"| {c['contract']} | (whole contract) | {'present' if c['base'] else '-'} | "
-                             f"{'present' if c['head'] else '-'} | {'added' if c['head'] else 'removed'} |")
+        lines += ["Contract values that moved, loosened first (a pull request says why each loosened one moved: "
+                  "`Contract-change: <op>.<value>: <reason>`):", "",
+                  "| contract | value | base | head | |", "|---|---|---|---|---|"]
+        for m in sorted(contracts, key=lambda m: not m.loosened):
+            if m.path is None:
+                note = "added" if m.head else "removed"
+            elif m.loosened:
+                why = (reasons or {}).get(m.name)
+                note = f"loosened; why: {why}" if why else "**loosened: say why**"
             else:
-                lines.append(f"| {c['contract']} | {c['field']} | `{json.dumps(c['base'])}` | `{json.dumps(c['head'])}` | "
-                             f"{'**loosened: say why**' if c['loosened'] else ''} |")
+                note = ""
+            cells = (m.base or "-", m.head or "-") if m.path is None else (_value(m.base), _value(m.head))
+            lines.append(f"| {m.contract} | {m.path or '(whole contract)'} | {cells[0]} | {cells[1]} | "
+                         f"{note.replace('|', chr(92) + '|')} |")
         lines.append("")
     moved = [d for d in diffs if d.change != "unchanged"]
     if not moved:
         return "\n".join(lines + ["No evidence bundle changed.", ""])
     for d in moved:
         lines += [f"### {d.op} / {d.arch}: {d.change}, verdict {d.verdict[0] or '-'} → {d.verdict[1] or '-'}", ""]
-        if d.loosened:
-            lines += [f"**The bar moved down** in the contract: {', '.join(d.loosened)}. The pull request must say "
+        if loose := [m.path for m in d.contract if m.loosened]:
+            lines += [f"**The bar moved down** in the contract: {', '.join(loose)}. The pull request must say "
                       "why.", ""]
         if d.gates:
             lines += ["| gate | base | head |", "|---|---|---|"]
@@ -252,9 +335,9 @@ def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None
             lines += ["| kernel config | registers, spill bytes base | head |", "|---|---|---|"]
             lines += [f"| `{c['config']}` | {c['base']} | {c['head']} |" for c in d.compile] + [""]
         if d.contract:
-            lines += ["| contract field | base | head |", "|---|---|---|"]
-            lines += [f"| {f}{' (loosened)' if f in d.loosened else ''} | `{json.dumps(b)}` | `{json.dumps(h)}` |"
-                      for f, (b, h) in d.contract.items()] + [""]
+            lines += ["| contract value | base | head |", "|---|---|---|"]
+            lines += [f"| {m.path}{' (loosened)' if m.loosened else ''} | {_value(m.base)} | {_value(m.head)} |"
+                      for m in d.contract] + [""]
         if d.evals:
             lines += ["| eval metric | base | head |", "|---|---|---|"]
             lines += [f"| {k} | {_num(b, '.4g')} | {_num(h, '.4g')} |" for k, (b, h) in d.evals.items()] + [""]

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import git
 
+from gates.core.contracts import validation_problems
 from gates.core.status import Status
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
-from gates.evidence.diff import DiffError, contract_changes, render_markdown
+from gates.evidence.diff import DiffError, Move, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
 from gates.evidence.index import index_rows
 from gates.evidence.report import render_index
@@ -35,6 +36,7 @@ KERNEL_SOURCES = (".py", ".cu", ".cuh", ".cpp", ".cc", ".c", ".h", ".hpp")
 DISCLOSURE_KEYS = ("assisted-by", "co-authored-by")
 SIGN_OFF_KEY = "signed-off-by"
 TASK_KEY = "task"
+REASON_KEY = "contract-change"  # Contract-change: <op>.<value>: <why the bar moved>
 PERSON = re.compile(r"^(?P<name>[^<>]*\S)\s*<(?P<email>[^<>\s]+@[^<>\s]+)>$")
 
 RULES = {
@@ -43,11 +45,16 @@ RULES = {
     "contract": "a changed kernel source under model/kimi_k3/specialized/ belongs to a contract, and that "
                 "contract (contracts/<op>.yaml) changed with it and loads",
     "evidence": "every kernel the change touches (its contract, its sources, or any file its evidence covers) "
-                "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh",
+                "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh, and in "
+                "which every gate that applies on that arch PASSED (validated means passed)",
     "gates": "in those bundles, each gate the task requires PASSED",
     "thresholds": "the bundles meet the task's speedup at each of its batch sizes, and the contract's "
                   "tolerance is no looser than the task's numerics bounds",
     "envelope": "the contract of a task op claims nothing outside the task's envelope",
+    "loosening": "every contract value the change loosens against the merge base (a wider tolerance or envelope, a "
+                 "lower speedup or roofline bar, a benchmark point dropped, another reference or standard) is named "
+                 "with its reason in a commit trailer `Contract-change: <op>.<value>: <reason>`; the PR summary "
+                 "shows each with its reason",
     "disclosure": "every commit names the AI that helped: an Assisted-by: or Co-authored-by: trailer",
     "owner": "every commit carries Signed-off-by: Name <email> of the human who owns and ran it, "
              "someone other than the disclosed assistant",
@@ -279,6 +286,8 @@ class Report:
     task: Task
     branch: Branch
     kernels: list[Kernel] = field(default_factory=list)  # touched by the change
+    contract_changes: list[Move] = field(default_factory=list)  # judged contract values moved since the merge base
+    reasons: dict[str, str] = field(default_factory=dict)  # Move.name: the reason its Contract-change trailer gives
     evidence: list[Evidence] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
 
@@ -326,7 +335,10 @@ def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[l
                                  "hardware.validated, run the gates on it (make gate) and commit "
                                  f"evidence/{k.op}/<arch>/"))
         for arch in k.contract.archs_validated:
-            found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
+            ev = found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
+            if ev.bundle is not None and not ev.problems:  # what `contract check` refuses, refused here too
+                out += [Violation(ev.directory, "evidence", f"{arch} is validated, but its bundle did not pass: {p}")
+                        for p in validation_problems(ev.bundle, k.contract, arch)]
     for path in branch.changed:  # bundles the change writes, validated or not
         key = bundle_key(path)
         if key and key not in found and (branch.root / evidence_dir(*key)).is_dir():
@@ -427,6 +439,42 @@ def check_envelope(task: Task, touched: list[Kernel]) -> list[Violation]:
     return out
 
 
+def stated_reasons(branch: Branch) -> dict[str, str]:
+    """{<op>.<value>: reason} from the commits' `Contract-change:` trailers (a later commit's reason first)."""
+    reasons: dict[str, str] = {}
+    for c in branch.commits:
+        for value in c.values(REASON_KEY):
+            name, _, why = value.partition(":")
+            if why.strip():
+                reasons[name.strip()] = "; ".join(filter(None, (why.strip(), reasons.get(name.strip()))))
+    return reasons
+
+
+def reason_for(move: Move, reasons: dict[str, str]) -> str | None:
+    """The reason that names this value, or a field above it (attn_res.tolerance covers attn_res.tolerance.atol);
+    naming the op alone explains nothing."""
+    for name, why in reasons.items():
+        if "." in name and (move.name == name or move.name.startswith((f"{name}.", f"{name}["))):
+            return why
+    return None
+
+
+def contract_moves_since_base(branch: Branch) -> tuple[list[Move], list[Violation]]:
+    """The judged contract values that moved from the merge base to HEAD; one violation when they cannot be read."""
+    try:
+        return contract_changes(branch.merge_base_sha, branch.head_sha, branch.root), []
+    except DiffError as e:
+        return [], [Violation("contracts/", "loosening", f"cannot compare the contracts with the merge base: {e}")]
+
+
+def check_loosening(moves: list[Move], reasons: dict[str, str]) -> list[Violation]:
+    """Each loosened value without a reason (`reasons`: by Move.name, as check() matched them)."""
+    return [Violation(f"contracts/{m.contract}.yaml", "loosening",
+                      f"{m.path} {json.dumps(m.base)} → {json.dumps(m.head)} loosens the contract: say why in a "
+                      f"commit trailer `Contract-change: {m.name}: <reason>`")
+            for m in moves if m.loosened and m.name not in reasons]
+
+
 def check_commits(task: Task, branch: Branch) -> list[Violation]:
     out = []
     for c in branch.commits:
@@ -456,10 +504,15 @@ def check(task: Task, branch: Branch) -> Report:
     kernels, errors = read_kernels(branch.root)
     touched = [k for k in kernels.values() if any(k.touched_by(p) for p in branch.changed)]
     evidence, evidence_violations = check_evidence(task, branch, touched)
+    moves, unreadable = contract_moves_since_base(branch)
+    stated = stated_reasons(branch)
+    reasons = {m.name: why for m in moves if m.loosened and (why := reason_for(m, stated))}
     violations = (check_scope(task, branch) + check_index(branch) + check_contracts(branch, kernels, errors)
                   + evidence_violations + check_gates(task, evidence) + check_thresholds(task, touched, evidence)
-                  + check_envelope(task, touched) + check_commits(task, branch) + check_committed(branch))
-    return Report(task, branch, touched, evidence, violations)
+                  + check_envelope(task, touched) + unreadable + check_loosening(moves, reasons)
+                  + check_commits(task, branch) + check_committed(branch))
+    return Report(task, branch, kernels=touched, contract_changes=moves, reasons=reasons, evidence=evidence,
+                  violations=violations)
 
 
 def summary(report: Report, link_base: str = "") -> str:
@@ -470,7 +523,7 @@ def summary(report: Report, link_base: str = "") -> str:
     b = report.branch
     try:
         moved = render_markdown(evidence_diff(b.merge_base_sha, b.head_sha, b.root), b.merge_base_sha[:12],
-                                b.head_sha[:12], contract_changes(b.merge_base_sha, b.head_sha, b.root))
+                                b.head_sha[:12], report.contract_changes, report.reasons)
     except DiffError as e:
         moved = f"The evidence diff could not be made: {e}"
     return render("pr_summary.md.j2", r=report, rules=list(RULES), owners=people(SIGN_OFF_KEY),

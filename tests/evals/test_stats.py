@@ -8,7 +8,16 @@ import math
 import pytest
 import torch
 
-from gates.evals.stats import dkw_bound, empirical, kl_divergence, rank_cdf_distance, tv_distance, tv_noise_bound
+from gates.evals.stats import (
+    binned,
+    dkw_bound,
+    empirical,
+    kl_divergence,
+    mass_bins,
+    rank_cdf_distance,
+    tv_distance,
+    tv_noise_bound,
+)
 
 
 def softmax(logits, scale=1.0):
@@ -61,3 +70,20 @@ def test_ks_bound_sees_a_temperature_change_the_tv_bound_hides(logits):
                                     generator=torch.Generator().manual_seed(0)), 512)
     assert tv_distance(q, p).item() < tv_noise_bound(p, n, 1e-6)
     assert rank_cdf_distance(q, p) > dkw_bound(n, 1e-6)
+
+
+def test_bins_of_the_reference_mass():
+    """A fixed partition by the reference's mass: at most `bins` bins, a bin per tenth of the mass here, and a TV
+    over them that is at most the token-level TV while the noise of many draws over a large vocabulary stays
+    small (the token-level noise bound of the same draws is above 1)."""
+    gen = torch.Generator().manual_seed(0)
+    p = softmax(torch.randn(160_000, generator=gen))
+    bins = mass_bins(p, 10)
+    assert bins.unique().tolist() == list(range(10))
+    assert torch.allclose(binned(p, bins, 10), torch.full((10,), 0.1, dtype=torch.float64), atol=1e-3)
+    q = softmax(torch.randn(160_000, generator=gen))
+    assert tv_distance(binned(q, bins, 10), binned(p, bins, 10)) <= tv_distance(q, p)
+    n = 4096
+    assert tv_noise_bound(p, n, 1e-6) > 1 > 0.2 > tv_noise_bound(binned(p, bins, 10), n, 1e-6)
+    heavy = torch.tensor([0.7, 0.1, 0.1, 0.05, 0.05])
+    assert mass_bins(heavy, 4).tolist() == [0, 2, 3, 3, 3]  # mass before each: 0, .7, .8, .9, .95

@@ -63,7 +63,12 @@ def benchmarks(speedups: dict[int, float]) -> GateResult:
                                "method": "made-up timings", "recheck_failures": []})
 
 
-CPU_GATES = (passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"))
+def failed(gate: str, status: Status, reason: str) -> GateResult:
+    return GateResult(gate=gate, title=gate.title(), status=status, reason=reason, summary=reason)
+
+
+# What the gate records for attn_res on CPU: compile and benchmarks do not apply there (torch backend, no GPU).
+CPU_GATES = (passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"), passed("evals"))
 
 
 class TaskRepo:
@@ -114,10 +119,9 @@ class TaskRepo:
 ENVIRONMENT = environment(detect())
 
 
-@pytest.fixture
-def task_repo(tmp_path) -> TaskRepo:
+def make_task_repo(root: Path) -> TaskRepo:
     """Base on main: the fixture task, the attn_res contract and sources, fresh CPU evidence. Now on `task`."""
-    r = TaskRepo(tmp_path / "repo")
+    r = TaskRepo(root)
     for rel in COPIED:
         r.write(rel, (REPO / rel).read_text())
     r.write("README.md", "# k3forge\n")
@@ -126,3 +130,8 @@ def task_repo(tmp_path) -> TaskRepo:
     r.commit("base")
     r.repo.git.checkout("-b", "task")
     return r
+
+
+@pytest.fixture
+def task_repo(tmp_path) -> TaskRepo:
+    return make_task_repo(tmp_path / "repo")

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from gates.evidence.diff import diff, diff_bundles, loosened, render_markdown
+from gates.evidence.diff import DiffError, contract_changes, contract_moves, diff, diff_bundles, render_markdown
+from kernels.contract import load_contract
 from model.kimi_k3.ops.registry import REPO_ROOT
 
 REAL = REPO_ROOT / "evidence" / "kda_decode" / "sm_90" / "bundle.json"
@@ -36,24 +37,61 @@ def test_speedups_verdicts_and_a_loosened_tolerance_show(bundle):
     d = diff_bundles(bundle, head, "kda_decode", "sm_90")
     assert d.verdict == ("PASSED", "FAILED_NUMERICS") and d.gates == {"numerics": ("PASSED", "FAILED_NUMERICS")}
     assert [p["point"] for p in d.points] == [_bench_rows(bundle)[0]["point"]]
-    assert d.loosened == ["tolerance"]
+    assert [(m.path, m.loosened) for m in d.contract] == [("tolerance.atol", True)]
     text = render_markdown([d], "base", "head")
     assert "The bar moved down" in text and "1.01" in text and "FAILED_NUMERICS" in text
 
 
-@pytest.mark.parametrize("field, base, head, looser", [
-    ("tolerance", {"atol": 1e-3, "rtol": 1e-2}, {"atol": 1e-3, "rtol": 2e-2}, True),
-    ("tolerance", {"atol": 1e-3, "min_close_fraction": 0.999}, {"atol": 1e-3, "min_close_fraction": 0.99}, True),
-    ("tolerance", {"atol": 1e-3}, {"atol": 1e-4}, False),
-    ("batch", {"min": 1, "max": 64}, {"min": 1, "max": 128}, True),
-    ("batch", {"min": 1, "max": 64}, {"min": 2, "max": 64}, False),
-    ("benchmark", {"required_speedup": 2.0, "points": [{"batch": 1}]}, {"required_speedup": 1.5, "points": [{"batch": 1}]}, True),
-    ("benchmark", {"required_speedup": 2.0, "points": [{"batch": 1}, {"batch": 64}]},
-     {"required_speedup": 2.0, "points": [{"batch": 1}]}, True),
-    ("shapes", {"heads": [12]}, {"heads": [12, 24]}, True),
+def _attn_res() -> dict:
+    return load_contract(REPO_ROOT / "contracts" / "attn_res.yaml").model_dump(mode="json")
+
+
+def _set(path: str, value):
+    """An edit of a contract dump: the value at a dotted path (a list index as a number) set, or deleted (None)."""
+    def edit(c: dict) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            c = c[int(key)] if isinstance(c, list) else c.setdefault(key, {})
+        if value is None:
+            del c[last]
+        else:
+            c[last] = value
+    return edit
+
+
+POINT = "benchmark.points[batch=8,spec_tokens=0,hidden=7168,sources=9]"
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (_set("tolerance.rtol", 2e-5), [("tolerance.rtol", True)]),
+    (_set("tolerance.min_close_fraction", 0.99), [("tolerance.min_close_fraction", True)]),
+    (_set("tolerance.atol", 1e-6), [("tolerance.atol", False)]),
+    (_set("state_tolerance", {"atol": 1e-4, "rtol": 1e-5, "max_rel_l2": 1e-5, "min_close_fraction": 0.99999,
+                              "max_units": 3.0}), [("state_tolerance.atol", True)]),
+    (_set("batch.max", 128), [("batch.max", True)]),
+    (_set("batch.min", 2), [("batch.min", False)]),
+    (_set("spec_tokens.max", 3), [("spec_tokens.max", False)]),
+    (_set("tp_sizes", [1, 2]), [("tp_sizes", True)]),
+    (_set("shapes.sources", [2, 3, 4, 5, 6, 7, 8, 9, 10]), [("shapes.sources", True)]),
+    (_set("shapes.hidden", None), [("shapes.hidden", True)]),  # a constraint dropped admits every value
+    (_set("dtypes.activations", "bf16"), [("dtypes.activations", True)]),
+    (_set("standard", "model.kimi_k3.ops.slow:attn_res"), [("standard", True)]),
+    (_set("reference", "model.kimi_k3.specialized.attn_res_fused:attn_res_fused"), [("reference", True)]),
+    (_set("hardware.validated", [{"arch": "cpu", "devices": ["cpu"]}, {"arch": "sm_90", "devices": ["H200"]}]),
+     [("hardware.validated.sm_90", True)]),
+    (_set("benchmark.required_speedup", 1.0), [("benchmark.required_speedup", True)]),
+    (_set("benchmark.min_roofline_fraction", 0.5), [("benchmark.min_roofline_fraction", False)]),
+    (_set("benchmark.points.1.required_speedup", 1.1), [(f"{POINT}.required_speedup", True)]),
+    (_set("benchmark.points.1.required_speedup", 1.5), [(f"{POINT}.required_speedup", False)]),
+    (lambda c: c["benchmark"]["points"].pop(1), [(POINT, True)]),
+    (_set("resources.max_registers", 128), [("resources.max_registers", False)]),
+    (_set("description", "Another description."), []),
 ])
-def test_what_counts_as_loosening(field, base, head, looser):
-    assert loosened(field, base, head) is looser
+def test_what_counts_as_loosening(edit, expected):
+    """Each judged value that moves is one Move; loosened when more passes at head than at base."""
+    base, head = _attn_res(), _attn_res()
+    edit(head)
+    assert [(m.path, m.loosened) for m in contract_moves("attn_res", base, head)] == expected
 
 
 def test_two_commits_of_the_repository():
@@ -68,18 +106,40 @@ def test_two_commits_of_the_repository():
     assert "Evidence diff" in render_markdown(diffs, revs[1], revs[0])
 
 
-def test_a_loosened_contract_field_is_flagged_between_revisions(tmp_path):
-    """Working tree against HEAD: a wider tolerance in a contract file shows, loosening first."""
-    from gates.evidence.diff import contract_changes
-
-    root = tmp_path / "repo"
+def _repo(root, contract: str):
     (root / "contracts").mkdir(parents=True)
-    contract = root / "contracts" / "op.yaml"
-    contract.write_text("op: op\ntolerance: {atol: 0.001, rtol: 0.01, max_rel_l2: 0.001}\nbatch: {min: 1, max: 8}\n")
+    (root / "contracts" / "attn_res.yaml").write_text(contract)
     for args in (["init", "-q"], ["add", "."], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
         subprocess.run(["git", *args], cwd=root, check=True)
-    contract.write_text("op: op\ntolerance: {atol: 0.01, rtol: 0.01, max_rel_l2: 0.001}\nbatch: {min: 2, max: 8}\n")
-    changes = contract_changes("HEAD", None, root)
-    assert {(c["field"], c["loosened"]) for c in changes} == {("tolerance", True), ("batch", False)}
-    text = render_markdown([], "HEAD", None, changes)
-    assert text.index("tolerance") < text.index("batch") and "loosened: say why" in text
+    return root / "contracts" / "attn_res.yaml"
+
+
+def test_a_loosened_contract_value_is_flagged_between_revisions(tmp_path):
+    """Working tree against HEAD: a wider tolerance in a contract file shows, loosening first."""
+    text = (REPO_ROOT / "contracts" / "attn_res.yaml").read_text()
+    contract = _repo(tmp_path, text)
+    contract.write_text(text.replace("rtol: 1.0e-5", "rtol: 1.0e-3").replace("max: 64}", "max: 32}"))
+    changes = contract_changes("HEAD", None, tmp_path)
+    assert [(m.name, m.base, m.head, m.loosened) for m in changes] == [
+        ("attn_res.batch.max", 64, 32, False), ("attn_res.tolerance.rtol", 1e-5, 1e-3, True)]
+    text = render_markdown([], "HEAD", None, changes, {"attn_res.tolerance.rtol": "the fused sum's order"})
+    assert text.index("tolerance.rtol") < text.index("batch.max")
+    assert "| attn_res | tolerance.rtol | `1e-05` | `0.001` | loosened; why: the fused sum's order |" in text
+
+
+def test_deleting_a_line_that_was_stricter_than_the_default_is_loosening(tmp_path):
+    """max_units defaults to 3: a contract that said 2 and no longer says anything now admits 3."""
+    text = (REPO_ROOT / "contracts" / "attn_res.yaml").read_text().replace("max_rel_l2: 1.0e-5",
+                                                                            "max_rel_l2: 1.0e-5\n  max_units: 2")
+    contract = _repo(tmp_path, text)
+    contract.write_text(text.replace("\n  max_units: 2", ""))
+    assert [(m.name, m.base, m.head, m.loosened) for m in contract_changes("HEAD", None, tmp_path)] == [
+        ("attn_res.tolerance.max_units", 2.0, 3.0, True)]
+    assert "**loosened: say why**" in render_markdown([], "HEAD", None, contract_changes("HEAD", None, tmp_path))
+
+
+def test_a_contract_that_is_not_yaml_is_a_diff_error(tmp_path):
+    contract = _repo(tmp_path, (REPO_ROOT / "contracts" / "attn_res.yaml").read_text())
+    contract.write_text("tolerance: {atol: [\n")
+    with pytest.raises(DiffError, match=r"^contracts/attn_res.yaml: not valid YAML \("):
+        contract_changes("HEAD", None, tmp_path)

@@ -112,3 +112,32 @@ def test_report_renders_in_headless_chromium(gpu_like_bundle, tmp_path):
     subprocess.run([CHROMIUM, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120,
                    check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+# Written into the page after layout: what a reader at 1280 px would find clipped.
+CLIPPED = """<script>window.addEventListener('load', () => {
+  const found = [];
+  document.querySelectorAll('section').forEach(s => {
+    if (s.scrollWidth > s.clientWidth + 1) found.push('section ' + s.id + ' wider than the page'); });
+  document.querySelectorAll('table').forEach((t, i) => {
+    if (!t.parentElement.classList.contains('scroll')) found.push('table ' + i + ' outside a scroll box'); });
+  const wide = [...document.querySelectorAll('.scroll')].filter(d => d.scrollWidth > d.clientWidth + 1).length;
+  const out = document.createElement('pre');
+  out.id = 'clipped';
+  out.textContent = JSON.stringify({found, wide});
+  document.body.appendChild(out);
+});</script>"""
+
+
+@needs_chromium
+def test_wide_tables_scroll_in_their_own_box(gpu_like_bundle, tmp_path):
+    """A table wider than the page (the benchmarks' and numerics' rows are) scrolls under itself, its last column
+    reachable, instead of widening its section past the page, where the last column was cut off at 1280 px."""
+    page = tmp_path / "report.html"
+    page.write_text(render_html(gpu_like_bundle).replace("</body>", CLIPPED + "</body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=800,2000", "--virtual-time-budget=5000"]
+    dom = subprocess.run([CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    report = json.loads(re.search(r'<pre id="clipped">(.*?)</pre>', dom).group(1))
+    assert report["found"] == [] and report["wide"] > 0, report
