@@ -25,6 +25,7 @@ def parse(argv: list[str]) -> Run:
     p.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (fp32)")
     p.add_argument("--tokens-per-step", type=int, help=f"default {Recipe.tokens_per_step}")
     p.add_argument("--lengths", help=f"training lengths, comma-separated (default {Recipe.lengths})")
+    p.add_argument("--heldout-rows", type=int, default=16, help="held-out recall samples per length scored at the end")
     args = p.parse_args(argv)
     output_directory(args.out, "--out")
     if args.out.is_dir() and any(args.out.iterdir()):
@@ -43,7 +44,8 @@ def parse(argv: list[str]) -> Run:
             raise UsageError("--lengths: each at least 64 (a recall sample needs room for its pairs)")
         recipe = replace(recipe, lengths=lengths)
     command = "python -m model.kimi_k3.train " + shlex.join(argv)
-    return Run(args.out, args.seed, torch_device(args.device), args.minutes, args.steps, recipe, command)
+    return Run(args.out, args.seed, torch_device(args.device), args.minutes, args.steps, recipe, command,
+               args.heldout_rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,7 @@ def dense_experts(cfg: KimiK3Config) -> KimiK3Config:
 class Recipe:
     """Everything a training run depends on besides the seed and the step count (recorded with the checkpoint)."""
 
-    tokens_per_step: int = 16384  # rows x length; a step's length is drawn from `lengths`
+    tokens_per_step: int = 32768  # rows x length; a step's length is drawn from `lengths`
     lengths: tuple[int, ...] = (256, 512, 1024)
     recall_fraction: float = 0.5  # rows of one long recall sample; the others pack the short tasks
     lr: float = 2e-3
@@ -45,7 +45,7 @@ class Recipe:
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
     bias_rate: float = 1e-3  # aux-loss-free balancing: e_score_correction_bias moves this much per step
-    kda_chunk: int = 64  # the chunked KDA form's chunk (model/kimi_k3/ops/kda.py)
+    kda_chunk: int = 32  # the chunked KDA form's chunk (ops/kda.py): its [C, C, K] decays cost C x K per token
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -26,14 +26,12 @@ from ..model import KimiK3Model
 from ..tokenizer import build_tokenizer
 from . import export
 from .config import Recipe, dense_experts, mini_config
-from .data import DATA_VERSION, Tasks
+from .data import DATA_VERSION, MAX_PAIRS, Tasks
 from .forward import TrainOps, logits, trainable
 
 TIMED_STEPS = (3, 10)  # steps timed to plan the run when no step count is given (the first ones warm up)
 CURVE_POINTS = 40  # the loss curve's summary: mean loss over this many equal stretches of the run
 HELDOUT_SEED_OFFSET = 1_000_003  # held-out samples draw from another stream than training's
-HELDOUT_LENGTHS = (256, 1024, 2048)  # recall lengths scored after training (teacher forced)
-HELDOUT_ROWS = 16
 
 
 @dataclass
@@ -45,6 +43,7 @@ class Run:
     steps: int | None = None
     recipe: Recipe = field(default_factory=Recipe)
     command: str = ""
+    heldout_rows: int = 16  # held-out samples per recall length, 4x as many per short task
 
     @property
     def autocast(self) -> torch.dtype | None:
@@ -137,17 +136,18 @@ def _curve(losses: list[float]) -> list[dict]:
 
 @torch.no_grad()
 def heldout(model: KimiK3Model, tasks: Tasks, run: Run) -> dict:
-    """Teacher-forced scores on samples from a held-out stream: recall accuracy per length; token accuracy of the
+    """Teacher-forced scores on samples from a held-out stream: recall accuracy at the shortest and longest training
+    length and twice the longest; token accuracy of the
     json, copy and arithmetic answers; the pick answer's total-variation distance from its known distribution."""
-    rng, ops = random.Random(run.seed + HELDOUT_SEED_OFFSET), TrainOps()
+    rng, ops, lengths = random.Random(run.seed + HELDOUT_SEED_OFFSET), TrainOps(), run.recipe.lengths
     scores = {}
-    for length in HELDOUT_LENGTHS:
-        samples = [tasks.recall(rng, length, 16) for _ in range(HELDOUT_ROWS)]
+    for length in (min(lengths), max(lengths), 2 * max(lengths)):  # twice the longest: beyond training
+        samples = [tasks.recall(rng, length, min(MAX_PAIRS, length // 16)) for _ in range(run.heldout_rows)]
         scores[f"recall@{length}"] = _teacher_forced(model, samples, ops, run)
     for name in ("json", "copy", "arithmetic"):
-        samples = [getattr(tasks, name)(rng) for _ in range(4 * HELDOUT_ROWS)]
+        samples = [getattr(tasks, name)(rng) for _ in range(4 * run.heldout_rows)]
         scores[name] = _teacher_forced(model, samples, ops, run)
-    samples = [tasks.pick(rng) for _ in range(4 * HELDOUT_ROWS)]
+    samples = [tasks.pick(rng) for _ in range(4 * run.heldout_rows)]
     tv = []
     for s in samples:
         probs = _forward(model, torch.tensor([s.tokens], device=run.device), ops, run)[0, s.targets[0]].softmax(-1)
