@@ -53,6 +53,7 @@ from model.kimi_k3.ops.registry import OPS, REPO_ROOT, Specialized, dtype_name, 
 from model.kimi_k3.train.data import Sample, Tasks
 from model.kimi_k3.train.export import RECORD_FILE
 
+from . import EvalGate
 from .config import EvalConfig
 from .paths import DecodePath, DispatchedEngine, PathPair
 from .result import Check, EvalResult, Status, Table
@@ -101,6 +102,7 @@ class AccuracyConfig(EvalConfig[AccuracyBudget]):
     gpu: AccuracyBudget = AccuracyBudget(recall_lengths=(256, 512, 1024, 2048), recall_per_length=16,
                                          recall_pairs=16, json_prompts=32, short_prompts=32, draws=2048,
                                          floors=Floors(accuracy=1 / 64, nll=0.02, tv=0.02))
+    trained: bool = Field(True, description="the subject is a trained checkpoint (random weights score nothing)")
     calibration: dict[str, dict] = Field(default_factory=dict, description="calibration.json's entry for the "
                                                                            "device kind: {metric: {margin, ...}}")
     slack: float = Field(2.0, ge=1)
@@ -325,6 +327,9 @@ def judge(reference: dict[str, float], candidate: dict[str, float], margin: dict
 
 
 def run(config: AccuracyConfig, paths: PathPair, progress: Progress) -> EvalResult:
+    if not config.trained:
+        return EvalResult(name=NAME, status=Status.NOT_RUN, reason="random weights answer nothing: the accuracy "
+                          f"eval needs a trained checkpoint (one with {RECORD_FILE})")
     others = [p for p in (paths.candidate, paths.standard) if p is not None]
     if not all(isinstance(p, DecodePath) for p in (paths.reference, *others)):
         return EvalResult(name=NAME, status=Status.NOT_RUN, reason="the accuracy eval steps many sequences through "
@@ -346,11 +351,20 @@ def trained(ckpt: str | Path | None) -> bool:
     return ckpt is not None and (Path(ckpt) / RECORD_FILE).is_file()
 
 
-def config_for(ckpt: str | Path, device: torch.device, seed: int) -> AccuracyConfig:
-    """The eval's config for a checkpoint: its calibration for this device kind, when it has one."""
-    path = Path(ckpt) / CALIBRATION_FILE
-    calibration = json.loads(path.read_text()).get(device.type, {}) if path.is_file() else {}
-    return AccuracyConfig(seed=seed, calibration=calibration)
+def config_for(ckpt: str | Path | None, device: torch.device, seed: int) -> AccuracyConfig:
+    """The eval's config for a subject: the checkpoint's calibration for this device kind, when it has one."""
+    path = Path(ckpt or "") / CALIBRATION_FILE
+    calibration = json.loads(path.read_text()).get(device.type, {}) if ckpt and path.is_file() else {}
+    return AccuracyConfig(seed=seed, calibration=calibration, trained=trained(ckpt))
+
+
+def default_ckpt() -> Path | None:
+    """The committed trained checkpoint, when the tree has it."""
+    return TRAINED_CKPT if trained(TRAINED_CKPT) else None
+
+
+GATE = EvalGate(NAME, run, AccuracyConfig, "the trained mini-K3's scores (recall per context bucket, JSON validity "
+                "and fields plain and speculative, known sampling distributions) no worse than the reference's")
 
 
 # ---- python -m gates.evals.accuracy: calibrate, and judge kernels -------------------------------------------------
@@ -378,67 +392,76 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gates.evals.accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", type=Path, default=TRAINED_CKPT, help="the trained checkpoint (default: committed)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seeds", type=int, default=2, help="eval seeds the reference and standard run on")
+    p.add_argument("--seeds", type=int, default=2, help="eval seeds the reference and standard run on (calibration)")
     p.add_argument("--calibrate", action="store_true", help=f"write the margins into the checkpoint's "
                                                             f"{CALIBRATION_FILE} (this device kind's entry)")
     p.add_argument("--kernel", action="append", default=[], metavar="NAME=OP=MODULE:FUNCTION",
                    help="judge this implementation as op's kernel (repeatable); latency_specialized always runs")
-    p.add_argument("--seconds", type=float, default=math.inf, help="skip the kernels left after this long")
+    p.add_argument("--seconds", type=float, default=math.inf,
+                   help="start no measurement after this long (the report is rewritten after each one)")
     p.add_argument("--json", type=Path, required=True, help="write the report here")
     args = p.parse_args(argv)
+    kernels = [spec.split("=", 2) for spec in args.kernel]
+    problems = [f"--kernel {s!r}: expected NAME=OP=MODULE:FUNCTION" for s, k in zip(args.kernel, kernels)
+                if len(k) != 3 or ":" not in k[2]]
     if not trained(args.ckpt):
-        print(f"error: --ckpt {args.ckpt}: no {RECORD_FILE}; the accuracy eval needs the trained checkpoint",
-              file=sys.stderr)
+        problems.append(f"--ckpt {args.ckpt}: no {RECORD_FILE}; the accuracy eval needs the trained checkpoint")
+    if problems:
+        print(f"error: {problems[0]}", file=sys.stderr)
         return 2
-    kernels = []
-    for spec in args.kernel:
-        name, _, rest = spec.partition("=")
-        op, _, impl = rest.partition("=")
-        if not (name and op and ":" in impl):
-            print(f"error: --kernel {spec!r}: expected NAME=OP=MODULE:FUNCTION", file=sys.stderr)
-            return 2
-        kernels.append((name, op, impl))
     device = torch_device(args.device)
     start = time.perf_counter()
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device, dtype=dtype)
+    model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device,
+                                       dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     config = config_for(args.ckpt, device, 0)
     budget, tasks = config.budget(device), Tasks(tokenizer, model.cfg)
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=None, transient=True)
-    report: dict = {"ckpt": str(args.ckpt), "device": str(device), "budget": budget.model_dump(), "kernels": {}}
+    ref_path, std_path = backend_path(model, "reference"), backend_path(model, "auto")
+    candidates = {"latency_specialized": backend_path(model, "latency_specialized")}
+    candidates.update({name: kernel_path(model, op, impl, name) for name, op, impl in kernels})
+    # seed 0's reference and standard first, then every candidate, then the other calibration seeds
+    work = [("reference", ref_path, 0), ("standard", std_path, 0)]
+    work += [(name, path, 0) for name, path in candidates.items()]
+    work += [(name, path, s) for s in range(1, args.seeds) for name, path in (("reference", ref_path),
+                                                                                ("standard", std_path))]
+    scores: dict[tuple[str, int], dict[str, float]] = {}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with progress:
-        ref_path, std_path = backend_path(model, "reference"), backend_path(model, "auto")
-        runs = [(measure(ref_path, model, tasks, Items.draw(tasks, budget, s), budget, progress),
-                 measure(std_path, model, tasks, Items.draw(tasks, budget, s), budget, progress))
-                for s in range(args.seeds)]
-        measured = calibrate([r for r, _ in runs], [s for _, s in runs], config.slack)
-        report["calibration"] = measured
-        if args.calibrate:
-            path = args.ckpt / CALIBRATION_FILE
-            stored = json.loads(path.read_text()) if path.is_file() else {}
-            path.write_text(json.dumps({**stored, device.type: measured}, indent=1))
-            config = config_for(args.ckpt, device, 0)
-        reference, standard = runs[0]
-        margin = margins(budget, config.calibration, reference)
-        items = Items.draw(tasks, budget, 0)
-        candidates = [("latency_specialized", backend_path(model, "latency_specialized"))]
-        candidates += [(name, kernel_path(model, op, impl, name)) for name, op, impl in kernels]
-        for name, path in candidates:
+        for name, path, seed in work:
             if time.perf_counter() - start > args.seconds:
-                report["kernels"][name] = {"status": "NOT_RUN", "reason": f"--seconds {args.seconds:g} spent"}
-                continue
-            scores = measure(path, model, tasks, items, budget, progress)
-            checks, table = judge(reference, scores, margin, standard)
-            failed = [c.name for c in checks if not c.passed]
-            report["kernels"][name] = {"status": "FAILED_EVAL" if failed else "PASSED", "failed": failed,
-                                       "rows": [dict(zip(table.columns, row)) for row in table.rows],
-                                       "dispatch": path_ops(path).report()["ops"]}
-    report["seconds"] = round(time.perf_counter() - start, 1)
-    args.json.write_text(json.dumps(report, indent=1))
+                break
+            scores[name, seed] = measure(path, model, tasks, Items.draw(tasks, budget, seed), budget, progress)
+            report = _report(args, budget, config, scores, candidates, time.perf_counter() - start)
+            args.json.write_text(json.dumps(report, indent=1))
+    if args.calibrate and report["calibration"]:
+        path = args.ckpt / CALIBRATION_FILE
+        stored = json.loads(path.read_text()) if path.is_file() else {}
+        path.write_text(json.dumps({**stored, device.type: report["calibration"]}, indent=1))
     for name, r in report["kernels"].items():
-        print(f"{name}: {r['status']} {', '.join(r.get('failed', []))}")
+        print(f"{name}: {r['status']} {' '.join(r.get('failed', []))}")
     return 0
+
+
+def _report(args, budget: AccuracyBudget, config: AccuracyConfig, scores: dict, candidates: dict[str, DecodePath],
+            seconds: float) -> dict:
+    """What was measured so far: the calibration from the seeds both reference and standard ran on, and each
+    candidate judged against seed 0's reference (NOT_RUN where it did not run)."""
+    seeds = [s for s in range(args.seeds) if ("reference", s) in scores and ("standard", s) in scores]
+    calibration = calibrate([scores["reference", s] for s in seeds], [scores["standard", s] for s in seeds],
+                            config.slack) if seeds else {}
+    report = {"ckpt": str(args.ckpt), "device": args.device, "seconds": round(seconds, 1),
+              "budget": budget.model_dump(), "calibration": calibration, "kernels": {}}
+    reference = scores.get(("reference", 0))
+    for name, path in candidates.items():
+        if reference is None or (name, 0) not in scores:
+            report["kernels"][name] = {"status": "NOT_RUN", "reason": "the time limit (--seconds) came first"}
+            continue
+        checks, table = judge(reference, scores[name, 0], margins(budget, calibration or config.calibration,
+                                                                  reference), scores.get(("standard", 0)))
+        failed = [c.name for c in checks if not c.passed]
+        report["kernels"][name] = {"status": "FAILED_EVAL" if failed else "PASSED", "failed": failed,
+                                   "rows": [dict(zip(table.columns, row)) for row in table.rows],
+                                   "dispatch": path_ops(path).report()["ops"]}
+    return report
 
 
 if __name__ == "__main__":

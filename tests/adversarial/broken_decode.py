@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-import torch
-
 from model.kimi_k3.ops.kda_decode import kda_decode
 from model.kimi_k3.ops.registry import OPS
 
