@@ -95,7 +95,7 @@ class AccuracyConfig(EvalConfig[AccuracyBudget]):
     # by ~1e-6 in logits, which flips only an exact near-tie: the floors allow one item of a bucket's queries
     # (4 x 8) and far more than such drift moves a likelihood or a distribution.
     cpu: AccuracyBudget = AccuracyBudget(recall_lengths=(128, 256), recall_per_length=4, json_prompts=6,
-                                         short_prompts=8, draws=512,
+                                         json_max_tokens=64, short_prompts=8, draws=512,
                                          floors=Floors(accuracy=1 / 32, nll=0.01, tv=0.01))
     # H200, bf16: 64 sequences step together (the KDA kernel's whole batch envelope); the floors are for an
     # uncalibrated checkpoint, the calibration's margins replace them where larger.
