@@ -60,7 +60,8 @@ def test_gradients_reach_every_trained_parameter_and_loads_are_counted(dense_mod
     ids = torch.randint(3, 500, (2, 24), generator=torch.Generator().manual_seed(1))
     logits(dense_model, ids, ops, chunk=16).logsumexp(-1).mean().backward()
     missing = [n for n, p in dense_model.named_parameters() if p.requires_grad and p.grad is None]
-    assert not missing and all(torch.isfinite(p.grad).all() for g in groups.values() for p in g)
+    assert missing == ["layers.0.attn_res.norm", "layers.0.attn_res.proj"]  # layer 0 mixes nothing (SPEC.md §2.3)
+    assert all(torch.isfinite(p.grad).all() for g in groups.values() for p in g if p.grad is not None)
     loads = ops.take_loads()
     assert len(loads) == 7 and all(int(c.sum()) == 48 * 4 for _, c in loads)  # 7 MoE layers, 48 tokens x top 4
     assert not any(n.endswith("e_bias") for n, p in dense_model.named_parameters() if p.requires_grad)
@@ -74,11 +75,9 @@ def test_export_is_a_k3_checkpoint_with_mxfp4_experts(dense_model, tmp_path):
     loaded = load_model(tmp_path, act_dtype=torch.float32)
     assert loaded.cfg.experts_quantized and json.loads((tmp_path / export.RECORD_FILE).read_text()) == {"seed": 3}
     ours = dict(dense_model.named_parameters())
-    for name, p in loaded.named_parameters():
+    for name, p in loaded.named_parameters():  # bf16 tensors within their rounding, fp32 ones exact
         if p.dtype != torch.uint8:
-            torch.testing.assert_close(p, ours[name].to(torch.bfloat16 if p.dtype == torch.float32 and
-                                                        ours[name].dim() > 1 else p.dtype).to(p.dtype),
-                                       atol=0, rtol=8e-3)
+            torch.testing.assert_close(p, ours[name].detach(), atol=0, rtol=4e-3)
 
 
 def test_tasks_are_what_they_say(tasks):
