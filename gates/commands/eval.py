@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from gates.evals import EVALS, run_eval
+from gates.evals import EVALS, accuracy, run_eval
 from gates.evals.paths import BACKENDS
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
@@ -26,6 +26,7 @@ from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
 from model.kimi_k3.cli import DTYPES, output_directory, torch_device
 from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
+GATES = {**EVALS, accuracy.NAME: accuracy.GATE}
 STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN: "yellow", Status.ERROR: "bold red"}
 
 
@@ -35,13 +36,15 @@ def register(sub) -> None:
                                    "On a GPU the standard path runs beside as the yardstick: in bf16 each bound is "
                                    "the larger of the budget's and 1.5x the standard's own distance from the "
                                    "reference.",
-                       epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in EVALS.values()))
+                       epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in GATES.values()))
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json)")
-    src.add_argument("--preset", default="tiny", help="random weights of a preset, drawn on the device: tiny "
-                     "(default; CPU CI) or k3 (real layer shapes, GPU only)")
+    src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json); default: the "
+                     f"trained mini-K3 ({accuracy.TRAINED_CKPT.relative_to(accuracy.REPO_ROOT)}) where the tree has it")
+    src.add_argument("--preset", help="random weights of a preset, drawn on the device: tiny (the default without "
+                     "the trained checkpoint; CPU CI) or k3 (real layer shapes, GPU only): shape coverage")
     p.add_argument("--layers", type=int, help="cut a preset to its first N layers (k3 default 4)")
-    p.add_argument("--only", action="append", choices=sorted(EVALS), help="run only this eval (repeatable)")
+    p.add_argument("--only", action="append", choices=sorted(GATES), help="run only this eval (repeatable); "
+                   f"{accuracy.NAME} runs by default on a trained checkpoint")
     p.add_argument("--candidate", default="latency_specialized", choices=[b for b in BACKENDS if b != "reference"],
                    help="decode backend compared with the reference path (default latency_specialized)")
     p.add_argument("--perturb-logits", type=float, metavar="SCALE",
@@ -63,20 +66,23 @@ def run(args) -> int:
     if args.perturb_logits is not None and args.perturb_logits <= 0:
         raise UsageError("--perturb-logits: must be > 0")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    names = list(dict.fromkeys(args.only or EVALS))
+    ckpt = args.ckpt or (None if args.preset else accuracy.default_ckpt())
+    preset = args.preset or "tiny"
+    names = list(dict.fromkeys(args.only or [*EVALS, *([accuracy.NAME] if accuracy.trained(ckpt) else [])]))
     err = Console(stderr=True, highlight=False)
 
-    with err.status(escape(f"loading {args.ckpt or args.preset}")):
-        paths = load_pair(args.candidate, ckpt=args.ckpt, preset_name=args.preset, layers=args.layers,
+    with err.status(escape(f"loading {ckpt or preset}")):
+        paths = load_pair(args.candidate, ckpt=ckpt, preset_name=preset, layers=args.layers,
                           seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits,
                           yardstick=device.type == "cuda")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err)
     with progress:
-        results = [run_eval(name, paths, progress, EVALS[name].config(seed=args.seed)) for name in names]
+        results = [run_eval(name, paths, progress, _config(name, ckpt, device, args.seed), GATES[name])
+                   for name in names]
     subject = {"candidate": paths.candidate.name, "reference": paths.reference.name, "device": str(device),
                "dtype": str(dtype).removeprefix("torch."), "config": paths.cfg.to_hf_dict(nested=False)}
-    subject["source"] = args.ckpt or f"preset {args.preset}"
+    subject["source"] = str(ckpt) if ckpt else f"preset {preset}"
     subject["notes"] = list(paths.notes)
 
     dumped = [json.loads(r.model_dump_json()) for r in results]
@@ -94,6 +100,10 @@ def run(args) -> int:
             _render(result, out)
     failed = any(r.status in (Status.FAILED_EVAL, Status.ERROR) for r in results)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _config(name: str, ckpt, device: torch.device, seed: int):
+    return accuracy.config_for(ckpt, device, seed) if name == accuracy.NAME else EVALS[name].config(seed=seed)
 
 
 def _render(result: EvalResult, out: Console) -> None:

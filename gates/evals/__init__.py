@@ -52,8 +52,10 @@ def single_threaded_on_cpu(device: torch.device) -> Iterator[None]:
         yield
 
 
-def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig | None = None) -> EvalResult:
-    gate = EVALS[name]
+def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig | None = None,
+             gate: EvalGate | None = None) -> EvalResult:
+    """`gate` runs an eval that is not one of EVALS (the accuracy eval, which needs a trained checkpoint)."""
+    gate = gate or EVALS[name]
     config = config if config is not None else gate.config()
     start = time.perf_counter()
     try:

@@ -1,0 +1,59 @@
+"""The accuracy eval's machinery on the tiny random model (the trained checkpoint's own runs are in
+tests/adversarial/test_accuracy_bites.py): the standard path passes against the reference, a kernel registered by
+`kernel_path` is the one that runs, margins come from the calibration, and random weights are not judged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gates.cli import main
+from gates.evals import accuracy, run_eval
+from gates.evals.accuracy import AccuracyConfig, Floors, Items, calibrate, kernel_path, margins, measure
+from gates.evals.paths import backend_path
+from gates.evals.result import Status
+from model.kimi_k3.train.data import Tasks
+
+SMALL = AccuracyConfig().cpu.model_copy(update={"recall_lengths": (48, 64), "recall_per_length": 2, "recall_pairs": 4,
+                                                "json_prompts": 2, "json_max_tokens": 12, "short_prompts": 2,
+                                                "draws": 64})
+
+
+@pytest.fixture(scope="module")
+def small():
+    return AccuracyConfig(cpu=SMALL)
+
+
+def test_standard_against_reference_passes_with_every_metric(make_pair, progress, small):
+    result = run_eval(accuracy.NAME, make_pair(), progress, small, accuracy.GATE)
+    assert result.status is Status.PASSED, result.failed_checks
+    names = {c.name for c in result.checks}
+    assert {"recall@48", "recall_nll@64", "json_valid", "json_fields@spec3", "pick_tv@T0.7", "pick_draws_tv",
+            "arith_p@T1"} <= names
+    assert result.tables[0].columns[:4] == ["metric", "reference", "standard", "candidate"]
+
+
+def test_a_registered_kernel_is_the_one_that_runs(tiny_model, tiny_tokenizer, progress):
+    path = kernel_path(tiny_model, "kda_decode", "tests.adversarial.broken_decode:decay_scaled", "decay")
+    tasks = Tasks(tiny_tokenizer, tiny_model.cfg)
+    items = Items.draw(tasks, SMALL, 0)
+    broken = measure(path, tiny_model, tasks, items, SMALL, progress)
+    reference = measure(backend_path(tiny_model, "reference"), tiny_model, tasks, items, SMALL, progress)
+    calls = accuracy.path_ops(path).report()["ops"]["kda_decode"]
+    assert calls["specialized"] > 0 and not calls["fallbacks"]
+    assert broken["recall_nll@64"] != reference["recall_nll@64"]
+
+
+def test_margins_are_the_larger_of_floor_and_calibration():
+    measured = calibrate([{"recall@64": 0.5, "pick_tv@T1": 0.2}, {"recall@64": 0.6, "pick_tv@T1": 0.1}],
+                         [{"recall@64": 0.45, "pick_tv@T1": 0.2}, {"recall@64": 0.6, "pick_tv@T1": 0.1}], slack=2.0)
+    assert measured["recall@64"]["margin"] == pytest.approx(0.1) and measured["pick_tv@T1"]["margin"] == 0
+    budget = SMALL.model_copy(update={"floors": Floors(accuracy=0.05, nll=0.01, tv=0.03)})
+    assert margins(budget, measured, measured) == pytest.approx({"recall@64": 0.1, "pick_tv@T1": 0.03})
+
+
+def test_random_weights_are_not_judged(capsys):
+    code = main(["eval", "--preset", "tiny", "--only", "accuracy", "--json"])
+    (result,) = json.loads(capsys.readouterr().out)["results"]
+    assert code == 0 and result["status"] == "NOT_RUN" and "trained checkpoint" in result["reason"]
