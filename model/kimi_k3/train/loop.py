@@ -150,7 +150,9 @@ def heldout(model: KimiK3Model, tasks: Tasks, run: Run) -> dict:
     samples = [tasks.pick(rng) for _ in range(4 * run.heldout_rows)]
     tv = []
     for s in samples:
-        probs = _forward(model, torch.tensor([s.tokens], device=run.device), ops, run)[0, s.targets[0]].softmax(-1)
+        # fp32: under bf16 autocast the logits are bf16, and the known distribution is compared in fp32
+        logits = _forward(model, torch.tensor([s.tokens], device=run.device), ops, run)[0, s.targets[0]]
+        probs = logits.float().softmax(-1)
         known = torch.zeros_like(probs)
         known[list(s.meta["distribution"])] = torch.tensor(list(s.meta["distribution"].values()), device=run.device)
         tv.append(0.5 * (probs - known).abs().sum().item())
