@@ -25,6 +25,7 @@ import torch
 from kernels.cute import cutlass_available
 from model.kimi_k3.specialized.linear.kernel import LinearConfig
 from model.kimi_k3.specialized.linear.shapes import PROJECTIONS, SHAPES, bytes_moved, names
+from model.kimi_k3.specialized.linear.tuned import MEASURED_SMS, TUNED, tuned_config
 
 CUTLASS_OK, CUTLASS_WHY = cutlass_available()
 needs_cutlass = pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")
@@ -140,6 +141,23 @@ def test_heuristic_is_sane_for_every_k3_shape(out_dtype):
         assert m / cfg.block_rows <= 2, where
         assert 1 <= cfg.stages <= cfg.k_steps(k) and cfg.stages * cfg.loads_per_step <= 16, where
         assert cfg.smem_bytes(m) <= 227 * 1024, where
+
+
+@needs_cutlass
+@pytest.mark.parametrize("key", sorted(TUNED), ids=[f"M{m}-N{n}-K{k}" for m, n, k in sorted(TUNED)])
+def test_measured_configs_are_valid_and_compile_clean(key):
+    """Every entry of the measured table (tuned.py) is a K3 projection, is what config_for returns on the H200
+    (and not elsewhere), fits its problem, and compiles for sm_90a without spills."""
+    from model.kimi_k3.specialized.linear import config_for
+    from model.kimi_k3.specialized.linear.kernel import compile_report
+
+    m, n, k = key
+    assert (n, k) in SHAPES
+    cfg = config_for(m, n, k, num_sms=MEASURED_SMS)
+    assert cfg == tuned_config(m, n, k, MEASURED_SMS, "bfloat16") != config_for(m, n, k, num_sms=MEASURED_SMS + 2)
+    cfg.check(m, k)
+    kern = compile_report(cfg, m, k, arch="sm_90a").kernels[0]
+    assert kern.spill_bytes == 0 and kern.stack_frame_bytes == 0 and 0 < kern.registers <= 255, kern
 
 
 def test_heuristic_routes_k_not_multiple_of_128_to_mma():

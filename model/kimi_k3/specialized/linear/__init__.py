@@ -22,6 +22,7 @@ import torch
 from kernels.cute import CompileCache, current_cute_arch
 
 from .kernel import _IMPORT_ERROR, MAX_TOKENS, LinearConfig, compile_kernel, compile_report, launch_args
+from .tuned import tuned_config
 
 __all__ = ["LinearConfig", "available", "check_args", "compile", "compile_keys", "config_for", "linear_cute",
            "prepare"]
@@ -114,8 +115,10 @@ def _num_sms(device_index: int) -> int:
 
 @functools.cache
 def config_for(m: int, n: int, k: int, out_dtype: torch.dtype = torch.bfloat16, num_sms: int = 132) -> LinearConfig:
-    """The config linear_cute uses for a problem (LinearConfig.for_shape, memoized: it runs on every call)."""
-    return LinearConfig.for_shape(m, n, k, num_sms=num_sms, out_dtype=_OUT_DTYPES[out_dtype])
+    """The config linear_cute uses for a problem: the measured one (tuned.py) where there is one, else
+    LinearConfig.for_shape; memoized, since it runs on every call."""
+    dtype = _OUT_DTYPES[out_dtype]
+    return tuned_config(m, n, k, num_sms, dtype) or LinearConfig.for_shape(m, n, k, num_sms=num_sms, out_dtype=dtype)
 
 
 def _resolve(m: int, n: int, k: int, out_dtype: torch.dtype, config: LinearConfig | None, num_sms: int):
