@@ -129,6 +129,20 @@ def test_validated_means_passed(task_repo, gates, expected):
         ("evidence/attn_res/cpu", "evidence", f"cpu is validated, but its bundle did not pass: {expected}")]
 
 
+def test_a_failed_gate_the_task_requires_is_reported_once(task_repo):
+    """The evidence rule names the gate that kept a validated bundle from passing; the gates rule says it again
+    only for a bundle the evidence rule accepted."""
+    task_repo.write_task({**TASK, "required_gates": ["contracts", "evals"]})
+    task_repo.commit("core: a task that requires the evals")
+    task_repo.repo.git.checkout("-q", "-b", "task2")
+    kernel_change(task_repo, (passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"),
+                              failed("evals", Status.FAILED_EVAL, "sampling: TV 0.4 > 0.1")))
+    task_repo.commit("kernel", *TRAILERS)
+    assert violations(task_repo, base="task") == [
+        ("evidence/attn_res/cpu", "evidence",
+         "cpu is validated, but its bundle did not pass: the evals gate FAILED_EVAL: sampling: TV 0.4 > 0.1")]
+
+
 def test_a_validated_arch_without_evidence(task_repo):
     task_repo.edit(KERNEL)
     task_repo.edit_contract()
