@@ -9,13 +9,21 @@ the dense MLP, through `TrainOps`, which calls each op's reference), with two di
   heads of the chunked recurrence (`ops/kda.py`: `conv_prefill`, `prepare`, `chunked`, `finish`), which are
   independent per channel and per head; the recurrence is recomputed in the backward pass instead of keeping its
   chunk-by-chunk tensors (activation checkpointing), and runs in fp32 under autocast;
-- MLA writes its latent cache into a fresh `ModelCache` per batch (autograd follows the writes).
+- MLA writes its latent cache into a fresh `ModelCache` per batch (autograd follows the writes);
+- the routed experts (dense in training) run every expert on every token in three batched products, weighted by
+  a [T, E] matrix that is zero off the routed ids: the reference's sum with zero terms added, without its loop
+  over experts, its host sync on the ids and its index_add (probe 1 on the H200: ~15 K tokens/s with them);
+- on CUDA, the KDA recurrence runs FLA's chunked kernel (`chunk_kda`, Triton, with its own backward) once a
+  check at the first call has found it equal to `ops/kda.py`'s `chunked` on this device; else, with a log line,
+  `chunked`.
 
 tests/model/test_train.py checks the logits equal `KimiK3Model.forward`'s prefill and decode steps.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections import defaultdict
 
 import torch
@@ -27,6 +35,10 @@ from ..kda import KimiDeltaAttention
 from ..model import DecoderLayer, KimiK3Model
 from ..ops.kda import chunked, conv_prefill, finish, prepare
 from ..ops.registry import OPS
+from ..ops.situ_mlp import situ
+
+log = logging.getLogger(__name__)
+FLA_CHECK_RTOL = 5e-3  # FLA's chunk kernels use tf32/bf16 products inside: ~1e-3 relative L2 from fp32
 
 
 class TrainOps:
@@ -40,7 +52,8 @@ class TrainOps:
         """Nothing to choose: every call runs the reference."""
 
     def call(self, name: str, *args, **kwargs):
-        out = OPS[name].reference(*args, **kwargs)
+        dense = name == "moe_experts" and len(args[3]) == 1  # training's bf16 experts (MXFP4 ones: the reference)
+        out = all_experts(*args) if dense else OPS[name].reference(*args, **kwargs)
         if name == "moe_route":
             bias, ids = args[2], out[0]
             counts = torch.bincount(ids.flatten(), minlength=bias.numel())
@@ -52,6 +65,51 @@ class TrainOps:
         """(correction bias, expert counts) of every MoE layer since the last call."""
         out, self.loads = list(self.loads.values()), {}
         return out
+
+
+def all_experts(z, ids, weights, w13, w2, beta, beta_lin) -> torch.Tensor:
+    """`moe_experts`'s result for dense experts, every expert on every token: [T, L] fp32."""
+    gate = torch.zeros(z.shape[0], w13[0].shape[0], dtype=torch.float32, device=z.device)
+    gate = gate.scatter_add(1, ids, weights.float())  # [T, E], zero off the routed ids
+    a, b = torch.einsum("tl,eil->eti", z, w13[0]).chunk(2, dim=-1)
+    h = torch.einsum("eti,eli->etl", situ(a, b, beta, beta_lin), w2[0])
+    return torch.einsum("te,etl->tl", gate, h.float())
+
+
+@functools.cache
+def fla_chunk_kda(device: torch.device):
+    """FLA's chunk_kda when it is importable here and agrees with `chunked` on a random batch, else None."""
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception as e:  # no triton / fla on this machine
+        log.warning("training KDA: FLA's chunk_kda not importable (%s: %s); using ops/kda.py's chunked form",
+                    type(e).__name__, e)
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    b, t, h, d = 2, 96, 2, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(b, t, h, d, generator=gen, device=device), dim=-1)
+            for _ in range(2))
+    v = torch.randn(b, t, h, d, generator=gen, device=device)
+    g = -torch.rand(b, t, h, d, generator=gen, device=device) * 0.2
+    beta = torch.rand(b, t, h, generator=gen, device=device)
+    got = fla_recurrence(chunk_kda, q * d**-0.5, k, v, g, beta)
+    state = q.new_zeros(b * h, d, d)
+    heads = [x.transpose(0, 1).reshape(t, b * h, *x.shape[3:]) for x in (q * d**-0.5, k, v, g, beta)]
+    want = chunked(*heads, state, 32)[0].view(t, b, h, d).transpose(0, 1)
+    err = ((got - want).norm() / want.norm()).item()
+    if not err <= FLA_CHECK_RTOL:
+        log.warning("training KDA: FLA's chunk_kda is %.2e (relative L2) from chunked on %s, over %.0e; using "
+                    "chunked", err, device, FLA_CHECK_RTOL)
+        return None
+    log.info("training KDA: FLA's chunk_kda, %.2e (relative L2) from chunked on %s", err, device)
+    return chunk_kda
+
+
+def fla_recurrence(chunk_kda, q, k, v, g, beta) -> torch.Tensor:
+    """The recurrence of `chunked` (zero initial state) by FLA: q (already scaled), k, v, g (log decay) [B, T, H, K],
+    beta (after its sigmoid) [B, T, H] -> o [B, T, H, V] fp32."""
+    o, _ = chunk_kda(q, k, v, g, beta, scale=1.0, output_final_state=False)
+    return o.float()
 
 
 def kda_batched(attn: KimiDeltaAttention, x: torch.Tensor, batch: StepBatch, chunk: int, ops) -> torch.Tensor:
@@ -68,10 +126,15 @@ def kda_batched(attn: KimiDeltaAttention, x: torch.Tensor, batch: StepBatch, chu
     def as_heads(y: torch.Tensor) -> torch.Tensor:  # [B*T, H, ...] -> [T, B*H, ...]
         return y.reshape(b, t, *y.shape[1:]).transpose(0, 1).reshape(t, b * cols.heads, *y.shape[2:])
 
-    state = q.new_zeros(b * cols.heads, cols.head_dim, cols.head_dim)
+    fla = fla_chunk_kda(x.device) if x.is_cuda else None
     with torch.autocast(x.device.type, enabled=False):
-        o, _ = checkpoint(chunked, *map(as_heads, (q, k, v, g, beta)), state, chunk, use_reentrant=False)
-    o = o.view(t, b, cols.heads, -1).transpose(0, 1).reshape(b * t, cols.heads, -1)
+        if fla is not None:
+            o = fla_recurrence(fla, *(y.float().reshape(b, t, *y.shape[1:]) for y in (q, k, v, g, beta)))
+            o = o.reshape(b * t, cols.heads, -1)
+        else:
+            state = q.new_zeros(b * cols.heads, cols.head_dim, cols.head_dim)
+            o, _ = checkpoint(chunked, *map(as_heads, (q, k, v, g, beta)), state, chunk, use_reentrant=False)
+            o = o.view(t, b, cols.heads, -1).transpose(0, 1).reshape(b * t, cols.heads, -1)
     return attn.tp.all_reduce(ops.call("linear", finish(o, proj, cols, w), attn.o_proj))
 
 
