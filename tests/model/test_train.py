@@ -111,3 +111,12 @@ def test_train_command_usage_errors(tmp_path, capsys, argv, message):
     assert main(["--out", str(tmp_path / "x"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: FLA's chunk_kda is a Triton kernel")
+def test_fla_chunk_kda_agrees_with_the_chunked_reference_on_the_gpu():
+    """Training uses FLA's recurrence only where it agrees with ops/kda.py's chunked form; on the H200 it must."""
+    from model.kimi_k3.train.forward import fla_chunk_kda
+
+    assert fla_chunk_kda(torch.device("cuda")) is not None
