@@ -1,0 +1,133 @@
+"""The K3 MoE router in one CuTe DSL launch (sm_90): logits, sigmoid, biased top-k, renormalized weights.
+Entry point: `moe_route_cute`, the signature of the reference (model/kimi_k3/ops/moe_route.py).
+
+    >>> ids, weights = moe_route_cute(x, gate_w, bias, 16, True, 1.0)   # x [T, 7168] bf16, gate_w [896, 7168] bf16,
+    ...                                                                 # bias [896] fp32 -> [T, 16] int64, fp32
+
+Envelope: T <= 64 tokens (T = 0 returns empty outputs without a launch); E experts a multiple of 32; top_k 1..32
+(and <= E); K a multiple of the GEMV's k-step (linear's rule: 32, 128 on its gemv path); gate_w contiguous, x with
+unit column stride and a row stride that is a multiple of 8 elements, both 16-byte aligned; bias fp32 contiguous;
+all on one CUDA device. Anything else raises ValueError before anything is launched. Calls on one device share a
+pair of arrival counters, so two routers must not run at once on two streams of one device (module doc of
+kernel.py).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.cute import CompileCache, current_cute_arch
+
+from ..linear import _num_sms, available, config_for  # the GPU and SM-count checks are linear's: its GEMV runs
+from ..linear.kernel import MAX_TOKENS
+from .kernel import _IMPORT_ERROR, MAX_TOP_K, WARP, RouteConfig, compile_kernel, compile_report, launch_args
+
+__all__ = ["RouteConfig", "available", "check_args", "compile", "compile_keys", "moe_route_cute", "prepare",
+           "route_config"]
+# Token counts the compile gate builds for: the GEMV's band edges (linear's) and the selection's (one selecting
+# CTA per `warps` tokens).
+COMPILE_TOKENS = (1, 2, 8, 9, 16, 32, 64)
+MAX_T = MAX_TOKENS["mma"]
+
+_CACHE = CompileCache("moe_route")
+_SYNC: dict[int, torch.Tensor] = {}  # per device: the kernel's arrival counters, zero between launches
+
+
+def check_args(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int) -> tuple[int, int, int]:
+    """Validate a call; return (T, E, K). Raises ValueError, device last, so that every other check runs on CPU
+    tensors."""
+    if not all(isinstance(t, torch.Tensor) for t in (x, gate_w, bias)):
+        raise ValueError("x, gate_w and bias must be tensors")
+    if x.dtype != torch.bfloat16 or gate_w.dtype != torch.bfloat16 or bias.dtype != torch.float32:
+        raise ValueError(f"x and gate_w must be bf16 and bias fp32, got {x.dtype}, {gate_w.dtype}, {bias.dtype}")
+    if x.dim() != 2 or gate_w.dim() != 2 or bias.dim() != 1:
+        raise ValueError(f"x must be [T, K], gate_w [E, K], bias [E], got {tuple(x.shape)}, {tuple(gate_w.shape)}, "
+                         f"{tuple(bias.shape)}")
+    (t, k), (e, kw) = x.shape, gate_w.shape
+    if k != kw or bias.shape[0] != e:
+        raise ValueError(f"x [T, {k}], gate_w [{e}, {kw}] and bias [{bias.shape[0]}] disagree")
+    if t > MAX_T:
+        raise ValueError(f"T={t} tokens: at most {MAX_T}")
+    if e <= 0 or e % WARP:
+        raise ValueError(f"E={e} experts: a positive multiple of {WARP}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= min(MAX_TOP_K, e):
+        raise ValueError(f"top_k={top_k!r}: an int in 1..{min(MAX_TOP_K, e)}")
+    if not gate_w.is_contiguous() or not bias.is_contiguous():
+        raise ValueError("gate_w and bias must be contiguous")
+    if t > 1 and (x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < k):
+        raise ValueError(f"x needs unit column stride and a row stride that is a multiple of 8 >= K, got strides "
+                         f"{x.stride()}")
+    if t == 1 and x.stride(1) != 1:
+        raise ValueError(f"x needs unit column stride, got strides {x.stride()}")
+    if x.data_ptr() % 16 or gate_w.data_ptr() % 16:
+        raise ValueError("x and gate_w must be 16-byte aligned")
+    if e * k >= 2**31 or (t - 1) * x.stride(0) + k >= 2**31:
+        raise ValueError("an index of x or gate_w would overflow int32")
+    if not all(a.is_cuda for a in (x, gate_w, bias)) or len({a.device for a in (x, gate_w, bias)}) != 1:
+        raise ValueError("x, gate_w and bias must be CUDA tensors on one device")
+    return t, e, k
+
+
+@functools.cache
+def route_config(t: int, e: int, k: int, top_k: int, num_sms: int = 132) -> RouteConfig:
+    """The config a call uses: linear's GEMV config for [E, K] with fp32 out (its tuned table, else its
+    heuristic), E and k. Raises ValueError where K does not fit the GEMV."""
+    cfg = RouteConfig(config_for(t, e, k, torch.float32, num_sms), experts=e, top_k=top_k)
+    cfg.check(t, k)
+    return cfg
+
+
+def _compiled(cfg: RouteConfig, t: int, k: int):
+    return _CACHE.get((cfg, t, k, current_cute_arch()), lambda: compile_kernel(cfg, t, k))
+
+
+def prepare(t: int, e: int, k: int, top_k: int, num_sms: int | None = None) -> RouteConfig:
+    """Compile (once per process) the kernel a call of this shape runs, without launching it, and return its
+    config: for warming up outside CUDA-graph capture and timed regions."""
+    cfg = route_config(t, e, k, top_k, num_sms or _num_sms(torch.cuda.current_device()))
+    _compiled(cfg, t, k)
+    return cfg
+
+
+def _sync(device: torch.device) -> torch.Tensor:
+    if device.index not in _SYNC:
+        _SYNC[device.index] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _SYNC[device.index]
+
+
+def moe_route_cute(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
+                   scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's math in one launch: (expert ids [T, top_k] int64 in decreasing key order, ties to the lower
+    id; weights [T, top_k] fp32, the un-biased sigmoid scores, renormalized when asked, times scaling)."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    t, e, k = check_args(x, gate_w, bias, top_k)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
+    weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
+    if t == 0:
+        return ids, weights
+    cfg = route_config(t, e, k, top_k, _num_sms(x.device.index))
+    logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
+    _compiled(cfg, t, k)(*launch_args(
+        x.data_ptr(), gate_w.data_ptr(), bias.data_ptr(), logits.data_ptr(), ids.data_ptr(), weights.data_ptr(),
+        _sync(x.device).data_ptr(), x.stride(0) if t > 1 else k, bool(renormalize), float(scaling),
+        torch.cuda.current_stream(x.device).cuda_stream))
+    return ids, weights
+
+
+def compile_keys(contract) -> list[tuple[RouteConfig, int, int]]:
+    """The gate's compile protocol: the (config, T, K) the entry point compiles at every experts / top_k / hidden
+    the contract admits, for the token counts of COMPILE_TOKENS inside its batch range (times 1 + spec tokens)."""
+    spec = 1 + contract.spec_tokens.max
+    tokens = [t for t in COMPILE_TOKENS if contract.batch.min <= t <= min(contract.batch.max * spec, MAX_T)]
+    keys = {(route_config(t, e, k, top_k), t, k) for t in tokens for e in contract.shapes["experts"]
+            for top_k in contract.shapes["top_k"] for k in contract.shapes["hidden"]}
+    return sorted(keys, key=lambda key: (key[2], key[1], repr(key[0])))
+
+
+def compile(key: tuple[RouteConfig, int, int], target: str):  # noqa: A001 - the name the gate's protocol asks for
+    """Compile one (config, T, K) for a target ('sm_90a', 'sm_100a') without a GPU: a kernels.cute.CompileReport."""
+    cfg, t, k = key
+    return compile_report(cfg, t, k, arch=target)

@@ -1,0 +1,292 @@
+"""The K3 router in one launch, CuTe DSL, Hopper (sm_90a): logits, sigmoid, biased top-k, renormalized weights.
+
+    ids[t, :], weights[t, :] = top_k experts of token t by sigmoid(x_t . W_e) + bias_e, and their un-biased scores
+    renormalized and scaled (SPEC.md §5, steps 1-7; reference: model/kimi_k3/ops/moe_route.py)
+
+Phase 1, the logits (the GEMV). Exactly `LinearKernel`'s body (model/kimi_k3/specialized/linear/kernel.py): the
+experts' rows of W split over row tiles and K splits (clusters), every weight read once by 16-byte loads, fp32
+accumulation, the split-K partials summed in a fixed order through distributed shared memory. It writes the fp32
+logits [T, E] to a global workspace instead of y.
+
+Phase 2, the selection, by the last CTAs to finish. Every CTA, its logits stored, fences them (gpu scope) and
+takes a ticket from an arrival counter. The CTAs with the last W = ceil(T / warps) tickets select: each waits
+until the counter says every CTA has arrived (the last one never waits), then its warp w takes token
+(ticket - (C - W)) * warps + w. Only the last W arrivals ever wait, and every CTA they wait for is running or
+can be scheduled on the rest of the GPU, so this cannot deadlock; W <= 16 at 64 tokens. The waiting CTAs count
+themselves on a second counter, and the last of them zeroes both, so the next launch starts from zero (CUDA-graph
+replays included; launches on two streams at once would share the counters: the entry point gives each device
+one pair, and K3 routes on one stream).
+
+The selection of one token, one warp (`warp_top_k`, written over primitives so that tests run the same code
+on a numpy model of a warp). Lane l owns experts [l P, (l + 1) P), P = E / 32 (28 for K3's 896): it loads their
+logits (L2-coherent loads: the workspace was written by other SMs in this launch), computes s = sigmoid(logit)
+and the choice key s + bias in fp32, and maps each key to an unsigned integer that orders like the float. Each
+of k rounds: the warp's largest key by `redux.sync.max.u32`, the lowest lane holding it by a ballot (contiguous
+ownership makes the lowest lane the lowest expert id), that lane's lowest position holding it by a tree that
+prefers the lower position on equal keys; that lane drops the key, and lane r (round r) keeps the winner's id and
+un-biased score by two shuffles. So ties go to the lower expert id, and ids come out in decreasing key order, as
+`torch.topk` returns them. Lanes 0..k-1 then sum the k scores by a butterfly, renormalize, scale and store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.cute import import_cutlass
+
+from ..linear.kernel import _IMPORT_ERROR, LinearConfig
+
+if _IMPORT_ERROR is None:
+    cutlass, cute = import_cutlass()
+    import cuda.bindings.driver as cuda
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+    from cutlass.cutlass_dsl import T
+
+    from ..linear.kernel import LinearKernel
+
+WARP = 32
+MAX_TOP_K = WARP  # lane r keeps the r-th choice
+DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """Everything that changes the generated code besides the token count: the GEMV's config (out_dtype fp32:
+    the logits), the expert count (its rows, E / 32 keys per lane) and k."""
+
+    gemv: LinearConfig
+    experts: int = 896
+    top_k: int = 16
+
+    def __post_init__(self):
+        if self.gemv.out_dtype != "float32":
+            raise ValueError("the router's logits are fp32: gemv.out_dtype must be 'float32'")
+        if self.experts <= 0 or self.experts % WARP:
+            raise ValueError(f"experts {self.experts}: a positive multiple of {WARP} (each lane owns E / 32)")
+        if not 1 <= self.top_k <= min(MAX_TOP_K, self.experts):
+            raise ValueError(f"top_k {self.top_k}: 1..{min(MAX_TOP_K, self.experts)}")
+
+    @property
+    def per_lane(self) -> int:
+        return self.experts // WARP
+
+    def selectors(self, m: int) -> int:
+        """CTAs that select (one token per warp): the last ones to arrive."""
+        return -(-m // self.gemv.warps)
+
+    def check(self, m: int, k: int) -> None:
+        self.gemv.check(m, k)
+        if self.selectors(m) > self.gemv.ctas(self.experts):
+            raise ValueError(f"{m} tokens need {self.selectors(m)} selecting CTAs, more than the "
+                             f"{self.gemv.ctas(self.experts)} CTAs of the GEMV")
+
+
+def _tree_argmax(keys: list, index, select):
+    """(largest key, its position) over the list, the lower position on equal keys: a balanced tree in which
+    the left operand of every comparison holds the lower positions, and the right one wins only if larger."""
+    items = [(key, index(i)) for i, key in enumerate(keys)]
+    while len(items) > 1:
+        paired = []
+        for (ka, ia), (kb, ib) in zip(items[0::2], items[1::2]):
+            right = kb > ka
+            paired.append((select(right, kb, ka), select(right, ib, ia)))
+        items = paired + items[len(paired) * 2:]
+    return items[0]
+
+
+def warp_top_k(keys: list, vals: list, lane, top_k: int, ops):
+    """The warp's top_k of 32 x len(keys) keys: lane l holds keys[i] of expert l P + i (P = len(keys)) as
+    unsigned integers ordered like the choice keys, and vals[i], the value to report for it.
+
+    Returns (id, val) for each lane: the id and val of the lane-th largest key for lane < top_k, ties to the lower
+    id; the callers' zeros elsewhere (`ops.zero_id`, `ops.zero_val`). `ops` supplies the warp primitives:
+    umax (redux.sync.max.u32, the warp's largest), ballot (vote.ballot.sync), lowest (the lowest set bit's lane),
+    shuffle (shfl.sync.idx from a lane), select (selp) and index (a position as a 32-bit integer); the kernel
+    passes the DSL's, the tests numpy ones over arrays of 32 lanes.
+    """
+    P = len(keys)
+    got_id, got_val = ops.zero_id, ops.zero_val
+    best, pos = _tree_argmax(keys, ops.index, ops.select)
+    for r in range(top_k):
+        winner = ops.lowest(ops.ballot(best == ops.umax(best)))
+        val = vals[0]
+        for i in range(1, P):
+            val = ops.select(pos == ops.index(i), vals[i], val)
+        expert = lane * P + pos
+        got_id = ops.select(lane == r, ops.shuffle(expert, winner), got_id)
+        got_val = ops.select(lane == r, ops.shuffle(val, winner), got_val)
+        if r + 1 < top_k:
+            mine = lane == winner
+            keys = [ops.select(mine & (pos == ops.index(i)), ops.dropped, key) for i, key in enumerate(keys)]
+            best, pos = _tree_argmax(keys, ops.index, ops.select)
+    return got_id, got_val
+
+
+def _f32_bits(v):
+    return Int32(llvm.bitcast(T.i32(), Float32(v).ir_value()))
+
+
+def ordered_key(v):
+    """The fp32 key as a u32 that orders like the float: negative floats' bits inverted, positive floats' sign
+    bit set (the kernel's; tests use the numpy twin in the test module)."""
+    bits = _f32_bits(v)
+    flip = (bits >> 31) | Int32(-(2**31))  # all ones for a negative float, the sign bit for a positive one
+    return Uint32(bits ^ flip)
+
+
+class _DslWarpOps:
+    """warp_top_k's primitives in the DSL."""
+
+    def __init__(self):
+        self.zero_id, self.zero_val, self.dropped = Int32(0), Float32(0.0), Uint32(DROPPED)
+
+    @staticmethod
+    def umax(v):
+        return cute.arch.warp_redux_sync(v, "umax")
+
+    @staticmethod
+    def ballot(pred):
+        return cute.arch.vote_ballot_sync(pred)
+
+    @staticmethod
+    def lowest(mask):
+        return Int32(cute.arch.clz(cute.arch.brev(Int32(mask))))
+
+    @staticmethod
+    def shuffle(v, src):
+        return type(v)(cute.arch.shuffle_sync(v, src))
+
+    @staticmethod
+    def select(cond, a, b):
+        return type(a)(cutlass.select_(cond, a, b))
+
+    @staticmethod
+    def index(i):
+        return Int32(i)
+
+
+if _IMPORT_ERROR is None:
+    # LinearKernel.kernel's body as an inlinable function: the router's GEMV is that kernel's, unchanged.
+    _linear_body = cute.jit(LinearKernel.kernel.__wrapped__)
+
+    class RouteKernel(LinearKernel):
+        """The router for one config and token count M, K baked in (LinearKernel's loops and registers)."""
+
+        def __init__(self, cfg: RouteConfig, m: int, k: int):
+            cfg.check(m, k)
+            super().__init__(cfg.gemv, m, k)
+            self.route = cfg
+
+        @cute.jit
+        def __call__(self, pX: cute.Pointer, pW: cute.Pointer, pBias: cute.Pointer, pLogits: cute.Pointer,
+                     pIds: cute.Pointer, pWeights: cute.Pointer, pSync: cute.Pointer, x_stride: Int32,
+                     renormalize: Int32, scaling: Float32, stream: cuda.CUstream):
+            c, M, K, E, k = self.cfg, self.m, self.k, self.route.experts, self.route.top_k
+            mX = cute.make_tensor(pX, cute.make_layout((M, K), stride=(cute.assume(x_stride, divby=8), 1)))
+            mW = cute.make_tensor(pW, cute.make_layout((E, K), stride=(K, 1)))
+            mLogits = cute.make_tensor(pLogits, cute.make_layout((M, E), stride=(E, 1)))
+            mBias = cute.make_tensor(pBias, cute.make_layout((E,)))
+            mIds = cute.make_tensor(pIds, cute.make_layout((M, k), stride=(k, 1)))
+            mWeights = cute.make_tensor(pWeights, cute.make_layout((M, k), stride=(k, 1)))
+            mSync = cute.make_tensor(pSync, cute.make_layout((2,)))
+            self.kernel(mX, mW, mLogits, Int32(E), mBias, mIds, mWeights, mSync, renormalize, scaling).launch(
+                grid=[c.split_k, c.row_tiles(E), 1], block=[c.threads, 1, 1], stream=stream,
+                cluster=[c.split_k, 1, 1] if cutlass.const_expr(c.split_k > 1) else None,
+                min_blocks_per_mp=c.min_ctas_per_sm)
+
+        @cute.kernel
+        def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mLogits: cute.Tensor, n: Int32, mBias: cute.Tensor,
+                   mIds: cute.Tensor, mWeights: cute.Tensor, mSync: cute.Tensor, renormalize: Int32,
+                   scaling: Float32):
+            c, M = self.cfg, self.m
+            ctas = c.ctas(self.route.experts)
+            selectors = self.route.selectors(M)
+            _linear_body(self, mX, mW, mLogits, n)
+
+            tidx, _, _ = cute.arch.thread_idx()
+            arrived, done = mSync.iterator, mSync.iterator + 1
+            smem = cutlass.memory.SmemAllocator()
+            sTicket = smem.allocate_array(Int32, 1)
+            cute.arch.fence_acq_rel_gpu()  # this thread's logits before the CTA's arrival
+            cute.arch.sync_threads()
+            if tidx == 0:
+                sTicket[0] = cute.arch.atomic_add(arrived, Int32(1), sem="acq_rel", scope="gpu")
+            cute.arch.sync_threads()
+            ticket = sTicket[0]
+            first = ctas - selectors
+            if ticket >= first:
+                if tidx == 0:
+                    while cute.arch.load(arrived, Int32, sem="acquire", scope="gpu") < ctas:
+                        pass
+                    if cute.arch.atomic_add(done, Int32(1), sem="acq_rel", scope="gpu") == selectors - 1:
+                        cute.arch.store(arrived, Int32(0), sem="relaxed", scope="gpu")
+                        cute.arch.store(done, Int32(0), sem="relaxed", scope="gpu")
+                cute.arch.sync_threads()
+                token = (ticket - first) * c.warps + cute.arch.warp_idx()
+                if token < M:
+                    self.select(mLogits, mBias, mIds, mWeights, token, renormalize, scaling)
+
+        @cute.jit
+        def select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, mWeights: cute.Tensor,
+                   token: Int32, renormalize: Int32, scaling: Float32):
+            """One warp: token's top-k ids and weights (module doc)."""
+            P, k = self.route.per_lane, self.route.top_k
+            lane = cute.arch.lane_idx()
+            e0 = lane * P
+            row = mLogits.iterator + token * self.route.experts + e0
+            keys, scores = [], []
+            for i in cutlass.range_constexpr(P):
+                # .cg: L2, never a line this SM's L1 may hold from before the other CTAs' stores
+                logit = cute.arch.load(row + i, Float32, cop="cg")
+                s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit))
+                scores.append(s)
+                keys.append(ordered_key(s + mBias[e0 + i]))
+            expert, score = warp_top_k(keys, scores, lane, k, _DslWarpOps())
+            total = score
+            for off in (16, 8, 4, 2, 1):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
+            weight = score
+            if renormalize != 0:
+                weight = score / (total + Float32(1e-20))
+            if lane < k:
+                mIds[token, lane] = Int64(expert)
+                mWeights[token, lane] = weight * scaling
+
+
+def launch_args(x_ptr: int, w_ptr: int, bias_ptr: int, logits_ptr: int, ids_ptr: int, weights_ptr: int,
+                sync_ptr: int, x_stride: int, renormalize: bool, scaling: float, stream: int):
+    """The kernel's arguments for device addresses, x's row stride (elements), the renormalize flag, the scaling
+    factor and a CUDA stream handle."""
+    gmem = cute.AddressSpace.gmem
+    return (_runtime_make_ptr(BFloat16, x_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, w_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Float32, bias_ptr, gmem, assumed_align=4),
+            _runtime_make_ptr(Float32, logits_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Int64, ids_ptr, gmem, assumed_align=8),
+            _runtime_make_ptr(Float32, weights_ptr, gmem, assumed_align=4),
+            _runtime_make_ptr(Int32, sync_ptr, gmem, assumed_align=8),
+            Int32(x_stride), Int32(int(renormalize)), Float32(scaling), cuda.CUstream(stream))
+
+
+def fake_args():
+    """Null pointers with the kernel's argument types, for compiling without a GPU."""
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 8, True, 1.0, 0)
+
+
+def compile_kernel(cfg: RouteConfig, m: int, k: int, options: str = ""):
+    """cute.compile the router for (cfg, M, K), for the arch the DSL targets in this process."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return cute.compile(RouteKernel(cfg, m, k), *fake_args(), options=options)
+
+
+def compile_report(cfg: RouteConfig, m: int, k: int, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
+    from kernels.cute import compile_for_arch
+
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return compile_for_arch(RouteKernel(cfg, m, k), *fake_args(), arch=arch,
+                            dynamic_smem_bytes=cfg.gemv.smem_bytes(m) + 4, **kw)

@@ -1,0 +1,299 @@
+"""moe_route's CuTe DSL kernel (model/kimi_k3/specialized/moe_route/).
+
+CPU: the warp's top-k selection (`warp_top_k`, the code the kernel traces) run on a numpy model of a warp against
+a sort by (key desc, id asc); the ordered-key map; the selecting CTAs' token mapping; the argument checks; the
+compile for sm_90a without spills, with the PTX instruction mix the design promises.
+GPU: integer-valued inputs (every logit exact in fp32 in any summation order, distinct keys at least MIN_GAP
+apart unless planted equal) against the math in float64 with ties to the lower id, exactly; `diagnose` names
+the wrong tokens and experts. Then the gate problem's inputs at the contract's benchmark points, strided x,
+T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back to zero).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gates.core.trees import clone
+from gates.problems import bench_point, load_problem
+from kernels.contract import load_contract
+from kernels.cute import cutlass_available, ptx_instruction_counts
+from model.kimi_k3.ops.moe_route_tp import top_k_lowest_id
+from model.kimi_k3.ops.registry import registry_problems
+from model.kimi_k3.specialized.linear.kernel import LinearConfig
+from model.kimi_k3.specialized.moe_route import check_args, compile_keys, route_config
+from model.kimi_k3.specialized.moe_route.kernel import DROPPED, RouteConfig, warp_top_k
+
+CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_route.yaml"
+CONTRACT = load_contract(CONTRACT_FILE)
+E, K, TOP_K = 896, 7168, 16
+LANES = np.arange(32)
+MIN_GAP = 1e-5  # exact-input tests: distinct keys at least this far apart (any fp32 sigmoid orders them alike)
+
+
+def test_contract_names_this_kernel():
+    assert CONTRACT.implementation == "model.kimi_k3.specialized.moe_route:moe_route_cute"
+    assert registry_problems(CONTRACT, str(CONTRACT_FILE), imports=False) == []
+
+
+# --- the selection on a numpy model of a warp ------------------------------------------------------------------
+
+class NumpyWarp:
+    """warp_top_k's primitives over arrays of 32 lanes."""
+
+    zero_id, zero_val, dropped = np.zeros(32, np.int64), np.zeros(32, np.float64), np.uint32(DROPPED)
+
+    @staticmethod
+    def umax(v):
+        return np.full(32, v.max(), dtype=v.dtype)
+
+    @staticmethod
+    def ballot(pred):
+        return np.full(32, int((pred.astype(np.uint64) << LANES.astype(np.uint64)).sum()), dtype=np.uint64)
+
+    @staticmethod
+    def lowest(mask):
+        return np.array([(int(m) & -int(m)).bit_length() - 1 for m in mask])
+
+    @staticmethod
+    def shuffle(v, src):
+        return v[src]
+
+    @staticmethod
+    def select(cond, a, b):
+        return np.where(cond, a, b)
+
+    @staticmethod
+    def index(i):
+        return np.full(32, i)
+
+
+def ordered_u32(keys: np.ndarray) -> np.ndarray:
+    """The kernel's ordered_key in numpy: fp32 bits, negatives inverted, positives with the sign bit set."""
+    bits = keys.astype(np.float32).view(np.uint32)
+    return np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)
+
+
+def run_warp(keys: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """warp_top_k on keys [E] (lane l owns [l P, (l + 1) P)); the val of an expert is its id / 7 (any function
+    of the id shows which one was carried). Returns the ids and vals lanes 0..top_k-1 hold."""
+    per_lane = keys.size // 32
+    owned = ordered_u32(keys).reshape(32, per_lane)
+    vals = (np.arange(keys.size) / 7.0).reshape(32, per_lane)
+    got_id, got_val = warp_top_k([owned[:, i] for i in range(per_lane)], [vals[:, i] for i in range(per_lane)],
+                                 LANES, top_k, NumpyWarp)
+    return got_id[:top_k], got_val[:top_k]
+
+
+def expected_top_k(keys: np.ndarray, top_k: int) -> np.ndarray:
+    return np.lexsort((np.arange(keys.size), -keys.astype(np.float64)))[:top_k]
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 16, 32])
+@pytest.mark.parametrize("kind", ["distinct", "few_values", "negative", "all_equal"])
+def test_warp_top_k_matches_a_sort_with_ties_to_the_lower_id(top_k, kind):
+    rng = np.random.default_rng(top_k)
+    for _ in range(5):
+        keys = {"distinct": rng.random(E), "few_values": rng.integers(0, 6, E) / 8.0,
+                "negative": rng.standard_normal(E), "all_equal": np.full(E, 0.25)}[kind].astype(np.float32)
+        got_id, got_val = run_warp(keys, top_k)
+        want = expected_top_k(keys, top_k)
+        np.testing.assert_array_equal(got_id, want)
+        np.testing.assert_array_equal(got_val, want / 7.0)
+
+
+def test_warp_top_k_at_other_widths():
+    rng = np.random.default_rng(0)
+    for n in (32, 64, 256, 1024):
+        keys = (rng.integers(0, 50, n) / 64.0).astype(np.float32)
+        np.testing.assert_array_equal(run_warp(keys, min(16, n))[0], expected_top_k(keys, min(16, n)))
+
+
+def test_ordered_key_orders_like_the_float():
+    v = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 0.25, 1.0, 7.0, np.inf], np.float32)
+    u = ordered_u32(v)
+    assert (np.diff(u.astype(np.int64)) >= 0).all() and u.min() > DROPPED
+
+
+# --- configs, token mapping, arguments ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t", range(1, 65))
+def test_selecting_ctas_cover_every_token_once(t):
+    cfg = route_config(t, E, K, TOP_K)
+    ctas, sel = cfg.gemv.ctas(E), cfg.selectors(t)
+    assert sel <= ctas and cfg.gemv.out_dtype == "float32"
+    tokens = [(ticket - (ctas - sel)) * cfg.gemv.warps + w for ticket in range(ctas - sel, ctas)
+              for w in range(cfg.gemv.warps)]
+    assert sorted(x for x in tokens if x < t) == list(range(t))
+
+
+def test_route_config_refusals():
+    gemv = LinearConfig(out_dtype="float32")
+    with pytest.raises(ValueError, match="fp32"):
+        RouteConfig(LinearConfig())
+    with pytest.raises(ValueError, match="multiple of 32"):
+        RouteConfig(gemv, experts=900)
+    with pytest.raises(ValueError, match="top_k"):
+        RouteConfig(gemv, top_k=33)
+
+
+def test_check_args_refuses_bad_input_on_cpu():
+    x, w, b = torch.zeros(2, K, dtype=torch.bfloat16), torch.zeros(E, K, dtype=torch.bfloat16), torch.zeros(E)
+    bad = [((x.float(), w, b, 16), "bf16"), ((x, w, b[:-1], 16), "disagree"), ((x, w, b, 0), "top_k"),
+           ((x, w, b, 33), "top_k"), ((torch.zeros(65, K, dtype=torch.bfloat16), w, b, 16), "at most 64"),
+           ((x, w[:880], b[:880], 16), "multiple of 32"), ((x, w.t(), b, 16), "disagree"),
+           ((x[:, ::2], w[:, ::2].contiguous(), b, 16), "stride"), ((x, w, b, 16), "CUDA")]
+    for args, match in bad:
+        with pytest.raises(ValueError, match=match):
+            check_args(*args)
+
+
+def test_compile_keys_span_the_envelope():
+    keys = compile_keys(CONTRACT)
+    assert {t for _, t, _ in keys} == {1, 2, 8, 9, 16, 32, 64}
+    assert {cfg.gemv.path for cfg, _, _ in keys} == {"gemv", "mma"}
+
+
+needs_cutlass = pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL (nvidia-cutlass-dsl) not installed")
+
+
+@needs_cutlass
+@pytest.mark.parametrize("t", [1, 16, 64])
+def test_compiles_for_sm90a_without_gpu(t):
+    """No spills or stack; one redux + one ballot per round, 28 L2 loads of logits per lane, the counters' two
+    atomics and one acquire load; tensor cores from 9 tokens on."""
+    from model.kimi_k3.specialized.moe_route import compile as compile_key
+
+    report = compile_key((route_config(t, E, K, TOP_K), t, K), "sm_90a")
+    assert report.ok(max_registers=255), report.kernels
+    counts = ptx_instruction_counts(report.ptx, {
+        "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": r"\bld\.global\.cg\.b32",
+        "atom": r"\batom\.global\.acq_rel\.add", "acquire": r"\bld\.acquire\.gpu", "mma": r"\bmma\.sync",
+        "local": r"\.local"})
+    assert counts["redux"] == TOP_K and counts["ballot"] == TOP_K and counts["ld.cg"] == E // 32
+    assert counts["atom"] == 2 and counts["acquire"] == 1 and counts["local"] == 0
+    assert (counts["mma"] > 0) == (t > 8)
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+
+def exact_inputs(t: int, seed: int, ties: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, w with small integer values (every logit an exact fp32 integer whatever the summation order), bias a
+    multiple of 1/1024; with ties, experts 1..8 copy the rows and biases of experts 100..107, and distinct keys
+    are redrawn until at least MIN_GAP apart (so any faithful fp32 sigmoid orders them as float64 does)."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        x = torch.randint(-2, 3, (t, K), generator=gen).to(torch.bfloat16)
+        w = torch.zeros(E, K)
+        w[:, :64] = torch.randint(-1, 2, (E, 64), generator=gen).float()  # logits in -128..128, mostly small
+        bias = torch.randint(-64, 65, (E,), generator=gen) / 1024.0
+        if ties:
+            w[1:9], bias[1:9] = w[100:108], bias[100:108]
+        w = w.to(torch.bfloat16)
+        keys = reference_keys(x, w, bias)
+        s = keys.sort(dim=-1).values.diff(dim=-1)
+        if bool(((s == 0) | (s >= MIN_GAP)).all()):
+            return x, w, bias
+
+
+def reference_keys(x, w, bias):
+    return torch.sigmoid(x.double() @ w.double().t()) + bias.double()
+
+
+def exact_route(x, w, bias, top_k, scaling):
+    keys = reference_keys(x, w, bias)
+    ids = top_k_lowest_id(keys, torch.arange(keys.shape[-1]).expand_as(keys), top_k)
+    s = torch.sigmoid(x.double() @ w.double().t()).gather(-1, ids)
+    return ids, (s / (s.sum(-1, keepdim=True) + 1e-20) * scaling).float()
+
+
+def diagnose(got_ids, got_w, want_ids, want_w, keys) -> str:
+    """Which tokens are wrong and how: chosen set, order, weights (at most 4 tokens)."""
+    lines = []
+    for t in range(want_ids.shape[0]):
+        g, r = got_ids[t].tolist(), want_ids[t].tolist()
+        if g == r and torch.allclose(got_w[t], want_w[t], rtol=1e-5, atol=1e-7):
+            continue
+        extra, missing = sorted(set(g) - set(r)), sorted(set(r) - set(g))
+        what = (f"set: chose {extra} (keys {[round(float(keys[t, e]), 7) for e in extra]}) instead of {missing} "
+                f"(keys {[round(float(keys[t, e]), 7) for e in missing]})" if extra or missing
+                else f"order: got {g}, want {r}" if g != r
+                else f"weights: max |diff| {float((got_w[t] - want_w[t]).abs().max()):.3g}")
+        lines.append(f"token {t}: {what}")
+    return f"{len(lines)} wrong token(s): " + "; ".join(lines[:4])
+
+
+def _kernel():
+    from model.kimi_k3.specialized.moe_route import available, moe_route_cute
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+    return moe_route_cute
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 2, 3, 8, 9, 16, 33, 64])
+def test_exact_inputs_match_exactly(t):
+    kernel = _kernel()
+    x, w, bias = exact_inputs(t, seed=t)
+    want_ids, want_w = exact_route(x, w, bias, TOP_K, 2.5)
+    ids, weights = kernel(x.cuda(), w.cuda(), bias.cuda(), TOP_K, True, 2.5)
+    ids, weights = ids.cpu(), weights.cpu()
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    msg = diagnose(ids, weights, want_ids, want_w, reference_keys(x, w, bias))
+    assert torch.equal(ids, want_ids), msg
+    torch.testing.assert_close(weights, want_w, rtol=1e-5, atol=1e-7, msg=msg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_k", [1, 8, 32])
+def test_other_top_k_and_no_renormalize(top_k):
+    kernel = _kernel()
+    x, w, bias = exact_inputs(5, seed=top_k)
+    ids, weights = kernel(x.cuda(), w.cuda(), bias.cuda(), top_k, False, 1.0)
+    want_ids, _ = exact_route(x, w, bias, top_k, 1.0)
+    assert torch.equal(ids.cpu(), want_ids)
+    want_w = torch.sigmoid(x.double() @ w.double().t()).gather(-1, want_ids).float()
+    torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "large", "mixed"])
+@pytest.mark.parametrize("point", CONTRACT.benchmark.points, ids=lambda p: f"batch{p.batch}")
+def test_gate_problem_inputs(point, dist):
+    kernel = _kernel()
+    problem = load_problem("moe_route")
+    case = problem.generate_input(bench_point(CONTRACT, problem, point), 1, dist)
+    got = kernel(*clone(case.args, "cuda"))
+    ref = problem.reference(*clone(case.args, "cuda"))
+    for name, g, r in zip(("out[0]", "out[1]"), got, ref):
+        result = problem.check(name, g, r, CONTRACT.tolerance)
+        assert result.passed, (result.problems, result.mismatches)
+
+
+@pytest.mark.gpu
+def test_strided_x_empty_batch_and_repeats_in_a_graph():
+    kernel = _kernel()
+    x, w, bias = exact_inputs(16, seed=3)
+    want_ids, _ = exact_route(x, w, bias, TOP_K, 1.0)
+    wide = torch.zeros(16, K + 64, dtype=torch.bfloat16, device="cuda")
+    wide[:, :K] = x.cuda()
+    w, bias = w.cuda(), bias.cuda()
+    assert torch.equal(kernel(wide[:, :K], w, bias, TOP_K, True, 1.0)[0].cpu(), want_ids)
+    empty = kernel(wide[:0, :K], w, bias, TOP_K, True, 1.0)
+    assert empty[0].shape == (0, TOP_K) and empty[1].shape == (0, TOP_K)
+    for t in (1, 64, 16, 9):  # the counters return to zero after every launch, whatever its CTA count
+        assert torch.equal(kernel(wide[:t, :K], w, bias, TOP_K, True, 1.0)[0].cpu(), want_ids[:t])
+    static = wide[:, :K].clone()
+    kernel(static, w, bias, TOP_K, True, 1.0)  # compiled before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_ids, _ = kernel(static, w, bias, TOP_K, True, 1.0)
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out_ids.cpu(), want_ids)
