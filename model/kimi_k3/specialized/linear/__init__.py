@@ -61,6 +61,19 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def check_activation_layout(x: torch.Tensor, weight: torch.Tensor, name: str = "weight") -> None:
+    """What the GEMV's loads need of x [M, K] and the weight (also the router's, which runs this GEMV): unit
+    column stride, a row stride that is a multiple of 8 elements and at least K (M > 1), 16-byte alignment."""
+    m, k = x.shape
+    if m > 1 and (x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < k):
+        raise ValueError(f"x needs unit column stride and a row stride that is a multiple of 8 >= K, got strides "
+                         f"{x.stride()}")
+    if m == 1 and x.stride(1) != 1:
+        raise ValueError(f"x needs unit column stride, got strides {x.stride()}")
+    if x.data_ptr() % 16 or weight.data_ptr() % 16:
+        raise ValueError(f"x and {name} must be 16-byte aligned")
+
+
 def check_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
                out_dtype: torch.dtype | None = None) -> tuple[int, int, int, torch.dtype]:
     """Validate a call; return (M, N, K, out dtype). Raises ValueError, device last, so that every other check
@@ -80,13 +93,7 @@ def check_args(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None =
         raise ValueError(f"K={k}: must be a positive multiple of {K_MULTIPLE}")
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous")
-    if m > 1 and (x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < k):
-        raise ValueError(f"x needs unit column stride and a row stride that is a multiple of 8 >= K, got strides "
-                         f"{x.stride()}")
-    if m == 1 and x.stride(1) != 1:
-        raise ValueError(f"x needs unit column stride, got strides {x.stride()}")
-    if x.data_ptr() % 16 or weight.data_ptr() % 16:
-        raise ValueError("x and weight must be 16-byte aligned")
+    check_activation_layout(x, weight)
     if n * k >= _INT32_LIMIT or m * n >= _INT32_LIMIT or (m - 1) * x.stride(0) + k >= _INT32_LIMIT:
         raise ValueError("an index of x, weight or y would overflow int32")
     if out is not None:

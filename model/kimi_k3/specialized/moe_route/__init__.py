@@ -20,7 +20,8 @@ import torch
 
 from kernels.cute import CompileCache, current_cute_arch
 
-from ..linear import _num_sms, available, config_for  # the GPU and SM-count checks are linear's: its GEMV runs
+# the GPU, SM-count and activation-layout checks are linear's: its GEMV runs
+from ..linear import _num_sms, available, check_activation_layout, config_for
 from ..linear.kernel import MAX_TOKENS
 from .kernel import _IMPORT_ERROR, MAX_TOP_K, WARP, RouteConfig, compile_kernel, compile_report, launch_args
 
@@ -56,13 +57,7 @@ def check_args(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k:
         raise ValueError(f"top_k={top_k!r}: an int in 1..{min(MAX_TOP_K, e)}")
     if not gate_w.is_contiguous() or not bias.is_contiguous():
         raise ValueError("gate_w and bias must be contiguous")
-    if t > 1 and (x.stride(1) != 1 or x.stride(0) % 8 or x.stride(0) < k):
-        raise ValueError(f"x needs unit column stride and a row stride that is a multiple of 8 >= K, got strides "
-                         f"{x.stride()}")
-    if t == 1 and x.stride(1) != 1:
-        raise ValueError(f"x needs unit column stride, got strides {x.stride()}")
-    if x.data_ptr() % 16 or gate_w.data_ptr() % 16:
-        raise ValueError("x and gate_w must be 16-byte aligned")
+    check_activation_layout(x, gate_w, "gate_w")
     if e * k >= 2**31 or (t - 1) * x.stride(0) + k >= 2**31:
         raise ValueError("an index of x or gate_w would overflow int32")
     if not all(a.is_cuda for a in (x, gate_w, bias)) or len({a.device for a in (x, gate_w, bias)}) != 1:
