@@ -3,6 +3,7 @@ and its other validated archs have sound evidence (gates.core.contracts)."""
 
 from __future__ import annotations
 
+from gates.checks.benchmarks import never_timed
 from gates.core.registry import Gate, GateContext
 from gates.core.status import GateResult, Status
 from kernels.contract import evidence_dir
@@ -26,10 +27,11 @@ def run(ctx: GateContext) -> GateResult:
         "shapes": c.shapes,
         "fallback": c.fallback,
     }
+    flags = [note] if (note := never_timed(c)) else []
     if mine:
-        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(mine),
+        return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(mine), flags=flags,
                           summary=f"{len(mine)} contract problem(s)", details={"problems": mine, "envelope": envelope})
-    return GateResult(gate=NAME, title=TITLE, status=Status.PASSED,
+    return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, flags=flags,
                       summary="schema, registry and evidence sound; implementation, reference and standard import",
                       details={"problems": [], "envelope": envelope})
 

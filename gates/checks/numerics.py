@@ -1,6 +1,7 @@
 """Numerics gate: the candidate against the reference at every point of the contract's envelope.
 
-Per point (batch edges and an odd batch, spec-token edges, each rank-local shape's edges), `trials` seeded
+Per point (gates.problems.envelope_points: every value of every listed shape, the corners of the ranges, and batch
+and speculative-token counts drawn across their ranges from the secret seed), `trials` seeded
 inputs from each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a
 secret seed and sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers:
 first right after the reference ran in that process (its freed result lying in memory), then after memory the
@@ -25,7 +26,16 @@ from gates.core.registry import Gate, GateContext, arg_names
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status
 from gates.core.trees import clone, leaves
-from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
+from gates.problems import (
+    DISTRIBUTIONS,
+    Case,
+    Point,
+    Problem,
+    ProblemError,
+    coverage,
+    envelope_points,
+    seed_for,
+)
 from kernels.contract import Contract, Tolerance
 from kernels.validation import problem_lines
 
@@ -309,6 +319,23 @@ class RecordedRow(RecordedErrors):
     standard: RecordedErrors | None
 
 
+class RecordedDimension(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    admitted: list[int]
+    exercised: list[int]
+
+
+class RecordedCoverage(BaseModel):
+    """coverage() as a bundle records it (absent in bundles made before it was)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch: RecordedDimension
+    spec_tokens: RecordedDimension
+    shapes: dict[str, RecordedDimension]
+
+
 class RecordedCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -324,9 +351,14 @@ def audit(result: GateResult) -> list[str]:
     try:
         rows = [RecordedRow.model_validate(r) for r in result.details.get("rows", [])]
         checks = [RecordedCheck.model_validate(c) for c in result.details.get("checks", [])]
+        covered = result.details.get("coverage")
+        covered = RecordedCoverage.model_validate(covered) if covered is not None else None
     except ValidationError as e:
         return problem_lines("details", e)
     problems = [f"check {c.check}: passed with {c.failures} failure(s)" for c in checks if c.passed != (not c.failures)]
+    if result.status is Status.PASSED and covered is not None:
+        problems += [f"shape {key} {sorted(set(d.admitted) - set(d.exercised))} admitted but never exercised, yet the "
+                     "gate PASSED" for key, d in covered.shapes.items() if set(d.admitted) - set(d.exercised)]
     if result.status is Status.PASSED:
         problems += [f"check {c.check} failed, yet the gate PASSED" for c in checks if not c.passed]
         problems += [f"{r.point}, {r.dist}: failed, yet the gate PASSED" for r in rows if not r.passed]
@@ -340,7 +372,7 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult.not_run(NAME, TITLE, reason)
     try:
         problem = ctx.problem()
-        points = envelope_points(ctx.contract, problem)
+        points = envelope_points(ctx.contract, problem, seed_for(ctx.options.seed, NAME, "points"))
         names = arg_names(problem.reference)
         findings = Findings()
         with Sandbox() as box, Sandbox() as std_box:
@@ -358,7 +390,8 @@ def run(ctx: GateContext) -> GateResult:
               for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
     tol = ctx.contract.tolerance
     details = {
-        "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
+        "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points),
+        "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
         "tolerance": tol.model_dump(),
         "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,

@@ -56,6 +56,23 @@ def test_envelope_claim_fails_at_its_edge():
     assert {r["batch"] for r in numerics_of("fails_at_batch_edge").details["rows"] if not r["passed"]} == {8}
 
 
+def test_an_interior_shape_value_is_checked():
+    """Heads 2, 3, 4: the odd head count lies between the edges and must be exercised in every run."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:wrong_at_odd_heads",
+                                                  shapes={"heads": [2, 3, 4], "head_dim": [16]}))
+    assert result.status is Status.FAILED_NUMERICS and "tolerance" in failed_checks(result)
+    assert {r["point"].split(" · ")[1] for r in result.details["rows"] if not r["passed"]} == {"heads 3"}
+    assert result.details["coverage"]["shapes"]["heads"]["exercised"] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_batches_between_the_edges_are_drawn(seed):
+    """Batch 1-8: the secret seed draws batches from every part of the range, so 2-4 is reached whatever the seed."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:wrong_for_short_batches"), seed=seed)
+    assert result.status is Status.FAILED_NUMERICS
+    assert {r["batch"] for r in result.details["rows"] if not r["passed"]} <= {2, 3, 4}
+
+
 def test_timer_patch_is_an_error_of_the_candidate():
     result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.patches_timer:kda_decode"))
     assert result.status is Status.ERROR
