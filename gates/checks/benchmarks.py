@@ -315,7 +315,7 @@ def run(ctx: GateContext) -> GateResult:
                          f"paired ratios) and the fraction of the roofline have a 95 % interval over blocks clear of "
                          f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
                          f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize",
-               "recheck_failures": [m for ms in findings.examples.values() for m in ms]}
+               "recheck_failures": [m for ms in findings.examples.values() for m in ms], "loaded": sorted(box.loaded)}
     speedups = speedup_summary(rows)
     if impossible:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(impossible), flags=flags,

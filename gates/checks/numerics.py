@@ -52,6 +52,7 @@ CHECKS = {
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
+    "late": "the same outputs after many calls (no warm-up phase, no call counter)",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
 
@@ -296,6 +297,50 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
 
 
+LATE_INPUTS = 8  # distinct inputs the late calls cycle through (two of each distribution)
+
+
+def smallest(points: list[Point]) -> Point:
+    """The cheapest point to call many times: fewest tokens, then the smallest shapes."""
+    return min(points, key=lambda p: (p.batch * (1 + p.spec_tokens), [v for _, v in p.shape]))
+
+
+def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
+                     findings: Findings) -> dict:
+    """`late_calls` consecutive calls in one process over LATE_INPUTS inputs at `point`: the first and the last call
+    on each input against the reference, every call bit for bit against the first call on its input."""
+    calls, device = ctx.options.late_calls, ctx.device
+    cases = [problem.generate_input(point, seed_for(ctx.options.seed, "late", point.label, k),
+                                    DISTRIBUTIONS[k % len(DISTRIBUTIONS)]) for k in range(LATE_INPUTS)]
+    expected = [reference_run(problem, case, names, device) for case in cases]
+    reply = box.request("calls", candidate=ctx.contract.implementation, device=device, names=names, cases=cases,
+                        calls=calls)
+    first: dict[int, dict[str, str]] = {}
+    differs = None
+    for k, run in enumerate(reply["calls"]):
+        i = k % len(cases)
+        where = f"{point.label}, call {k + 1} of {calls} (input {i + 1} of {len(cases)})"
+        if "raised" in run:
+            findings.add("late", f"{where}: raised {run['raised']}")
+            differs = k + 1
+            break
+        for message in run["problems"]:
+            findings.add("plain", f"{where}: {message}")
+        got = run["outputs"] + run["states"]
+        if got and isinstance(got[0][1], torch.Tensor):  # the first and the last call on each input: tensors
+            compare_named(problem, run["outputs"], expected[i].outputs, ctx.contract.tolerance, "late", where,
+                          findings)
+            compare_named(problem, run["states"], expected[i].states, ctx.contract.tolerance_for_states, "late",
+                          where, findings)
+            got = [(n, digest(t)) for n, t in got]
+        if i not in first:
+            first[i] = dict(got)
+        elif dict(got) != first[i]:
+            findings.add("late", f"{where}: differs bitwise from call {i + 1} on the same input")
+            differs = differs or k + 1
+    return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs}
+
+
 class RecordedErrors(BaseModel):
     """_errors() as a bundle records it (an infinite error reads back as null)."""
 
@@ -379,6 +424,9 @@ def run(ctx: GateContext) -> GateResult:
             rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
+            late = (check_late_calls(ctx, problem, box, smallest(points), names, findings)
+                    if ctx.options.late_calls else None)
+            loaded = sorted(box.loaded | std_box.loaded)
     except ProblemError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the op's problem cannot check this contract")
@@ -396,12 +444,13 @@ def run(ctx: GateContext) -> GateResult:
         "tolerance": tol.model_dump(),
         "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,
         "problem": problem.source.name, "checks": checks, "rows": rows,
-        "trajectories": trajectories, "standard": ctx.contract.standard,
+        "trajectories": trajectories, "late_calls": late, "loaded": loaded, "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:
         steps = f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""
+        steps += f"; {late['calls']} consecutive calls" if late else ""
         return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
                           summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points "
                                   f"passed{steps}")

@@ -94,7 +94,9 @@ def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env:
         problem_file = None
     return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
                   contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
-                  owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
+                  owners=contract.owners,
+                  sources=covered_sources(contract, contract_path, problem_file,
+                                          loaded=[path for r in results for path in r.details.get("loaded", [])]),
                   environment=env, options=options, harness=harness, gates=results,
                   verdict=verdict_of(contract, machine.arch, results))
 

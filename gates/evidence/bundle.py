@@ -30,7 +30,8 @@ from kernels.contract import Contract
 
 SCHEMA_VERSION = 3
 BUNDLE_FILE, MANIFEST_FILE = "bundle.json", "manifest.json"
-SOURCE_ROLES = ("contract", "problem", "implementation", "reference", "standard", "dependency")
+# loaded: a repository file a candidate's process loaded at run time that no import statement names (importlib)
+SOURCE_ROLES = ("contract", "problem", "implementation", "reference", "standard", "dependency", "loaded")
 
 
 class SourceFile(BaseModel):
@@ -108,10 +109,12 @@ class Bundle(BaseModel):
 
 
 def covered_sources(contract: Contract, contract_path: Path, problem_file: Path | None,
-                    root: Path = REPO_ROOT) -> list[SourceFile]:
-    """The contract, the problem file, and every repository file the implementation, reference and standard
-    import. Each file's roles: what the contract names it as, or `dependency` for a file one of those imports.
-    The gate harness itself (the rest of gates/) is versioned by the commit, not by the evidence."""
+                    root: Path = REPO_ROOT, loaded: list[str] = ()) -> list[SourceFile]:
+    """The contract, the problem file, every repository file the implementation, reference and standard import,
+    and the repository files (relative paths) their processes `loaded` while the gates ran them, dynamic imports
+    included. Each file's roles: what the contract names it as, `dependency` for a file one of those imports, or
+    `loaded` for one only the run revealed. The gate harness itself (the rest of gates/) is versioned by the
+    commit, not by the evidence."""
     named = {contract_path.resolve(): {"contract"}}
     if problem_file is not None:
         named[problem_file.resolve()] = {"problem"}
@@ -122,10 +125,12 @@ def covered_sources(contract: Contract, contract_path: Path, problem_file: Path 
         own = module_file(module, root)
         if own is not None:
             named.setdefault(own, set()).add(role)
-    paths = set(named) | {p for closure in closures for p in closure}
+    imported = {p for closure in closures for p in closure}
+    run = {(root / rel).resolve() for rel in loaded} - imported - set(named)
     order = {r: i for i, r in enumerate(SOURCE_ROLES)}
-    files = [SourceFile(path=relative(p, root), roles=sorted(named.get(p, {"dependency"}), key=order.get),
-                        sha256=sha256_file(p)) for p in paths]
+    files = [SourceFile(path=relative(p, root),
+                        roles=sorted(named.get(p, {"loaded" if p in run else "dependency"}), key=order.get),
+                        sha256=sha256_file(p)) for p in set(named) | imported | run if p.is_file()]
     return sorted(files, key=lambda f: (order[f.roles[0]], f.path))
 
 
