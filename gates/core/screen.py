@@ -76,6 +76,7 @@ class _Reader(ast.NodeVisitor):
         self.bound: dict[str, str] = {}
         self.findings: list[Finding] = []
         self.docstrings: set[int] = set()
+        self.repo_paths: set[str] = set()  # names assigned a path built from __file__ or a repository directory
 
     def add(self, node: ast.AST, rule: str, cheat: bool, what: str) -> None:
         self.findings.append(Finding(rule, cheat, f"{self.rel}:{getattr(node, 'lineno', 0)}", what))
@@ -139,7 +140,14 @@ class _Reader(ast.NodeVisitor):
         else:
             self.add(node, "monkeypatch", False, f"{verb} {name}, an attribute of another module")
 
+    def _names_repo_path(self, node: ast.AST) -> bool:
+        return any((isinstance(n, ast.Name) and (n.id == "__file__" or n.id in self.repo_paths))
+                   or (isinstance(n, ast.Constant) and isinstance(n.value, str) and REPO_PATH.search(n.value))
+                   for n in ast.walk(node))
+
     def visit_Assign(self, node: ast.Assign) -> None:
+        if self._names_repo_path(node.value):
+            self.repo_paths.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for target in node.targets:
             for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
                 self._assigned(node, t, "assigns")
@@ -192,10 +200,7 @@ class _Reader(ast.NodeVisitor):
         return mode is not None  # a computed mode (or os.open flags): may write
 
     def _writes(self, node: ast.Call, name: str) -> None:
-        into_repo = any((isinstance(n, ast.Name) and n.id == "__file__")
-                        or (isinstance(n, ast.Constant) and isinstance(n.value, str) and REPO_PATH.search(n.value))
-                        for n in ast.walk(node))
-        if into_repo:
+        if self._names_repo_path(node):
             self.add(node, "file_write", True, f"{name}: writes into the repository (a path from __file__ or the "
                      "tree's own directories): the gate's code, contracts or evidence are not a kernel's to change")
         else:

@@ -513,8 +513,10 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
         reply["tampered"] = changed()
-        reply["loaded"] = sorted({path for name in set(sys.modules) - baseline
-                                  if (path := repository_path(getattr(sys.modules.get(name), "__file__", None)))})
+        reply["loaded"] = sorted({path for name in set(sys.modules) - baseline  # the gate's own (e.g. the
+                                  # problems' Case, unpickled with a request) is versioned by the harness digest
+                                  if (path := repository_path(getattr(sys.modules.get(name), "__file__", None)))
+                                  and not path.startswith("gates/")})
         buf = io.BytesIO()
         save(reply, buf)
         conn.send_bytes(buf.getvalue())

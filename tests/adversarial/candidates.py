@@ -152,3 +152,15 @@ def wrong_for_short_batches(proj, conv_state, ssm_state, slots, w):
     batch edges and one middle batch never reach it."""
     out = kda_decode(proj, conv_state, ssm_state, slots, w)
     return out.flip(0) if 1 < proj.shape[0] < 5 else out
+
+
+_calls = 0
+
+
+def wrong_after_warmup(proj, conv_state, ssm_state, slots, w):
+    """Right for its first 300 calls in a process, then 5 % off (a call counter, a "warm-up" phase that ends): a
+    gate that makes a few calls per process never sees it."""
+    global _calls
+    _calls += 1
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out if _calls <= 300 else out * 1.05
