@@ -7,7 +7,7 @@ that dies, hangs or sends something else is an error of the candidate, never a p
 The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
 gate's own code or its bytecode for the next run. The gate has parsed and imported all it judges by before any
 child starts (gates.core.runner), and the sandbox takes the tree's state (every file's size and modification
-time) when the child starts and compares it after every reply: a file the child's lifetime added, changed or
+time, prose outside evidence/ aside) when the child starts and compares it after every reply: a file the child's lifetime added, changed or
 removed is a TamperError, a finding against the candidate. New bytecode files, and rewrites of bytecode that
 was stale, are what imports do and are not counted (the child itself compiles nothing into the tree).
 """
@@ -58,13 +58,20 @@ def _fresh_pyc(path: Path) -> bool:
             and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
 
 
+PROSE = (".md", ".txt", ".rst")  # documentation outside evidence/: nothing judges by it, and people edit it while
+# a gate runs
+
+
 def tree_state(root: Path = REPO_ROOT) -> dict[str, tuple]:
-    """Every file of the tree (hidden directories, virtual environments and git's own store left out) with its size
-    and modification time, and for a bytecode file whether it is fresh."""
+    """Every file of the tree (hidden directories, virtual environments and git's own store left out, and prose
+    outside evidence/) with its size and modification time, and for a bytecode file whether it is fresh."""
     state = {}
     for directory, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
+        in_evidence = Path(directory).is_relative_to(root / "evidence")
         for name in files:
+            if name.endswith(PROSE) and not in_evidence:
+                continue
             path = Path(directory, name)
             try:
                 st = path.lstat()

@@ -133,11 +133,11 @@ def test_a_candidate_that_rewrites_its_contract_at_import_is_judged_by_the_contr
 
 
 def test_a_candidate_that_writes_into_the_tree_is_caught():
-    mark = REPO_ROOT / "tests" / "adversarial" / "_written_by_a_candidate.txt"
+    mark = REPO_ROOT / "tests" / "adversarial" / "_written_by_a_candidate.py"
     try:
         result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.writes_tree:kda_decode"))
         assert result.status is Status.ERROR
-        assert "wrote to the repository: tests/adversarial/_written_by_a_candidate.txt (added)" in result.reason
+        assert "wrote to the repository: tests/adversarial/_written_by_a_candidate.py (added)" in result.reason
     finally:
         mark.unlink(missing_ok=True)
 
