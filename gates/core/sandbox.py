@@ -7,9 +7,10 @@ that dies, hangs or sends something else is an error of the candidate, never a p
 The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
 gate's own code or its bytecode for the next run. The gate has parsed and imported all it judges by before any
 child starts (gates.core.runner), and the sandbox takes the tree's state (every file's size and modification
-time, prose outside evidence/ aside) when the child starts and compares it after every reply: a file the child's lifetime added, changed or
-removed is a TamperError, a finding against the candidate. New bytecode files, and rewrites of bytecode that
-was stale, are what imports do and are not counted (the child itself compiles nothing into the tree).
+time, prose outside evidence/ aside) when the child starts and compares it after every reply: a file the child's
+lifetime added, changed or removed is a TamperError, a finding against the candidate. New bytecode files, and
+rewrites of bytecode that was stale, are what imports do and are not counted (the child itself compiles nothing
+into the tree).
 """
 
 from __future__ import annotations
