@@ -61,13 +61,24 @@ OWN_MODULES = ("gates.core.worker", "gates.core.trees", "gates.core.compare", "k
                "model.kimi_k3.ops.registry")
 
 
+CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def _watched(value: Any) -> bool:
+    """Code a request runs: a function, a class, or a table of callables (a dispatch table). A dict of data (a
+    cache, the evals' session state) changes as it serves and is not watched."""
+    return (isinstance(value, (types.FunctionType, type))
+            or (isinstance(value, dict) and bool(value) and all(callable(v) for v in value.values())))
+
+
 def _parts(value: Any) -> tuple:
-    """What a candidate could swap in a module-level value: the object itself and, for a function, its code and
-    defaults; for a class, its attributes; for a table (a dict), its entries. Compared by identity (_same)."""
+    """What a candidate could swap in a watched value: the object itself and, for a function, its code and
+    defaults; for a class, its methods (class attributes that are data may change as it serves); for a table, its
+    entries. Compared by identity (_same)."""
     if isinstance(value, types.FunctionType):
         return (value, value.__code__, value.__defaults__, value.__kwdefaults__)
     if isinstance(value, type):
-        return (value, tuple(vars(value).values()))
+        return (value, tuple((k, v) for k, v in vars(value).items() if isinstance(v, CODE)))
     if isinstance(value, dict):
         return (value, tuple(value.items()))
     return (value,)
@@ -85,13 +96,12 @@ def _watcher() -> tuple[Callable[[], list[str]], Callable[[ModuleType], None]]:
     helpers live in this closure, out of reach of a candidate that rebinds this module's globals."""
     guarded = {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in GUARDED.items()}
     prints: dict[str, tuple[ModuleType, dict[str, tuple]]] = {}
-    parts, same = _parts, _same
+    parts, same, watched = _parts, _same, _watched
 
     def watch(module: ModuleType) -> None:
         if module.__name__ not in prints:
             prints[module.__name__] = (module, {k: parts(v) for k, v in vars(module).items()
-                                                if isinstance(v, (types.FunctionType, type, dict))
-                                                and not k.startswith("__")})
+                                                if watched(v) and not k.startswith("__")})
 
     def changed() -> list[str]:
         out = [name for name, (owner, attr, original) in guarded.items() if getattr(owner, attr) is not original]
@@ -111,7 +121,8 @@ def tampered() -> list[str]:
 
 
 class Tampered(RuntimeError):
-    """Importing candidate code replaced a guarded function: nothing more runs in this process's request."""
+    """Importing candidate code replaced a guarded function or changed watched code: nothing more runs in this
+    process's request."""
 
 
 def load(entry: str, trusted: bool = False) -> Callable:
