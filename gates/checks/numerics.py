@@ -297,6 +297,8 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
 
 
+LATE_CALLS = 1024  # consecutive calls in one process, the late ones checked against the first (a constant, not a
+# GateOptions field: bundles made before it keep their recorded options, and `evidence render` can still read them)
 LATE_INPUTS = 8  # distinct inputs the late calls cycle through (two of each distribution)
 
 
@@ -307,9 +309,9 @@ def smallest(points: list[Point]) -> Point:
 
 def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
                      findings: Findings) -> dict:
-    """`late_calls` consecutive calls in one process over LATE_INPUTS inputs at `point`: the first and the last call
+    """LATE_CALLS consecutive calls in one process over LATE_INPUTS inputs at `point`: the first and the last call
     on each input against the reference, every call bit for bit against the first call on its input."""
-    calls, device = ctx.options.late_calls, ctx.device
+    calls, device = LATE_CALLS, ctx.device
     cases = [problem.generate_input(point, seed_for(ctx.options.seed, "late", point.label, k),
                                     DISTRIBUTIONS[k % len(DISTRIBUTIONS)]) for k in range(LATE_INPUTS)]
     expected = [reference_run(problem, case, names, device) for case in cases]
@@ -424,8 +426,7 @@ def run(ctx: GateContext) -> GateResult:
             rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
-            late = (check_late_calls(ctx, problem, box, smallest(points), names, findings)
-                    if ctx.options.late_calls else None)
+            late = check_late_calls(ctx, problem, box, smallest(points), names, findings)
             loaded = sorted(box.loaded | std_box.loaded)
     except ProblemError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
@@ -450,7 +451,7 @@ def run(ctx: GateContext) -> GateResult:
     inputs = len(rows) * ctx.options.trials
     if not findings:
         steps = f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""
-        steps += f"; {late['calls']} consecutive calls" if late else ""
+        steps += f"; {late['calls']} consecutive calls"
         return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
                           summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points "
                                   f"passed{steps}")

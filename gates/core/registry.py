@@ -37,8 +37,6 @@ class GateOptions(BaseModel):
     trials: int = Field(default=2, ge=1, description="seeded inputs per envelope point and distribution")
     runs: int = Field(default=4, ge=2, description="candidate runs per input, all bitwise identical")
     steps: int = Field(default=32, ge=4, description="consecutive decode steps of a stateful op")
-    late_calls: int = Field(default=1024, ge=0, description="consecutive calls on small inputs, the late ones checked "
-                                                             "against the first (no warm-up phase, no call counter)")
     bench_pairs: int = Field(default=50, ge=5, description="interleaved (candidate, standard) replay pairs per block")
     min_blocks: int = Field(default=3, ge=2, description="timed blocks per benchmark point at least")
     max_blocks: int = Field(default=12, ge=2, description="timed blocks per benchmark point at most")

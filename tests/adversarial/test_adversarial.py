@@ -125,7 +125,7 @@ def test_a_candidate_that_rewrites_its_contract_at_import_is_judged_by_the_contr
     path = write_contract(tmp_path / "contracts", implementation="tests.adversarial.rewrites_contract:kda_decode")
     monkeypatch.setenv("K3FORGE_ADVERSARIAL_CONTRACT", str(path))
     monkeypatch.setattr(runner, "registered", lambda: [contracts.GATE, numerics.GATE])
-    outcome = runner.gate_all(tmp_path / "contracts", tmp_path / "evidence", options=quick_options(late_calls=0))
+    outcome = runner.gate_all(tmp_path / "contracts", tmp_path / "evidence", options=quick_options())
     assert "rtol: 10.0" in path.read_text()  # it did rewrite the file
     ((_, bundle),) = outcome.bundles
     assert bundle.contract["tolerance"]["rtol"] == 0.016
@@ -178,7 +178,7 @@ def test_the_repository_kernels_pass_the_screen(implementation):
 
 def test_a_helper_loaded_with_importlib_is_covered():
     contract = kda_contract(implementation="tests.adversarial.dynamic_helper:kda_decode")
-    result = run_gate(numerics.GATE, contract, late_calls=0)
+    result = run_gate(numerics.GATE, contract)
     assert result.status is Status.PASSED, result.reason
     helper = REPO_ROOT / "tests" / "adversarial" / "late_helper.py"
     assert helper not in import_closure(["tests.adversarial.dynamic_helper"])  # no import statement names it
