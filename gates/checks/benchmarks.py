@@ -140,6 +140,18 @@ def inapplicable(contract: Contract, arch: str) -> str | None:
     return "needs a CUDA GPU; this machine has none" if arch == "cpu" else None
 
 
+def never_timed(contract: Contract) -> str | None:
+    """Why the contract's speed is judged on no arch it validates (this gate applies on none of them), or None.
+    Only a torch-backend contract validated on CPUs alone can be so (a GPU backend's CPU bundle is never PASSED):
+    the contracts gate flags it and `contract check` prints it. It is not a contract problem, so such a contract
+    (attn_res, a CPU stand-in for the dispatch path) keeps validating; a reviewer reads its speed as unproven."""
+    validated = contract.archs_validated
+    if not validated or any(inapplicable(contract, arch) is None for arch in validated):
+        return None
+    return (f"speed never judged: {contract.op} validates only {', '.join(validated)}, where the benchmarks gate "
+            f"does not run ({inapplicable(contract, validated[0])}); its required speedups are unproven")
+
+
 class RecordedTiming(BaseModel):
     """timing() as a bundle records it."""
 
@@ -309,7 +321,7 @@ def run(ctx: GateContext) -> GateResult:
                          f"paired ratios) and the fraction of the roofline have a 95 % interval over blocks clear of "
                          f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
                          f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize",
-               "recheck_failures": [m for ms in findings.examples.values() for m in ms]}
+               "recheck_failures": [m for ms in findings.examples.values() for m in ms], "loaded": sorted(box.loaded)}
     speedups = speedup_summary(rows)
     if impossible:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(impossible), flags=flags,

@@ -1,14 +1,16 @@
 """Compile gate: every kernel compiles for every arch the contract validates or declares, CPU machines included,
 across the envelope's distinct compile keys, within the contract's resource bounds.
 
-The protocol a specialized module follows (backends cutedsl and triton):
+The protocol the module defining the implementation's function follows (backends cutedsl and triton; the module
+that defines it, not one that re-exports it, so what compiles is the code under test):
     compile_keys(contract) -> list[key]   the distinct compilations the envelope needs (dtypes, head counts,
                                           tile configs: whatever changes the generated code)
     compile(key, target) -> CompileReport compile for a target ('sm_90a', 'sm_100a'; kernels.arch.cute_arch_for)
                                           and report each kernel's resources: kernels.cute.compile_for_arch
 Each arch compiles in spawned processes with CUTE_DSL_ARCH set to the target before cutlass is imported, so no
 GPU is needed; the keys are split over up to one process per core (compiling is single-threaded), and the
-results keep the order of compile_keys().
+results keep the order of compile_keys(). The repository files the compiling processes loaded are recorded
+(`loaded`): the bundle covers them.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ def run(ctx: GateContext) -> GateResult:
     if reason := inapplicable(c, ctx.machine.arch):
         return GateResult.not_run(NAME, TITLE, reason)
     archs = [h.arch for h in c.hardware.validated] + [h.arch for h in c.hardware.declared]
-    module = c.implementation.partition(":")[0]
     compiles: list[dict] = []
     details = {"archs": archs, "compiles": compiles, "bounds": c.resources.model_dump(), "violations": []}
     shards = max(1, min(MAX_PROCESSES, os.cpu_count() or 1))
@@ -59,8 +60,9 @@ def run(ctx: GateContext) -> GateResult:
         env = {"CUTE_DSL_ARCH": cute_arch_for(arch)} if c.backend == "cutedsl" else {}
         try:
             with Sandbox(env) as box:
-                return box.request("compile", module=module, contract=c.model_dump(mode="json"), archs=[arch],
-                                   shard=[index, shards])
+                reply = box.request("compile", entry=c.implementation, contract=c.model_dump(mode="json"),
+                                    archs=[arch], shard=[index, shards])
+                return {**reply, "loaded": sorted(box.loaded)}
         except TamperError:
             raise
         except SandboxError as e:
@@ -76,6 +78,7 @@ def run(ctx: GateContext) -> GateResult:
         if "protocol" in reply:
             return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=reply["protocol"],
                               summary="the implementation does not follow the compile protocol")
+    details["loaded"] = sorted({path for reply in replies.values() for path in reply.get("loaded", [])})
     for arch in archs:  # shard i holds keys i, i + shards, ...: interleave them back into compile_keys() order
         parts = [replies[arch, i]["compiles"] for i in range(shards)]
         compiles.extend(part[j] for j in range(max(map(len, parts))) for part in parts if j < len(part))

@@ -1,6 +1,7 @@
 """Numerics gate: the candidate against the reference at every point of the contract's envelope.
 
-Per point (batch edges and an odd batch, spec-token edges, each rank-local shape's edges), `trials` seeded
+Per point (gates.problems.envelope_points: every value of every listed shape, the corners of the ranges, and batch
+and speculative-token counts drawn across their ranges from the secret seed), `trials` seeded
 inputs from each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a
 secret seed and sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers:
 first right after the reference ran in that process (its freed result lying in memory), then after memory the
@@ -25,7 +26,16 @@ from gates.core.registry import Gate, GateContext, arg_names
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status
 from gates.core.trees import clone, leaves
-from gates.problems import DISTRIBUTIONS, Case, Point, Problem, ProblemError, envelope_points, seed_for
+from gates.problems import (
+    DISTRIBUTIONS,
+    Case,
+    Point,
+    Problem,
+    ProblemError,
+    coverage,
+    envelope_points,
+    seed_for,
+)
 from kernels.contract import Contract, Tolerance
 from kernels.validation import problem_lines
 
@@ -42,6 +52,7 @@ CHECKS = {
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
+    "late": "the same outputs after many calls (no warm-up phase, no call counter)",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
 
@@ -286,6 +297,52 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             "state_rel_l2": max((ch.rel_l2 for ch in state_checks), default=0.0)}
 
 
+LATE_CALLS = 1024  # consecutive calls in one process, the late ones checked against the first (a constant, not a
+# GateOptions field: bundles made before it keep their recorded options, and `evidence render` can still read them)
+LATE_INPUTS = 8  # distinct inputs the late calls cycle through (two of each distribution)
+
+
+def smallest(points: list[Point]) -> Point:
+    """The cheapest point to call many times: fewest tokens, then the smallest shapes."""
+    return min(points, key=lambda p: (p.batch * (1 + p.spec_tokens), [v for _, v in p.shape]))
+
+
+def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
+                     findings: Findings) -> dict:
+    """LATE_CALLS consecutive calls in one process over LATE_INPUTS inputs at `point`: the first and the last call
+    on each input against the reference, every call bit for bit against the first call on its input."""
+    calls, device = LATE_CALLS, ctx.device
+    cases = [problem.generate_input(point, seed_for(ctx.options.seed, "late", point.label, k),
+                                    DISTRIBUTIONS[k % len(DISTRIBUTIONS)]) for k in range(LATE_INPUTS)]
+    expected = [reference_run(problem, case, names, device) for case in cases]
+    reply = box.request("calls", candidate=ctx.contract.implementation, device=device, names=names, cases=cases,
+                        calls=calls)
+    first: dict[int, dict[str, str]] = {}
+    differs = None
+    for k, run in enumerate(reply["calls"]):
+        i = k % len(cases)
+        where = f"{point.label}, call {k + 1} of {calls} (input {i + 1} of {len(cases)})"
+        if "raised" in run:
+            findings.add("late", f"{where}: raised {run['raised']}")
+            differs = k + 1
+            break
+        for message in run["problems"]:
+            findings.add("plain", f"{where}: {message}")
+        got = run["outputs"] + run["states"]
+        if got and isinstance(got[0][1], torch.Tensor):  # the first and the last call on each input: tensors
+            compare_named(problem, run["outputs"], expected[i].outputs, ctx.contract.tolerance, "late", where,
+                          findings)
+            compare_named(problem, run["states"], expected[i].states, ctx.contract.tolerance_for_states, "late",
+                          where, findings)
+            got = [(n, digest(t)) for n, t in got]
+        if i not in first:
+            first[i] = dict(got)
+        elif dict(got) != first[i]:
+            findings.add("late", f"{where}: differs bitwise from call {i + 1} on the same input")
+            differs = differs or k + 1
+    return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs}
+
+
 class RecordedErrors(BaseModel):
     """_errors() as a bundle records it (an infinite error reads back as null)."""
 
@@ -309,6 +366,23 @@ class RecordedRow(RecordedErrors):
     standard: RecordedErrors | None
 
 
+class RecordedDimension(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    admitted: list[int]
+    exercised: list[int]
+
+
+class RecordedCoverage(BaseModel):
+    """coverage() as a bundle records it (absent in bundles made before it was)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    batch: RecordedDimension
+    spec_tokens: RecordedDimension
+    shapes: dict[str, RecordedDimension]
+
+
 class RecordedCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -324,9 +398,14 @@ def audit(result: GateResult) -> list[str]:
     try:
         rows = [RecordedRow.model_validate(r) for r in result.details.get("rows", [])]
         checks = [RecordedCheck.model_validate(c) for c in result.details.get("checks", [])]
+        covered = result.details.get("coverage")
+        covered = RecordedCoverage.model_validate(covered) if covered is not None else None
     except ValidationError as e:
         return problem_lines("details", e)
     problems = [f"check {c.check}: passed with {c.failures} failure(s)" for c in checks if c.passed != (not c.failures)]
+    if result.status is Status.PASSED and covered is not None:
+        problems += [f"shape {key} {sorted(set(d.admitted) - set(d.exercised))} admitted but never exercised, yet the "
+                     "gate PASSED" for key, d in covered.shapes.items() if set(d.admitted) - set(d.exercised)]
     if result.status is Status.PASSED:
         problems += [f"check {c.check} failed, yet the gate PASSED" for c in checks if not c.passed]
         problems += [f"{r.point}, {r.dist}: failed, yet the gate PASSED" for r in rows if not r.passed]
@@ -340,13 +419,15 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult.not_run(NAME, TITLE, reason)
     try:
         problem = ctx.problem()
-        points = envelope_points(ctx.contract, problem)
+        points = envelope_points(ctx.contract, problem, seed_for(ctx.options.seed, NAME, "points"))
         names = arg_names(problem.reference)
         findings = Findings()
         with Sandbox() as box, Sandbox() as std_box:
             rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
+            late = check_late_calls(ctx, problem, box, smallest(points), names, findings)
+            loaded = sorted(box.loaded | std_box.loaded)
     except ProblemError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the op's problem cannot check this contract")
@@ -358,17 +439,19 @@ def run(ctx: GateContext) -> GateResult:
               for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
     tol = ctx.contract.tolerance
     details = {
-        "device": ctx.device, "points": len(points), "distributions": list(DISTRIBUTIONS),
+        "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points),
+        "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
         "tolerance": tol.model_dump(),
         "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,
         "problem": problem.source.name, "checks": checks, "rows": rows,
-        "trajectories": trajectories, "standard": ctx.contract.standard,
+        "trajectories": trajectories, "late_calls": late, "loaded": loaded, "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:
         steps = f"; {len(trajectories)} trajectories of {ctx.options.steps} steps" if trajectories else ""
+        steps += f"; {late['calls']} consecutive calls"
         return GateResult(gate=NAME, title=TITLE, status=Status.PASSED, details=details,
                           summary=f"{inputs} inputs × {ctx.options.runs} runs at {len(points)} envelope points "
                                   f"passed{steps}")

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gates.checks.benchmarks import never_timed
 from gates.core.contracts import check_contracts, load_contracts
 from kernels.contract import contract_files, load_contract
 from model.kimi_k3.errors import EXIT_OK, EXIT_USAGE, UsageError
@@ -61,6 +62,9 @@ def run_check(args) -> int:
                           f"{c.batch.min}..{c.batch.max}", f"{c.spec_tokens.min}..{c.spec_tokens.max}",
                           c.dtypes.activations)
         Console().print(table)
+        for c in passed:
+            if note := never_timed(c):
+                print(f"note: {note}")
     for line in problems:
         print(line, file=sys.stderr)
     if problems:

@@ -2,8 +2,10 @@
 where a key is configured, consistent, fresh), what did it find, and its reports rendered again with this
 tree's templates.
 
-verify exits 1 unless every bundle can be trusted and PASSED (its verdict: every gate that ran passed), or
-when there is no bundle to verify; `--allow-failed` accepts a trustworthy bundle that records a failure. The
+verify exits 1 unless every bundle can be trusted and records no failure, or when there is no bundle to verify;
+`--allow-failed` accepts a trustworthy bundle that records a failure. A verdict is PASSED only when every gate
+the contract requires on the bundle's arch ran and passed; a bundle some of whose required gates could not run
+there (a GPU kernel's CPU bundle) says NOT_RUN, not judged here, and validates nothing (`contract check`). The
 key for signatures comes from K3FORGE_EVIDENCE_KEY or K3FORGE_EVIDENCE_KEY_FILE (gates.evidence.signing).
 """
 
@@ -38,12 +40,12 @@ def register(sub) -> None:
                                           f"{KEY_VAR} or {KEY_FILE_VAR} gives the key), what bundle.json says "
                                           "(schema, and each gate's numbers against its status), its freshness "
                                           "(source hashes), and its verdict. Exits 1 when a bundle fails any of "
-                                          "that (with --allow-failed: any but the verdict), or when there is no "
-                                          "bundle.")
+                                          "that (with --allow-failed: any but a failed verdict), or when there is "
+                                          "no bundle. A bundle not judged here (NOT_RUN) is reported, not failed.")
     verify.add_argument("path", nargs="?", type=Path,
                         help="a bundle directory or a directory of bundles (default: evidence/)")
     verify.add_argument("--allow-failed", action="store_true",
-                        help="accept a trustworthy bundle whose verdict is not PASSED (a recorded failure)")
+                        help="accept a trustworthy bundle whose verdict is a failure (a recorded failure)")
     verify.add_argument("--require-signature", action="store_true",
                         help=f"reject unsigned bundles too (needs the key: {KEY_VAR} or {KEY_FILE_VAR})")
     verify.set_defaults(func=run_verify)
@@ -82,9 +84,12 @@ def _existing(path: Path) -> Path:
 
 
 def _verdict(bundle: Bundle) -> str:
-    """`PASSED`, or `PASSED (2 of 5 gates not run here)`: a verdict covers only the gates that ran."""
-    not_run = len(bundle.not_run)
-    return bundle.verdict.value + (f" ({not_run} of {len(bundle.gates)} gates not run here)" if not_run else "")
+    """`PASSED`, `PASSED (not required on cpu: compile, benchmarks)` or `NOT_RUN (not judged here: numerics,
+    evals)`: what the verdict covers."""
+    skipped = [g.gate for g in bundle.not_run if g.gate in bundle.not_required]
+    if bundle.verdict is Status.NOT_RUN:
+        return f"NOT_RUN (not judged here: {', '.join(g.gate for g in bundle.not_run if g.gate not in skipped)})"
+    return bundle.verdict.value + (f" (not required on {bundle.arch}: {', '.join(skipped)})" if skipped else "")
 
 
 def run_verify(args) -> int:
@@ -110,7 +115,7 @@ def run_verify(args) -> int:
             out.print(f"[green]✓[/] {name}: intact and fresh, decode measurements (no verdict)", soft_wrap=True)
             continue
         bundle = load_bundle(directory)
-        if bundle.verdict is Status.PASSED or args.allow_failed:
+        if not bundle.verdict.failed or args.allow_failed:
             out.print(f"[green]✓[/] {name}: intact and fresh, verdict {_verdict(bundle)}", soft_wrap=True)
         else:
             failed += 1

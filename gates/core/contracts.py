@@ -12,10 +12,9 @@ from pathlib import Path
 
 import yaml
 
-from gates.core.registry import registered
+from gates.core.registry import unjudged
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.sources import REPO_ROOT
-from gates.core.status import Status
 from gates.core.strict_yaml import load_yaml, yaml_problem
 from gates.evidence.bundle import Bundle, load_bundle
 from gates.evidence.verify import verify_bundle
@@ -60,21 +59,12 @@ def entry_problems(contracts: dict[Path, Contract]) -> list[str]:
 
 def validation_problems(bundle: Bundle, contract: Contract, arch: str) -> list[str]:
     """Why `bundle` does not validate `arch` for `contract`: it holds another op or arch, or a gate that applies
-    there did not pass. Its verdict is not enough: a CPU bundle whose GPU-only gates did not run is PASSED (what
-    ran passed), and a NOT_RUN gate that applies validates nothing."""
+    there did not pass (gates.core.registry.unjudged: exactly what keeps a bundle's verdict from PASSED; a bundle
+    made before verdicts meant judged may say PASSED with such a gate NOT_RUN, so the gates are read, not the
+    verdict)."""
     if (bundle.op, bundle.arch) != (contract.op, arch):
         return [f"holds {bundle.op} on {bundle.arch}, not {contract.op} on {arch}"]
-    results = {g.gate: g for g in bundle.gates}
-    problems = []
-    for gate in registered():
-        if gate.inapplicable(contract, arch):
-            continue
-        result = results.get(gate.name)
-        if result is None:
-            problems.append(f"the {gate.name} gate is not in the bundle")
-        elif result.status is not Status.PASSED:
-            problems.append(f"the {gate.name} gate {result.status.value}: {result.reason or result.summary}")
-    return problems
+    return unjudged(contract, arch, bundle.gates)
 
 
 def evidence_problems(path: Path, contract: Contract, evidence_root: Path, producing_arch: str | None) -> list[str]:
@@ -100,7 +90,15 @@ def check_contracts(contracts_dir: str | Path, evidence_root: str | Path = REPO_
     contracts_dir = Path(contracts_dir)
     if not contracts_dir.is_dir():
         return [f"{contracts_dir}: <dir>: no such contracts directory"]
-    contracts, problems = load_contracts(contracts_dir)
+    return parsed_contract_problems(*load_contracts(contracts_dir), evidence_root, producing_arch)
+
+
+def parsed_contract_problems(contracts: dict[Path, Contract], problems: list[str],
+                             evidence_root: str | Path = REPO_ROOT / "evidence",
+                             producing_arch: str | None = None) -> list[str]:
+    """check_contracts for contracts already parsed (with their parse `problems`): the gate runner parses them
+    before any candidate code runs, since importing an entry point runs it, and it could rewrite a contract file."""
+    problems = list(problems)
     for path, contract in contracts.items():
         problems += registry_problems(contract, str(path), imports=False)
         problems += evidence_problems(path, contract, Path(evidence_root), producing_arch)

@@ -18,8 +18,8 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gates.core.machine import device_type
-from gates.core.status import GateResult
-from gates.problems import Problem, load_problem
+from gates.core.status import GateResult, Status, worst
+from gates.problems import Problem, ProblemError, load_problem
 from kernels.arch import ArchInfo, cute_arch_for
 from kernels.contract import Contract
 
@@ -117,3 +117,41 @@ class Gate:
 
 def registered() -> list[Gate]:
     return [importlib.import_module(name).GATE for name in GATE_MODULES]
+
+
+def preload(ops: list[str]) -> None:
+    """Import every judge module (the gates, and through them the evals and the sandbox's parent side; the problems
+    of `ops`, and through them the references) before any candidate code runs: a candidate's process can write
+    to the tree, and what the gate has already imported it cannot change."""
+    registered()
+    for op in ops:
+        try:
+            load_problem(op)
+        except ProblemError:
+            pass  # the gates that need it report the missing problem
+
+
+def unjudged(contract: Contract, arch: str, results: list[GateResult]) -> list[str]:
+    """`the X gate STATUS: why` for each gate that applies to `contract` on `arch` and did not PASS in `results`
+    (or is missing from them). A bundle is PASSED, and validates its arch, only when there is none."""
+    by_name = {r.gate: r for r in results}
+    problems = []
+    for gate in registered():
+        if gate.inapplicable(contract, arch):
+            continue
+        result = by_name.get(gate.name)
+        if result is None:
+            problems.append(f"the {gate.name} gate is not in the bundle")
+        elif result.status is not Status.PASSED:
+            problems.append(f"the {gate.name} gate {result.status.value}: {result.reason or result.summary}")
+    return problems
+
+
+def verdict_of(contract: Contract, arch: str, results: list[GateResult]) -> Status:
+    """A bundle's verdict: the worst status of the gates that apply on `arch` (a missing one counts as NOT_RUN) and
+    of any gate that failed. PASSED means judged: every gate the contract requires there ran and passed; a gate
+    that does not apply on the arch (benchmarks on a CPU, compile for a torch backend) neither blocks nor makes it."""
+    applies = {g.name for g in registered() if not g.inapplicable(contract, arch)}
+    by_name = {r.gate: r.status for r in results}
+    return worst([by_name.get(name, Status.NOT_RUN) for name in applies]
+                 + [r.status for r in results if r.status.failed])

@@ -18,11 +18,11 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gates.core.contracts import check_contracts, load_contracts
+from gates.core.contracts import load_contracts, parsed_contract_problems
 from gates.core.machine import Environment, environment, one_thread
-from gates.core.registry import Gate, GateContext, GateOptions, registered
+from gates.core.registry import Gate, GateContext, GateOptions, preload, registered, verdict_of
 from gates.core.sources import harness_digest, relative
-from gates.core.status import GateResult, Status, worst
+from gates.core.status import GateResult, Status
 from gates.evidence.bundle import Bundle, GitState, covered_sources, git_state, load_bundle, now, write_bundle
 from gates.evidence.index import write_index
 from gates.evidence.report import render_reports
@@ -94,9 +94,11 @@ def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env:
         problem_file = None
     return Bundle(op=contract.op, arch=machine.arch, created=now(), command=command, git=git,
                   contract_path=relative(contract_path), contract=contract.model_dump(mode="json"),
-                  owners=contract.owners, sources=covered_sources(contract, contract_path, problem_file),
+                  owners=contract.owners,
+                  sources=covered_sources(contract, contract_path, problem_file,
+                                          loaded=[path for r in results for path in r.details.get("loaded", [])]),
                   environment=env, options=options, harness=harness, gates=results,
-                  verdict=worst(r.status for r in results))
+                  verdict=verdict_of(contract, machine.arch, results))
 
 
 def judgement(bundle: Bundle) -> tuple:
@@ -128,10 +130,16 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     """Check the contracts, gate each op this run covers, write its bundle (signed with `key`, if given) and the
     index."""
     machine = detect()
+    if not Path(contracts_dir).is_dir():
+        return Outcome(contract_problems=[f"{contracts_dir}: <dir>: no such contracts directory"])
+    # Parsed once, and every judge module imported, before the contract check imports the entry points (the first
+    # candidate code to run): a candidate that rewrites its contract file or a judge's source at import changes
+    # nothing this run judges by, and the write itself is a finding of the sandbox.
+    contracts, parse_problems = load_contracts(contracts_dir)
+    preload([c.op for c in contracts.values()])
     # other archs' evidence is where the contracts say (evidence/<op>/<arch> beside contracts/), wherever --out writes
-    problems = check_contracts(contracts_dir, Path(contracts_dir).resolve().parent / "evidence",
-                               producing_arch=machine.arch)
-    contracts, _ = load_contracts(contracts_dir)
+    problems = parsed_contract_problems(contracts, parse_problems, Path(contracts_dir).resolve().parent / "evidence",
+                                        producing_arch=machine.arch)
     by_op = {c.op: (path, c) for path, c in contracts.items()}
     if ops:
         if unknown := unknown_ops(ops, by_op):

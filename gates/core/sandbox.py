@@ -3,6 +3,14 @@
 Requests go down a private pipe as torch-serialized tensors (never the seed that drew them); replies come back
 as bytes the gate loads with `weights_only=True`, so nothing the child sends can run code in the gate. A child
 that dies, hangs or sends something else is an error of the candidate, never a pass.
+
+The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
+gate's own code or its bytecode for the next run. The gate has parsed and imported all it judges by before any
+child starts (gates.core.runner), and the sandbox takes the tree's state (every file's size and modification
+time, prose outside evidence/ aside) when the child starts and compares it after every reply: a file the child's
+lifetime added, changed or removed is a TamperError, a finding against the candidate. New bytecode files, and
+rewrites of bytecode that was stale, are what imports do and are not counted (the child itself compiles nothing
+into the tree).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from pathlib import Path
 import torch
 
 from gates.core import worker
+from gates.core.sources import REPO_ROOT
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -34,8 +43,63 @@ KILL_WAIT_S = 30.0
 STACK_LINES = 12  # innermost frames of a hung child quoted in the error
 
 
+PYC_HEADER = 16  # magic, flags, source mtime, source size (importlib's timestamp-based pyc)
+
+
+def _fresh_pyc(path: Path) -> bool:
+    """Whether a bytecode file's header names its source's current modification time and size (what an import
+    accepts without recompiling)."""
+    source = path.parent.parent / (path.name.split(".")[0] + ".py")
+    try:
+        header = path.read_bytes()[:PYC_HEADER]
+        st = source.stat()
+    except OSError:
+        return False
+    return (len(header) == PYC_HEADER and int.from_bytes(header[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(header[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+PROSE = (".md", ".txt", ".rst")  # documentation outside evidence/: nothing judges by it, and people edit it while
+# a gate runs
+
+
+def tree_state(root: Path = REPO_ROOT) -> dict[str, tuple]:
+    """Every file of the tree (hidden directories, virtual environments and git's own store left out, and prose
+    outside evidence/) with its size and modification time, and for a bytecode file whether it is fresh."""
+    state = {}
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        in_evidence = Path(directory).is_relative_to(root / "evidence")
+        for name in files:
+            if name.endswith(PROSE) and not in_evidence:
+                continue
+            path = Path(directory, name)
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            rel = path.relative_to(root).as_posix()
+            state[rel] = (st.st_size, st.st_mtime_ns, _fresh_pyc(path) if name.endswith(".pyc") else None)
+    return state
+
+
+def tree_writes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
+    """`path (added|changed|removed)` for each difference that is not an import compiling bytecode."""
+    out = []
+    for rel in sorted(set(before) | set(after)):
+        was, now = before.get(rel), after.get(rel)
+        if was == now:
+            continue
+        if rel.endswith(".pyc") and (was is None or not was[2]):  # new, or replacing stale bytecode: an import
+            continue
+        out.append(f"{rel} ({'added' if was is None else 'removed' if now is None else 'changed'})")
+    return out
+
+
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self._tree = tree_state()
+        self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         fd, self._stacks = tempfile.mkstemp(prefix="k3forge-candidate-", suffix=".stacks")
@@ -68,9 +132,13 @@ class Sandbox:
         except Exception as e:
             raise SandboxError(f"{kind}: the candidate's process sent something other than plain tensors and "
                                f"numbers ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        self.loaded.update(reply.get("loaded", []))
         if reply.get("tampered"):
             raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
                               "its process cannot be trusted")
+        if writes := tree_writes(self._tree, tree_state()):
+            raise TamperError(f"the candidate's process wrote to the repository: {', '.join(writes[:5])}"
+                              + (f" and {len(writes) - 5} more" if len(writes) > 5 else ""))
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply

@@ -3,7 +3,9 @@
 A contract covers its implementation, reference and standard entry points, the contract YAML and the op's
 problem file (gates.evidence.bundle.covered_sources). Each entry point's module is followed through its imports
 (read statically, nothing is executed) to every module file inside the repository, package `__init__`s
-included: edit any of them and the evidence is stale.
+included: edit any of them and the evidence is stale. The gates add what the candidate's processes actually loaded
+from the repository while they ran (a module imported with importlib that no import statement names), recorded by
+the worker at run time.
 """
 
 from __future__ import annotations
@@ -86,6 +88,23 @@ def import_closure(modules: list[str], root: Path = REPO_ROOT) -> list[Path]:
         seen[path] = None
         todo.extend(m for name in _imported(path, root) for m in _with_parents(name))
     return sorted(seen)
+
+
+def repository_path(path: str | Path | None, root: Path = REPO_ROOT) -> str | None:
+    """A file's path relative to the repository root when it is one of the repository's own files (not inside a
+    hidden directory such as a virtual environment), else None."""
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    if not path.is_relative_to(root):
+        return None
+    rel = path.relative_to(root)
+    return None if any(part.startswith(".") for part in rel.parts) else rel.as_posix()
+
+
+def in_repository(module) -> bool:
+    """Whether a loaded module's file is one of the repository's own."""
+    return repository_path(getattr(module, "__file__", None)) is not None
 
 
 def relative(path: Path, root: Path = REPO_ROOT) -> str:

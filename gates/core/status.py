@@ -23,13 +23,15 @@ class Status(str, Enum):
         return self not in (Status.PASSED, Status.NOT_RUN)
 
 
-# Worst first: the overall verdict of a bundle is the worst status any gate returned.
+# Worst first. NOT_RUN ranks above PASSED: what did not run was not judged, so a set of statuses is PASSED only
+# when every one of them is (gates.core.registry.verdict_of leaves out the gates that do not apply on an arch).
 SEVERITY = (Status.ERROR, Status.FAILED_COMPILE, Status.FAILED_NUMERICS, Status.FAILED_EVAL, Status.SLOWER,
-            Status.PASSED, Status.NOT_RUN)
+            Status.NOT_RUN, Status.PASSED)
 
 
 def worst(statuses) -> Status:
-    """The most severe status; NOT_RUN only when nothing ran at all."""
+    """The most severe status: a failure if any, else NOT_RUN if anything did not run (or nothing did), else
+    PASSED."""
     statuses = list(statuses)
     return min(statuses, key=SEVERITY.index) if statuses else Status.NOT_RUN
 

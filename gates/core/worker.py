@@ -16,13 +16,17 @@ import importlib
 import io
 import os
 import signal
+import sys
 import time
 import traceback
+import types
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
 
 from gates.core.compare import digest as _tensor_digest
+from gates.core.sources import in_repository, repository_path
 from gates.core.trees import clone, copy_into, leaves
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
@@ -51,22 +55,90 @@ GUARDED = {
 }
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
+# The code that serves a request in this process: the worker, what it copies, digests and times with, and the loader
+# of entry points. Its functions, classes and tables are fingerprinted when this module loads, before any candidate
+# import; so are the reference's and standard's modules, loaded before the candidate (load(trusted=True)).
+OWN_MODULES = ("gates.core.worker", "gates.core.trees", "gates.core.compare", "kernels.timing",
+               "model.kimi_k3.ops.registry")
+
+
+CODE = (types.FunctionType, staticmethod, classmethod, property)
+
+
+def _watched(value: Any) -> bool:
+    """Code a request runs: a function, a class, or a table of callables (a dispatch table). A dict of data (a
+    cache, the evals' session state) changes as it serves and is not watched."""
+    return (isinstance(value, (types.FunctionType, type))
+            or (isinstance(value, dict) and bool(value) and all(callable(v) for v in value.values())))
+
+
+def _parts(value: Any) -> tuple:
+    """What a candidate could swap in a watched value: the object itself and, for a function, its code and
+    defaults; for a class, its methods (class attributes that are data may change as it serves); for a table, its
+    entries. Compared by identity (_same)."""
+    if isinstance(value, types.FunctionType):
+        return (value, value.__code__, value.__defaults__, value.__kwdefaults__)
+    if isinstance(value, type):
+        return (value, tuple((k, v) for k, v in vars(value).items() if isinstance(v, CODE)))
+    if isinstance(value, dict):
+        return (value, tuple(value.items()))
+    return (value,)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a is b
+
+
+def _watcher() -> tuple[Callable[[], list[str]], Callable[[ModuleType], None]]:
+    """(changed, watch): changed() names every guarded callable replaced and every watched module global whose
+    function, class or table was swapped or edited since watch(module) fingerprinted it. The fingerprints and the
+    helpers live in this closure, out of reach of a candidate that rebinds this module's globals."""
+    guarded = {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in GUARDED.items()}
+    prints: dict[str, tuple[ModuleType, dict[str, tuple]]] = {}
+    parts, same, watched = _parts, _same, _watched
+
+    def watch(module: ModuleType) -> None:
+        if module.__name__ not in prints:
+            prints[module.__name__] = (module, {k: parts(v) for k, v in vars(module).items()
+                                                if watched(v) and not k.startswith("__")})
+
+    def changed() -> list[str]:
+        out = [name for name, (owner, attr, original) in guarded.items() if getattr(owner, attr) is not original]
+        for name, (module, before) in prints.items():
+            now = vars(module)
+            out += [f"{name}.{k}" for k, was in before.items() if k not in now or not same(parts(now[k]), was)]
+        return out
+
+    return changed, watch
+
+
+_changed, _watch = _watcher()
 
 
 def tampered() -> list[str]:
-    return [name for name, (owner, attr) in GUARDED.items() if getattr(owner, attr) is not _ORIGINAL[name]]
+    return _changed()
 
 
 class Tampered(RuntimeError):
-    """Importing candidate code replaced a guarded function: nothing more runs in this process's request."""
+    """Importing candidate code replaced a guarded function or changed watched code: nothing more runs in this
+    process's request."""
 
 
-def load(entry: str) -> Callable:
-    """Import a `module:function` entry point and stop at once if that replaced a guarded function (the gate
-    reports tampering from the reply), before it can run anything else, e.g. a standard that takes minutes."""
+def load(entry: str, trusted: bool = False) -> Callable:
+    """Import a `module:function` entry point and stop at once if that replaced a guarded function or changed a
+    watched module (the gate reports tampering from the reply), before it can run anything else, e.g. a standard
+    that takes minutes. A trusted entry (the reference, the standard), loaded before the candidate, has the
+    repository modules its import brought in watched from then on."""
+    before = set(sys.modules)
     fn = import_entry_point(entry)
     if patched := tampered():
         raise Tampered(f"importing {entry} replaced {', '.join(patched)}")
+    if trusted:
+        for name in sorted(set(sys.modules) - before) + [entry.partition(":")[0]]:
+            if in_repository(sys.modules.get(name)):
+                _watch(sys.modules[name])
     return fn
 
 
@@ -151,7 +223,8 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
     freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
     match run 0's bit for bit."""
-    fn, ref = load(candidate), load(reference)
+    ref = load(reference, trusted=True)
+    fn = load(candidate)
     buffers = None
     results = []
     for case in cases:
@@ -192,6 +265,28 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
+def run_calls(*, candidate: str, device: str, names: list[str], cases: list, calls: int) -> dict:
+    """`calls` consecutive calls cycling through `cases` (one envelope point's inputs, the state reset to the case's
+    before each call), as a serving engine calls a kernel step after step: per call the digests of its outputs and
+    state, and the tensors themselves for the first and the last call on each case. A kernel that counts its calls
+    and changes after a warm-up shows as a call that differs from the first one on the same input."""
+    fn = load(candidate)
+    pristine = [clone(case.args, device) for case in cases]
+    buffers = clone(pristine[0])
+    keep: list = []
+    results = []
+    for k in range(calls):
+        case = cases[k % len(cases)]
+        copy_into(buffers, pristine[k % len(cases)])
+        full = k < len(cases) or k >= calls - len(cases)
+        result = call(fn, buffers, case.state, names, device, keep, full=full, with_inputs=False)
+        keep.clear()
+        results.append({key: result[key] for key in ("raised", "outputs", "states", "problems") if key in result})
+        if "raised" in result:
+            break
+    return {"calls": results}
+
+
 class BenchSession:
     """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
 
@@ -220,7 +315,9 @@ class BenchSession:
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
-        self.fns = {name: load(entry) for name, entry in impls.items()}
+        # the standard (trusted, watched from then on) is imported before the candidate; the order of impls stays
+        loaded = {name: load(entry, trusted=True) for name, entry in impls.items() if name != "candidate"}
+        self.fns = {name: loaded.get(name) or load(entry) for name, entry in impls.items()}
         self.names, self.state = names, state
         self.sets = [clone(s, "cuda") for s in sets]
         self.flush = L2Flusher()
@@ -344,15 +441,17 @@ def probe(*, entries: list[str]) -> dict:
     guarded function on import (put back, so the next entry is judged on its own)."""
     errors = {}
     for entry in entries:
+        before = set(tampered())
         try:
             import_entry_point(entry)
         except Exception as e:
             errors[entry] = f"{type(e).__name__}: {e}"
-        if patched := tampered():
+        if patched := [name for name in tampered() if name not in before]:
             errors[entry] = f"importing it replaced {', '.join(patched)}"
             for name in patched:
-                owner, attr = GUARDED[name]
-                setattr(owner, attr, _ORIGINAL[name])
+                if name in GUARDED:
+                    owner, attr = GUARDED[name]
+                    setattr(owner, attr, _ORIGINAL[name])
     return {"errors": errors}
 
 
@@ -363,13 +462,16 @@ def _kernels(report) -> list[dict]:
             for k in report.kernels]
 
 
-def run_compile(*, module: str, contract: dict, archs: list[str], shard: tuple[int, int] = (0, 1)) -> dict:
-    """Compile every key the module lists (or, for `shard` (i, n), keys i, i + n, ...) for every target:
-    per-kernel resources or the error, per key and arch."""
+def run_compile(*, entry: str, contract: dict, archs: list[str], shard: tuple[int, int] = (0, 1)) -> dict:
+    """Compile every key the entry point's module lists (or, for `shard` (i, n), keys i, i + n, ...) for every
+    target: per-kernel resources or the error, per key and arch. The module is the one that defines the function
+    the contract names (its __module__), not the one it is imported through: the gate compiles the code under
+    test, not a protocol a re-exporting module happens to offer."""
     from kernels.arch import cute_arch_for
     from kernels.contract import Contract
 
-    mod = importlib.import_module(module)
+    module = load(entry).__module__
+    mod = sys.modules[module]
     missing = [f for f in ("compile_keys", "compile") if not callable(getattr(mod, f, None))]
     if missing:
         return {"protocol": f"{module} defines no {' or '.join(missing)}()"}
@@ -391,7 +493,7 @@ def run_compile(*, module: str, contract: dict, archs: list[str], shard: tuple[i
     return {"compiles": results}
 
 
-HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": bench_start,
+HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "calls": run_calls, "bench_start": bench_start,
             "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
             "compile": run_compile}
 
@@ -399,9 +501,10 @@ HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "bench_start": ben
 def handler(kind: str) -> Callable[..., dict]:
     """The function serving a request kind; the evals' candidate handlers load only when an eval asks."""
     if kind.startswith("eval_"):
-        from gates.evals.remote import CHILD_HANDLERS
+        from gates.evals import remote
 
-        return CHILD_HANDLERS[kind]
+        _watch(remote)  # loaded before the first eval request imports the candidate through it
+        return remote.CHILD_HANDLERS[kind]
     return HANDLERS[kind]
 
 
@@ -414,6 +517,13 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the process's life: faulthandler writes on a signal
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(1)  # see gates.core.machine.one_thread
+    # Candidate code imported from here on compiles nothing into the tree's __pycache__ (the sandbox reports a
+    # changed bytecode file as a write). The checks are bound here, before any import: a candidate that rebinds
+    # this module's globals does not change what this loop calls.
+    sys.dont_write_bytecode = True
+    changed, get_handler, save = _changed, handler, _ORIGINAL["torch.save"]
+    baseline = set(sys.modules)  # what the worker itself runs on; anything more, candidate code (or a trusted
+    # entry) brought in, by an import statement or importlib: the repository files among it are what ran
     while True:
         try:
             data = conn.recv_bytes()
@@ -424,10 +534,18 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
             return
         kind = request.pop("kind")
         try:
-            reply = handler(kind)(**request)
+            reply = get_handler(kind)(**request)
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
-        reply["tampered"] = tampered()
+        reply["tampered"] = changed()
+        reply["loaded"] = sorted({path for name in set(sys.modules) - baseline  # the gate's own (e.g. the
+                                  # problems' Case, unpickled with a request) is versioned by the harness digest
+                                  if (path := repository_path(getattr(sys.modules.get(name), "__file__", None)))
+                                  and not path.startswith("gates/")})
         buf = io.BytesIO()
-        _ORIGINAL["torch.save"](reply, buf)
+        save(reply, buf)
         conn.send_bytes(buf.getvalue())
+
+
+for _module in OWN_MODULES:  # last, so that every function and table above is in the fingerprint
+    _watch(importlib.import_module(_module))

@@ -22,15 +22,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gates.core.machine import Environment
-from gates.core.registry import GateOptions
+from gates.core.registry import GateOptions, registered, unjudged, verdict_of
 from gates.core.sources import REPO_ROOT, import_closure, module_file, relative, sha256_file
 from gates.core.status import GateResult, Status, worst
 from gates.evidence.signing import SIGNATURE_FILE, signature_text
 from kernels.contract import Contract
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUNDLE_FILE, MANIFEST_FILE = "bundle.json", "manifest.json"
-SOURCE_ROLES = ("contract", "problem", "implementation", "reference", "standard", "dependency")
+# loaded: a repository file a candidate's process loaded at run time that no import statement names (importlib)
+SOURCE_ROLES = ("contract", "problem", "implementation", "reference", "standard", "dependency", "loaded")
 
 
 class SourceFile(BaseModel):
@@ -52,7 +53,9 @@ class GitState(BaseModel):
 class Bundle(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    # 3: the verdict means judged (gates.core.registry.verdict_of); 2 (read, never written): the worst status of the
+    # gates that ran, so PASSED beside a NOT_RUN gate
+    schema_version: Literal[2, 3] = SCHEMA_VERSION
     op: str
     arch: str = Field(description="the machine the gates ran on: sm_90, ..., or cpu")
     created: str
@@ -67,13 +70,30 @@ class Bundle(BaseModel):
     harness: str | None = Field(default=None, description="sha256 of the gate code that judged (gates.core.sources."
                                                         "harness_digest); None in bundles made before it was recorded")
     gates: list[GateResult]
-    verdict: Status = Field(description="the worst status of any gate that ran (NOT_RUN when none ran)")
+    verdict: Status = Field(description="PASSED only when every gate that applies on this arch ran and passed; "
+                                        "else the worst failure, or NOT_RUN (not judged)")
 
     @model_validator(mode="after")
     def _verdict_follows_the_gates(self) -> "Bundle":
-        if self.verdict is not worst(g.status for g in self.gates):
-            raise ValueError(f"verdict {self.verdict.value} does not follow from the gates' statuses")
+        if self.schema_version == 2:
+            expected = worst(g.status for g in self.ran) if self.ran else Status.NOT_RUN
+        else:
+            expected = verdict_of(Contract.model_validate(self.contract), self.arch, self.gates)
+        if self.verdict is not expected:
+            raise ValueError(f"verdict {self.verdict.value} does not follow from the gates' statuses "
+                             f"({expected.value})")
         return self
+
+    @property
+    def not_required(self) -> set[str]:
+        """The gates that do not apply to this contract on this arch: not judged here, and not needed to pass."""
+        contract = Contract.model_validate(self.contract)
+        return {g.name for g in registered() if g.inapplicable(contract, self.arch)}
+
+    @property
+    def unjudged(self) -> list[str]:
+        """The gates that apply on this arch and did not pass: why the verdict is not PASSED."""
+        return unjudged(Contract.model_validate(self.contract), self.arch, self.gates)
 
     @property
     def ran(self) -> list[GateResult]:
@@ -89,10 +109,12 @@ class Bundle(BaseModel):
 
 
 def covered_sources(contract: Contract, contract_path: Path, problem_file: Path | None,
-                    root: Path = REPO_ROOT) -> list[SourceFile]:
-    """The contract, the problem file, and every repository file the implementation, reference and standard
-    import. Each file's roles: what the contract names it as, or `dependency` for a file one of those imports.
-    The gate harness itself (the rest of gates/) is versioned by the commit, not by the evidence."""
+                    root: Path = REPO_ROOT, loaded: list[str] = ()) -> list[SourceFile]:
+    """The contract, the problem file, every repository file the implementation, reference and standard import,
+    and the repository files (relative paths) their processes `loaded` while the gates ran them, dynamic imports
+    included. Each file's roles: what the contract names it as, `dependency` for a file one of those imports, or
+    `loaded` for one only the run revealed. The gate harness itself (the rest of gates/) is versioned by the
+    commit, not by the evidence."""
     named = {contract_path.resolve(): {"contract"}}
     if problem_file is not None:
         named[problem_file.resolve()] = {"problem"}
@@ -103,10 +125,12 @@ def covered_sources(contract: Contract, contract_path: Path, problem_file: Path 
         own = module_file(module, root)
         if own is not None:
             named.setdefault(own, set()).add(role)
-    paths = set(named) | {p for closure in closures for p in closure}
+    imported = {p for closure in closures for p in closure}
+    run = {(root / rel).resolve() for rel in loaded} - imported - set(named)
     order = {r: i for i, r in enumerate(SOURCE_ROLES)}
-    files = [SourceFile(path=relative(p, root), roles=sorted(named.get(p, {"dependency"}), key=order.get),
-                        sha256=sha256_file(p)) for p in paths]
+    files = [SourceFile(path=relative(p, root),
+                        roles=sorted(named.get(p, {"loaded" if p in run else "dependency"}), key=order.get),
+                        sha256=sha256_file(p)) for p in set(named) | imported | run if p.is_file()]
     return sorted(files, key=lambda f: (order[f.roles[0]], f.path))
 
 

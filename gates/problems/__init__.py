@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -118,12 +119,6 @@ def load_problem(op: str) -> Problem:
                    next_input=getattr(module, "next_input", None))
 
 
-def batch_sizes(lo: int, hi: int) -> list[int]:
-    """Both edges of the batch range and an odd size between them (awkward for tiles and vector widths)."""
-    mid = (lo + hi) // 2 | 1
-    return sorted({lo, hi} | ({mid} if lo < mid < hi else set()))
-
-
 def _require_shapes(contract: Contract, problem: Problem) -> None:
     missing = [k for k in problem.shape_keys if k not in contract.shapes]
     if missing:
@@ -131,20 +126,67 @@ def _require_shapes(contract: Contract, problem: Problem) -> None:
                            f"{relative(problem.source)} builds its inputs from {', '.join(problem.shape_keys)})")
 
 
-def _shape_values(contract: Contract, problem: Problem) -> list[tuple[tuple[str, int], ...]]:
-    """Every combination of each shape's smallest and largest value (both, where a contract lists two)."""
+DRAWS_PER_SHAPE = 2  # seeded (batch, spec_tokens) draws inside the ranges, per shape combination
+
+
+def _shape_combos(contract: Contract, problem: Problem, rng: random.Random) -> tuple[list[tuple], list[tuple]]:
+    """(corners, interior): every combination of each shape key's smallest and largest value, and one combination
+    per value strictly between them (that key at that value, every other key drawn from its listed values), so each
+    value the contract admits runs in every gate run, not only the edges."""
     _require_shapes(contract, problem)
-    edges = [sorted({min(contract.shapes[k]), max(contract.shapes[k])}) for k in problem.shape_keys]
-    return [tuple(zip(problem.shape_keys, combo)) for combo in itertools.product(*edges)]
+    keys = problem.shape_keys
+    values = {k: sorted(set(contract.shapes[k])) for k in keys}
+    corners = list(itertools.product(*[sorted({v[0], v[-1]}) for v in (values[k] for k in keys)]))
+    interior = [tuple(v if other == k else rng.choice(values[other]) for other in keys)
+                for k in keys for v in values[k][1:-1]]
+    return [tuple(zip(keys, c)) for c in corners], [tuple(zip(keys, c)) for c in dict.fromkeys(interior)]
 
 
-def envelope_points(contract: Contract, problem: Problem) -> list[Point]:
-    """The points the numerics gate checks: batch edges and an odd batch between them, both spec-token edges,
-    each shape's edges: where tiles run short, masks kick in and off-by-ones live."""
-    specs = sorted({contract.spec_tokens.min, contract.spec_tokens.max})
-    shapes = _shape_values(contract, problem)
-    return [Point(b, s, shape, contract.dtypes.activations)
-            for shape in shapes for s in specs for b in batch_sizes(contract.batch.min, contract.batch.max)]
+def stratified(lo: int, hi: int, n: int, rng: random.Random) -> list[int]:
+    """`n` integers drawn across [lo, hi]: the range cut into n equal strata, one uniform draw in each, in a random
+    order (so every part of a range is reached, whichever shapes the draws land on)."""
+    if lo > hi or n <= 0:
+        return []
+    edges = [lo + round(i * (hi - lo + 1) / n) for i in range(n + 1)]
+    # a range narrower than n leaves some strata empty: those draw from the whole range
+    draws = [rng.randint(a, b - 1) if b > a else rng.randint(lo, hi) for a, b in zip(edges, edges[1:])]
+    rng.shuffle(draws)
+    return draws
+
+
+def envelope_points(contract: Contract, problem: Problem, seed: int) -> list[Point]:
+    """The points the numerics gate checks. Each corner shape runs at both batch edges and both speculative-token
+    edges (where tiles run short, masks kick in and off-by-ones live); every shape combination, corners and interior
+    values alike, also runs at DRAWS_PER_SHAPE (batch, spec_tokens) pairs drawn from `seed` (the gate's secret one):
+    batches stratified across the whole range over all shapes together, speculative tokens uniform in theirs. A
+    kernel wrong at an interior value the contract admits cannot count on the gate looking only at the ends."""
+    rng = random.Random(seed)
+    corners, interior = _shape_combos(contract, problem, rng)
+    b, s = contract.batch, contract.spec_tokens
+    edges = [(batch, spec) for batch in sorted({b.min, b.max}) for spec in sorted({s.min, s.max})]
+    # corner shapes hold both batch edges already: their draws come from inside the range
+    to_corners = [c for c in corners for _ in range(DRAWS_PER_SHAPE)]
+    to_interior = [c for c in interior for _ in range(DRAWS_PER_SHAPE)]
+    drawn = (list(zip(to_corners, stratified(b.min + 1, b.max - 1, len(to_corners), rng)))
+             + list(zip(to_interior, stratified(b.min, b.max, len(to_interior), rng))))
+    points = []
+    for shape in corners + interior:
+        pairs = ((edges if shape in corners else [])
+                 + [(batch, rng.randint(s.min, s.max)) for where, batch in drawn if where == shape])
+        points += [Point(batch, spec, shape, contract.dtypes.activations) for batch, spec in dict.fromkeys(pairs)]
+    return points
+
+
+def coverage(contract: Contract, problem: Problem, points: list[Point]) -> dict:
+    """What `points` exercise of each dimension of the contract's envelope: the values of each range (batch,
+    speculative tokens) and of each listed shape, beside what the contract admits. The report lists it; the
+    numerics audit holds a PASSED gate to every listed shape value."""
+    return {"batch": {"admitted": [contract.batch.min, contract.batch.max],
+                      "exercised": sorted({p.batch for p in points})},
+            "spec_tokens": {"admitted": [contract.spec_tokens.min, contract.spec_tokens.max],
+                            "exercised": sorted({p.spec_tokens for p in points})},
+            "shapes": {k: {"admitted": sorted(set(contract.shapes[k])), "exercised": sorted({p[k] for p in points})}
+                       for k in problem.shape_keys}}
 
 
 def bench_point(contract: Contract, problem: Problem, point: BenchPoint) -> Point:

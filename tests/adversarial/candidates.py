@@ -138,3 +138,29 @@ def one_state_element_off(proj, conv_state, ssm_state, slots, w):
     rows = ssm_state[slots[0]]
     rows.view(-1)[rows.abs().argmax()] *= 1.08
     return out
+
+
+def wrong_at_odd_heads(proj, conv_state, ssm_state, slots, w):
+    """Right at even head counts, 10 % off at odd ones (a head-pair tiling with a wrong tail): a contract listing
+    heads 2, 3, 4 has even edges, so a gate that checks only each shape's smallest and largest value passes it."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out * 1.1 if ssm_state.shape[1] % 2 else out
+
+
+def wrong_for_short_batches(proj, conv_state, ssm_state, slots, w):
+    """Right at batch 1 and from batch 5 up, wrong for 2-4 sequences (a small-batch path with a stride bug): the
+    batch edges and one middle batch never reach it."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out.flip(0) if 1 < proj.shape[0] < 5 else out
+
+
+_calls = 0
+
+
+def wrong_after_warmup(proj, conv_state, ssm_state, slots, w):
+    """Right for its first 300 calls in a process, then 5 % off (a call counter, a "warm-up" phase that ends): a
+    gate that makes a few calls per process never sees it."""
+    global _calls
+    _calls += 1
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out if _calls <= 300 else out * 1.05

@@ -7,13 +7,26 @@ as its implementation: a spawned process, secret-seeded inputs, verdicts in the 
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import pytest
 
-from gates.checks import benchmarks, numerics
+from gates.checks import benchmarks, contracts, numerics
+from gates.checks import compile as compile_gate
+from gates.core import runner
 from gates.core.contracts import check_contracts
+from gates.core.sources import REPO_ROOT, import_closure
 from gates.core.status import GateResult, Status
-from tests.gates.fixtures.helpers import failed_checks, kda_contract, run_gate, write_contract
+from gates.evidence.bundle import covered_sources
+from gates.problems import load_problem
+from tests.gates.fixtures.helpers import (
+    KDA_CONTRACT,
+    failed_checks,
+    kda_contract,
+    quick_options,
+    run_gate,
+    write_contract,
+)
 
 CANDIDATES = "tests.adversarial.candidates"
 
@@ -32,6 +45,7 @@ REJECTED = [
     ("reuses_freed_buffer", {"tolerance", "determinism"}),
     ("accumulates_into_its_output", {"finite", "tolerance", "determinism"}),
     ("returns_subclass", {"plain"}),
+    ("wrong_after_warmup", {"late"}),
 ]
 
 
@@ -56,6 +70,23 @@ def test_envelope_claim_fails_at_its_edge():
     assert {r["batch"] for r in numerics_of("fails_at_batch_edge").details["rows"] if not r["passed"]} == {8}
 
 
+def test_an_interior_shape_value_is_checked():
+    """Heads 2, 3, 4: the odd head count lies between the edges and must be exercised in every run."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:wrong_at_odd_heads",
+                                                  shapes={"heads": [2, 3, 4], "head_dim": [16]}))
+    assert result.status is Status.FAILED_NUMERICS and "tolerance" in failed_checks(result)
+    assert {r["point"].split(" · ")[1] for r in result.details["rows"] if not r["passed"]} == {"heads 3"}
+    assert result.details["coverage"]["shapes"]["heads"]["exercised"] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_batches_between_the_edges_are_drawn(seed):
+    """Batch 1-8: the secret seed draws batches from every part of the range, so 2-4 is reached whatever the seed."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:wrong_for_short_batches"), seed=seed)
+    assert result.status is Status.FAILED_NUMERICS
+    assert {r["batch"] for r in result.details["rows"] if not r["passed"]} <= {2, 3, 4}
+
+
 def test_timer_patch_is_an_error_of_the_candidate():
     result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.patches_timer:kda_decode"))
     assert result.status is Status.ERROR
@@ -76,3 +107,95 @@ def test_benchmarks_reject_on_gpu(implementation):
                             benchmark={"points": [{"batch": 1}, {"batch": 8}], "required_speedup": 0.1})
     result = run_gate(benchmarks.GATE, contract)
     assert result.status is Status.ERROR, result.summary
+
+
+# ---------------------------------------------------------------- issue 23: a candidate that rewrites its judge
+
+
+def test_a_candidate_that_swaps_the_workers_call_path_is_caught_in_its_process():
+    """The worker fingerprints its own functions before any candidate import and checks them after every request."""
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.rewrites_judge:kda_decode"))
+    assert result.status is Status.ERROR and "gates.core.worker.call" in result.reason, result.reason
+
+
+def test_a_candidate_that_rewrites_its_contract_at_import_is_judged_by_the_contract_as_it_was(tmp_path, monkeypatch):
+    """The runner parses the contracts before the contract check imports any entry point (the first candidate code
+    to run), and never reads them again."""
+    (tmp_path / "contracts").mkdir()
+    path = write_contract(tmp_path / "contracts", implementation="tests.adversarial.rewrites_contract:kda_decode")
+    monkeypatch.setenv("K3FORGE_ADVERSARIAL_CONTRACT", str(path))
+    monkeypatch.setattr(runner, "registered", lambda: [contracts.GATE, numerics.GATE])
+    outcome = runner.gate_all(tmp_path / "contracts", tmp_path / "evidence", options=quick_options())
+    assert "rtol: 10.0" in path.read_text()  # it did rewrite the file
+    ((_, bundle),) = outcome.bundles
+    assert bundle.contract["tolerance"]["rtol"] == 0.016
+    assert {g.gate: g.status for g in bundle.gates}["numerics"] is Status.FAILED_NUMERICS
+
+
+def test_a_candidate_that_writes_into_the_tree_is_caught():
+    mark = REPO_ROOT / "tests" / "adversarial" / "_written_by_a_candidate.py"
+    try:
+        result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.writes_tree:kda_decode"))
+        assert result.status is Status.ERROR
+        assert "wrote to the repository: tests/adversarial/_written_by_a_candidate.py (added)" in result.reason
+    finally:
+        mark.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------- issue 23: a static screen of the candidate's code
+
+SCREENED = [
+    ("tests.adversarial.rewrites_judge:kda_decode", "assigns gates.core.worker.call, which the gate judges"),
+    ("tests.adversarial.patches_timer:kda_decode", "assigns time.perf_counter, which the gate judges or times"),
+    ("tests.adversarial.knows_it_is_judged:by_imported_modules", "names the gate harness ('gates.core.worker')"),
+    ("tests.adversarial.knows_it_is_judged:by_call_stack", "calls sys._getframe: reads the frames of whoever"),
+    ("tests.adversarial.writes_tree:kda_decode", ".write_text(): writes into the repository"),
+]
+
+
+@pytest.mark.parametrize("implementation, finding", SCREENED, ids=[s[0].split(".")[-1] for s in SCREENED])
+def test_code_that_can_only_be_cheating_fails_the_contracts_gate_before_any_call(implementation, finding):
+    result = run_gate(contracts.GATE, kda_contract(implementation=implementation))
+    assert result.status is Status.ERROR and finding in result.reason, result.reason
+
+
+@pytest.mark.parametrize("implementation", ["model.kimi_k3.specialized.kda_decode.kernel:kda_decode_cute",
+                                            "model.kimi_k3.specialized.linear:linear_cute",
+                                            "model.kimi_k3.specialized.attn_res_fused:attn_res_fused"])
+def test_the_repository_kernels_pass_the_screen(implementation):
+    """Nothing in the real kernels (and the toolkit they import) can only be cheating; what they do that a reviewer
+    should see (the toolkit reading CUTE_DSL_ARCH from the environment) is listed."""
+    result = run_gate(contracts.GATE, kda_contract(implementation=implementation))
+    assert result.status is Status.PASSED, result.reason
+    assert not any(f["cheat"] for f in result.details["screen"])
+    if "cute" in implementation:
+        assert any(f["rule"] == "environment" and f["where"].startswith("kernels/cute.py")
+                   for f in result.details["screen"])
+
+
+# --------------------------------------------------------------- issue 23: freshness follows what runs
+
+
+def test_a_helper_loaded_with_importlib_is_covered():
+    contract = kda_contract(implementation="tests.adversarial.dynamic_helper:kda_decode")
+    result = run_gate(numerics.GATE, contract)
+    assert result.status is Status.PASSED, result.reason
+    helper = REPO_ROOT / "tests" / "adversarial" / "late_helper.py"
+    assert helper not in import_closure(["tests.adversarial.dynamic_helper"])  # no import statement names it
+    assert "tests/adversarial/late_helper.py" in result.details["loaded"]
+    sources = covered_sources(contract, KDA_CONTRACT, load_problem("kda_decode").source,
+                              loaded=result.details["loaded"])
+    assert {s.path: s.roles for s in sources}["tests/adversarial/late_helper.py"] == ["loaded"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl not installed")
+def test_the_compile_gate_builds_the_module_that_defines_the_entry_point():
+    """The named module re-exports the entry point and offers another kernel's compile protocol: the gate asks the
+    module that defines the function, which has none."""
+    contract = kda_contract(op="reverse_scale", backend="cutedsl", shapes={"block": [128]},
+                            implementation="tests.adversarial.compiles_another_kernel:reverse_scale",
+                            benchmark={"points": [{"batch": 1}], "required_speedup": 1.0},
+                            hardware={"declared": [{"arch": "sm_90", "devices": ["NVIDIA H200"]}]})
+    result = run_gate(compile_gate.GATE, contract)
+    assert result.status is Status.ERROR
+    assert result.reason == "tests.adversarial.candidates defines no compile_keys or compile()"

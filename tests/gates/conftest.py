@@ -9,10 +9,10 @@ import pytest
 
 from gates.checks.benchmarks import judge_point
 from gates.cli import main
-from gates.core.status import GateResult, Status, worst
+from gates.core.status import GateResult, Status
 from gates.evidence.bundle import load_bundle
 from gates.problems import Point
-from tests.gates.fixtures.helpers import CONTRACTS, paired_block, timed
+from tests.gates.fixtures.helpers import CONTRACTS, paired_block, rejudged, timed
 
 
 @pytest.fixture(scope="session")
@@ -57,4 +57,4 @@ def gpu_like_bundle(gated):
     _, out = gated
     bundle = load_bundle(out / "kda_decode" / "cpu")
     gates = [synthetic_benchmarks() if g.gate == "benchmarks" else g for g in bundle.gates]
-    return bundle.model_copy(update={"gates": gates, "arch": "sm_90", "verdict": worst(g.status for g in gates)})
+    return rejudged(bundle, gates, arch="sm_90")

@@ -8,11 +8,12 @@ from gates.problems import (
     Point,
     ProblemError,
     UnsupportedPoint,
-    batch_sizes,
     bench_point,
+    coverage,
     envelope_points,
     load_problem,
     sample,
+    stratified,
 )
 from kernels.roofline import floor
 from tests.gates.fixtures.helpers import kda_contract
@@ -21,23 +22,35 @@ KDA = load_problem("kda_decode")
 SMALL = Point(5, 0, (("heads", 2), ("head_dim", 16)), "bf16")
 
 
-@pytest.mark.parametrize("lo, hi, expected", [(1, 64, [1, 33, 64]), (1, 8, [1, 5, 8]), (1, 1, [1]), (1, 2, [1, 2]),
-                                              (4, 8, [4, 7, 8])])
-def test_batch_sizes_take_both_edges_and_an_odd_middle(lo, hi, expected):
-    assert batch_sizes(lo, hi) == expected
+@pytest.mark.parametrize("lo, hi, n", [(1, 64, 10), (2, 7, 2), (1, 1, 3), (2, 3, 5), (5, 4, 2)])
+def test_stratified_draws_reach_every_part_of_a_range(lo, hi, n):
+    import random
+
+    draws = stratified(lo, hi, n, random.Random(0))
+    assert len(draws) == (n if lo <= hi else 0) and all(lo <= d <= hi for d in draws)
+    if hi - lo + 1 >= n:  # one draw in each n-th of the range
+        edges = [lo + round(i * (hi - lo + 1) / n) for i in range(n + 1)]
+        assert all(a <= d < b for d, a, b in zip(sorted(draws), edges, edges[1:]))
 
 
-def test_envelope_points_cover_every_shape():
-    contract = kda_contract(shapes={"heads": [12, 6], "head_dim": [128]}, batch={"min": 1, "max": 64})
-    points = envelope_points(contract, KDA)
-    assert len(points) == 6 and {p["heads"] for p in points} == {12, 6}
-    assert bench_point(contract, KDA, contract.benchmark.points[1]) == Point(8, 0, (("heads", 12), ("head_dim", 128)),
+def test_envelope_points_cover_every_shape_value_and_draw_batches_inside_the_range():
+    contract = kda_contract(shapes={"heads": [96, 6, 12, 24, 48], "head_dim": [128]}, batch={"min": 1, "max": 64})
+    points = envelope_points(contract, KDA, seed=5)
+    assert {p["heads"] for p in points} == {6, 12, 24, 48, 96}
+    assert {p.batch for p in points if p["heads"] in (6, 96)} >= {1, 64}  # the corners keep both batch edges
+    inside = {p.batch for p in points} - {1, 64}
+    assert len(inside) >= 8 and min(inside) < 16 and max(inside) > 48
+    assert points != envelope_points(contract, KDA, seed=6)  # the secret seed picks them
+    covered = coverage(contract, KDA, points)
+    assert covered["shapes"]["heads"] == {"admitted": [6, 12, 24, 48, 96], "exercised": [6, 12, 24, 48, 96]}
+    assert covered["batch"]["admitted"] == [1, 64] and covered["batch"]["exercised"][0] == 1
+    assert bench_point(contract, KDA, contract.benchmark.points[1]) == Point(8, 0, (("heads", 96), ("head_dim", 128)),
                                                                              "bf16")
 
 
 def test_missing_shape_key_names_the_problem_file():
     with pytest.raises(ProblemError, match=r"lacks head_dim .*gates/problems/kda_decode.py"):
-        envelope_points(kda_contract(shapes={"heads": [2]}), KDA)
+        envelope_points(kda_contract(shapes={"heads": [2]}), KDA, seed=0)
 
 
 def test_missing_problem_says_which_file_to_write():

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from gates.checks.benchmarks import judge_point
+from gates.core.registry import verdict_of
 from gates.core.runner import detect, environment, new_options
-from gates.core.status import GateResult, Status, worst
+from gates.core.status import GateResult, Status
 from gates.evidence.bundle import Bundle, GitState, covered_sources, now, write_bundle
 from gates.evidence.report import render_reports
 from gates.problems import Point
@@ -67,7 +68,7 @@ def failed(gate: str, status: Status, reason: str) -> GateResult:
     return GateResult(gate=gate, title=gate.title(), status=status, reason=reason, summary=reason)
 
 
-# What the gate records for attn_res on CPU: compile and benchmarks do not apply there (torch backend, no GPU).
+# every gate that applies to a torch backend on cpu passed (compile and benchmarks do not apply there)
 CPU_GATES = (passed("contracts"), not_run("compile"), passed("numerics"), not_run("benchmarks"), passed("evals"))
 
 
@@ -107,7 +108,7 @@ class TaskRepo:
                         dirty=None), contract_path=f"contracts/{op}.yaml", contract=contract.model_dump(mode="json"),
                         owners=contract.owners, sources=covered_sources(contract, path, None, self.root),
                         environment=ENVIRONMENT, options=new_options(1), gates=list(gates),
-                        verdict=worst(g.status for g in gates))
+                        verdict=verdict_of(contract, arch, list(gates)))
         return write_bundle(self.root / "evidence" / op / arch, bundle, render_reports(bundle))
 
     def commit(self, subject: str, *trailers: str) -> str:

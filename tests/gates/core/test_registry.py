@@ -1,6 +1,7 @@
 """The gate registry and runner: order, prerequisites, crashes, and a model-level eval plugged in."""
 
-from gates.core.registry import Gate, registered
+from gates.checks.benchmarks import never_timed
+from gates.core.registry import Gate, registered, unjudged, verdict_of
 from gates.core.runner import run_gates
 from gates.core.status import GateResult, Status, worst
 from kernels.arch import detect
@@ -32,3 +33,33 @@ def test_worst_status():
     assert worst([Status.PASSED, Status.NOT_RUN, Status.SLOWER]) is Status.SLOWER
     assert worst([Status.FAILED_EVAL, Status.ERROR]) is Status.ERROR
     assert worst([Status.NOT_RUN]) is Status.NOT_RUN and not Status.NOT_RUN.failed
+    # what did not run was not judged: one eval PASSED and two NOT_RUN is not PASSED (issue 23)
+    assert worst([Status.PASSED, Status.NOT_RUN, Status.NOT_RUN]) is Status.NOT_RUN
+    assert worst([]) is Status.NOT_RUN
+
+
+def _results(**statuses) -> list[GateResult]:
+    return [GateResult(gate=name, title=name, status=Status(status)) for name, status in statuses.items()]
+
+
+def test_a_verdict_means_judged():
+    """PASSED only when every gate that applies on the arch passed; what does not apply there (benchmarks on cpu,
+    compile for a torch backend) neither blocks nor makes it."""
+    torch_cpu, cute = kda_contract(), kda_contract(backend="cutedsl")
+    passed = dict(contracts="PASSED", compile="NOT_RUN", numerics="PASSED", benchmarks="NOT_RUN", evals="PASSED")
+    assert verdict_of(torch_cpu, "cpu", _results(**passed)) is Status.PASSED
+    assert verdict_of(torch_cpu, "sm_90", _results(**passed)) is Status.NOT_RUN  # benchmarks apply on a GPU
+    # a GPU kernel's CPU bundle: compile passed, numerics and evals could not run here: not judged, never PASSED
+    cpu_bundle = dict(contracts="PASSED", compile="PASSED", numerics="NOT_RUN", benchmarks="NOT_RUN", evals="NOT_RUN")
+    assert verdict_of(cute, "cpu", _results(**cpu_bundle)) is Status.NOT_RUN
+    assert unjudged(cute, "cpu", _results(**cpu_bundle)) == ["the numerics gate NOT_RUN: ", "the evals gate NOT_RUN: "]
+    assert verdict_of(cute, "cpu", _results(**{**cpu_bundle, "compile": "FAILED_COMPILE"})) is Status.FAILED_COMPILE
+    assert verdict_of(torch_cpu, "cpu", _results(contracts="PASSED")) is Status.NOT_RUN  # missing gates count
+
+
+def test_a_contract_whose_speed_no_validated_arch_judges_is_flagged():
+    validated = {"validated": [{"arch": "cpu", "devices": ["cpu"]}]}
+    assert "speed never judged: kda_decode validates only cpu" in never_timed(kda_contract(hardware=validated))
+    assert never_timed(kda_contract()) is None  # validates nothing yet
+    gpu = {"validated": [{"arch": "cpu", "devices": ["cpu"]}, {"arch": "sm_90", "devices": ["NVIDIA H200"]}]}
+    assert never_timed(kda_contract(hardware=gpu)) is None

@@ -24,7 +24,7 @@ def test_gated_bundle_is_intact_and_fresh(gated):
 def test_bundle_records_what_and_where(gated):
     _, out = gated
     bundle = load_bundle(out / "kda_decode" / "cpu")
-    assert bundle.schema_version == 2 and bundle.op == "kda_decode" and bundle.arch == "cpu"
+    assert bundle.schema_version == 3 and bundle.op == "kda_decode" and bundle.arch == "cpu"
     assert bundle.options.seed == 7 and bundle.options.seed_given
     assert bundle.environment.torch and bundle.environment.gpu_count == 0
     assert [(g.gate, g.status.value) for g in bundle.gates] == [
@@ -55,7 +55,8 @@ def test_a_forged_verdict_does_not_load(bundle_dir):
     manifest["files"]["bundle.json"] = sha256_file(path)
     (bundle_dir / "manifest.json").write_text(json.dumps(manifest))
     (problem,) = verify_bundle(bundle_dir)
-    assert "does not follow the bundle schema (<root>: Value error, verdict PASSED does not follow" in problem
+    assert ("does not follow the bundle schema (<root>: Value error, verdict NOT_RUN does not follow from the gates' "
+            "statuses (FAILED_NUMERICS)") in problem
 
 
 def test_freshness_names_the_stale_file(bundle_dir, tmp_path):
@@ -95,8 +96,8 @@ def test_tree_and_index_skip_unfinished_writes(bundle_dir):
     (bundle_dir.parent / ".cpu.tmp-x" / "bundle.json").write_text("{")
     assert list(verify_tree(evidence)) == [bundle_dir]
     (row,) = write_index(evidence)
-    assert row["op"] == "kda_decode" and row["verdict"] == "PASSED" and row["report"] == "kda_decode/cpu/report.html"
-    assert "| kda_decode | cpu | **PASSED** |" in (evidence / "index.md").read_text()
+    assert row["op"] == "kda_decode" and row["verdict"] == "NOT_RUN" and row["report"] == "kda_decode/cpu/report.html"
+    assert "| kda_decode | cpu | **NOT_RUN** |" in (evidence / "index.md").read_text()
 
 
 def test_a_runner_names_the_commit_of_its_copy(monkeypatch):

@@ -7,10 +7,11 @@ import subprocess
 
 import pytest
 
-from gates.core.status import GateResult, Status, worst
+from gates.core.status import GateResult, Status
 from gates.evals.result import Check, EvalResult, Plot, Table
 from gates.evidence.plots import bar_chart, by_batch, nice_step
 from gates.evidence.report import render_html, render_markdown
+from tests.gates.fixtures.helpers import rejudged
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed "
@@ -20,9 +21,12 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium 
 def test_markdown_says_what_ran_and_what_did_not(gated):
     _, out = gated
     text = (out / "kda_decode" / "cpu" / "report.md").read_text()
-    assert text.startswith("# kda_decode on cpu: PASSED (3 of 5 gates not run here)")
-    assert "- **Compile**: torch backend: nothing to compile" in text
-    assert "- **Benchmarks**: needs a CUDA GPU; this machine has none" in text
+    # the fixture's eval model never enters its envelope: evals, required on cpu, did not run, so nothing is PASSED
+    assert text.startswith("# kda_decode on cpu: NOT_RUN (not judged: 1 gate(s) required on cpu did not run)")
+    assert "- **Compile**: torch backend: nothing to compile (not required on cpu)" in text
+    assert "- **Benchmarks**: needs a CUDA GPU; this machine has none (not required on cpu)" in text
+    assert ("- **Model-level evals**: the eval model never entered this kernel's envelope (required on cpu: the "
+            "verdict cannot be PASSED without it)") in text
     assert "| outputs share no memory with inputs | ✓ | 0 |" in text
 
 
@@ -41,7 +45,7 @@ def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
                        reason="JSON validity 91% with the kernel, 99% without", summary="validity dropped",
                        details={"valid_with": 0.91, "valid_without": 0.99})
     gates = [*gpu_like_bundle.gates, evals]
-    bundle = gpu_like_bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
+    bundle = rejudged(gpu_like_bundle, gates)
     assert bundle.verdict is Status.FAILED_EVAL
     html = render_html(bundle)
     assert "JSON validity 91% with the kernel" in html and "valid_without" in html

@@ -11,14 +11,14 @@ import pytest
 from gates.cli import main
 from gates.core.contracts import validation_problems
 from gates.core.sources import REPO_ROOT, sha256_file
-from gates.core.status import Status, worst
+from gates.core.status import Status
 from gates.evidence.bundle import covered_sources, load_bundle, repair_interrupted_write, write_bundle
 from gates.evidence.report import render_reports, rerender
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR, SigningKeyError, signing_key
 from gates.evidence.verify import verify_bundle
 from gates.problems import load_problem
 from kernels.contract import load_contract
-from tests.gates.fixtures.helpers import kda_contract
+from tests.gates.fixtures.helpers import kda_contract, rejudged
 
 KEY = "k3forge-test-key-" + "0123456789abcdef" * 2
 
@@ -40,7 +40,7 @@ def edit_bundle_json(directory, edit) -> None:
 def with_statuses(bundle, **statuses):
     gates = [g.model_copy(update={"status": Status(statuses[g.gate])}) if g.gate in statuses else g
              for g in bundle.gates]
-    return bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
+    return rejudged(bundle, gates)
 
 
 # ------------------------------------------------------------------------------------- validated means passed
@@ -54,7 +54,7 @@ def failed_numerics(bundle):
     failed = numerics.model_copy(update={"status": Status.FAILED_NUMERICS, "reason": "tolerance 1e-12",
                                          "details": {**numerics.details, "checks": checks}})
     gates = [failed if g.gate == "numerics" else g for g in bundle.gates]
-    return bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
+    return rejudged(bundle, gates)
 
 
 def test_verify_reports_the_verdict_and_fails_a_bundle_that_did_not_pass(bundle_dir, capsys):
@@ -67,10 +67,16 @@ def test_verify_reports_the_verdict_and_fails_a_bundle_that_did_not_pass(bundle_
     assert "verdict FAILED_NUMERICS" in capsys.readouterr().out
 
 
-def test_a_passed_verdict_says_which_gates_did_not_run(gated, capsys):
+def test_a_verdict_says_what_was_not_judged(gated, bundle_dir, capsys):
+    """NOT_RUN is never PASSED: a bundle whose required evals did not run is reported as not judged (no failure to
+    refuse); one where they passed is PASSED, naming the gates not required on its arch."""
     _, out = gated
     assert main(["evidence", "verify", str(out)]) == 0
-    assert "verdict PASSED (3 of 5 gates not run here)" in capsys.readouterr().out
+    assert "verdict NOT_RUN (not judged here: evals)" in capsys.readouterr().out
+    bundle = with_statuses(load_bundle(bundle_dir), evals="PASSED")
+    write_bundle(bundle_dir, bundle, render_reports(bundle))
+    assert main(["evidence", "verify", str(bundle_dir)]) == 0
+    assert "verdict PASSED (not required on cpu: compile, benchmarks)" in capsys.readouterr().out
 
 
 def test_validation_needs_every_gate_that_applies_on_the_arch_to_pass(bundle_dir):
@@ -172,7 +178,7 @@ def gpu_like_dir(gpu_like_bundle, tmp_path):
     passed = bench.model_copy(update={"status": Status.PASSED, "reason": "",
                                       "details": {**bench.details, "rows": rows, "required_speedup": 1.0}})
     gates = [passed if g.gate == "benchmarks" else g for g in gpu_like_bundle.gates]
-    bundle = gpu_like_bundle.model_copy(update={"gates": gates, "verdict": worst(g.status for g in gates)})
+    bundle = rejudged(gpu_like_bundle, gates)
     directory = tmp_path / "kda_decode" / "sm_90"
     write_bundle(directory, bundle, render_reports(bundle))
     assert verify_bundle(directory) == []
