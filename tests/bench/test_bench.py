@@ -128,3 +128,14 @@ def test_collectives_refuse_clearly_without_a_gpu_per_rank(capsys, monkeypatch, 
     assert main(["bench", "layer", "--tp", "2", "--collectives", *extra]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert message in err.replace("\n", "") and "Traceback" not in err
+
+
+def test_the_allreduce_floor_refuses_clearly_without_a_gpu_per_rank(capsys, monkeypatch):
+    from model.kimi_k3.bench.allreduce import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["--tp", "2"]) == 2
+    assert capsys.readouterr().err == "error: TP2 on cuda needs 2 GPUs (one per rank); 1 visible\n"
+    assert main(["--tp", "1"]) == 2
+    assert "at least 2 ranks" in capsys.readouterr().err
