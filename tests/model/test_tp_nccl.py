@@ -132,31 +132,32 @@ def greedy_on_rank(tp: TP, device: torch.device, graphs: bool) -> dict:
             module.e_bias.copy_((torch.arange(cfg.num_experts, device=device) < module.top_k).float() * 2)
     engine = Engine(model.eval(), max_len=max(map(len, PROMPTS)) + STEPS + 1, num_slots=len(PROMPTS),
                     graph_sizes=(len(PROMPTS),) if graphs else ())
-    slots, tokens = prefill(engine)
-    steps = [tokens]
-    logits = []
+    slots = [engine.cache.allocate() for _ in PROMPTS]
+    batch = StepBatch(tuple(slots), tuple(map(len, PROMPTS)), (0,) * len(PROMPTS))
+    logits = [engine.step([t for p in PROMPTS for t in p], batch).cpu()]
     for _ in range(STEPS):
         batch = StepBatch(tuple(slots), (1,) * len(slots), tuple(engine.cache.lengths[s] for s in slots))
-        logits.append(engine.step(steps[-1], batch).float().cpu())
-        steps.append(logits[-1].argmax(-1).to(device))
-    return {"logits": torch.stack(logits), "tokens": torch.stack(steps).cpu(),
-            "replays": engine.graphs.replays if engine.graphs else 0}
+        logits.append(engine.step(logits[-1].argmax(-1).to(device), batch).cpu())
+    logits = torch.stack(logits)
+    return {"logits": logits, "tokens": logits.argmax(-1), "replays": engine.graphs.replays if engine.graphs else 0}
+
+
+def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref.double()).norm() / ref.double().norm())
 
 
 def compared_steps(got: dict, ref: dict, max_rel_l2: float) -> int:
-    """Decode steps of two greedy runs compared per sequence: each step's logits within `max_rel_l2` (relative L2)
-    up to the first step whose tokens differ, after which the sequence is not comparable (a top-2 near-tie that
-    rounding within the bound settled the other way). The number of (sequence, step) pairs compared."""
+    """Steps (the prefill, then each decode step) of two greedy runs compared per sequence: each step's logits
+    within `max_rel_l2` (relative L2) up to and including the first step whose greedy tokens differ, after which
+    the sequence is not comparable (a top-2 near-tie that rounding within the bound settled the other way). The
+    number of (sequence, step) pairs compared."""
     n = 0
     for b in range(len(PROMPTS)):
-        if not torch.equal(got["tokens"][0, b], ref["tokens"][0, b]):
-            break  # the prefill's own near-tie
-        for s in range(STEPS):
-            g, r = got["logits"][s, b].double(), ref["logits"][s, b].double()
-            rel = float((g - r).norm() / r.norm())
-            assert rel <= max_rel_l2, f"sequence {b}, decode step {s}: logits {rel:.2e} rel. L2 apart (> {max_rel_l2})"
+        for s in range(1 + STEPS):
+            rel = rel_l2(got["logits"][s, b], ref["logits"][s, b])
+            assert rel <= max_rel_l2, f"sequence {b}, step {s}: logits {rel:.2e} rel. L2 apart (> {max_rel_l2})"
             n += 1
-            if not torch.equal(got["tokens"][s + 1, b], ref["tokens"][s + 1, b]):
+            if got["tokens"][s, b] != ref["tokens"][s, b]:
                 break
     return n
 
