@@ -68,7 +68,8 @@ run_tp2() {
   { nvidia-smi topo -m; python3 -c 'import torch; print("GPUs:", torch.cuda.device_count())'; } \
     > "$OUT/tp2_topology.log" 2>&1
   cat "$OUT/tp2_topology.log"
-  run_limited pytest_tp2 300 python3 -m pytest -v -p no:cacheprovider -m gpu --durations=5 tests/model/test_tp_nccl.py
+  run_limited pytest_tp2 300 python3 -m pytest -v -s -p no:cacheprovider -m gpu --durations=5 \
+    tests/model/test_tp_nccl.py
   run_limited allreduce_tp2 150 python3 -m model.kimi_k3.bench.allreduce --tp 2 --json "$OUT/allreduce_tp2.json"
   cat "$OUT/allreduce_tp2.log"
 }

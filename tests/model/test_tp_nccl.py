@@ -25,9 +25,14 @@ PROMPTS = [[11, 5, 9, 13, 17, 21, 25], [300, 2, 77]]
 STEPS = 8  # decode steps after the prefill
 TIMEOUT_S = 600
 # bf16 TP2 against TP1: each rank rounds its row-parallel partial to bf16 before the all-reduce, where TP1 rounds
-# the whole product once. Measured on the tiny checkpoint: 2.8e-3 relative L2 on the hidden state of one layer
-# (issue 22's TP_BF16_FINDING); the bound allows that for four layers and the lm_head, ~7x.
-BF16_TP_LOGITS_REL_L2 = 2e-2
+# the whole product once: 2.8e-3 relative L2 on the hidden state after one layer (issue 22's TP_BF16_FINDING),
+# growing layer by layer and, through the KDA states and the MLA cache, step by step. Measured with this test's
+# own functions on CPU over gloo, tiny preset (8 layers, 128 wide, routing pinned): logits 2.9e-2 and 5.7e-2
+# apart at the prefill, 2.7e-2 to 2.2e-1 over 8 decode steps with the same tokens; a wrong split is O(1) (a
+# sequence whose tokens part: 1.4). Not yet measured at K3 widths: the test prints its figures, tighten these
+# from them.
+PREFILL_REL_L2 = 1e-1
+DECODE_REL_L2 = 3e-1
 
 
 def fake_gpus(monkeypatch, count: int) -> None:
@@ -146,18 +151,20 @@ def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got.double() - ref.double()).norm() / ref.double().norm())
 
 
-def compared_steps(got: dict, ref: dict, max_rel_l2: float) -> int:
+def compared_steps(got: dict, ref: dict, prefill_rel_l2: float, decode_rel_l2: float) -> int:
     """Steps (the prefill, then each decode step) of two greedy runs compared per sequence: each step's logits
-    within `max_rel_l2` (relative L2) up to and including the first step whose greedy tokens differ, after which
+    within its bound (relative L2) up to and including the first step whose greedy tokens differ, after which
     the sequence is not comparable (a top-2 near-tie that rounding within the bound settled the other way). The
-    number of (sequence, step) pairs compared."""
+    number of (sequence, step) pairs compared; prints each step's figure."""
     n = 0
     for b in range(len(PROMPTS)):
         for s in range(1 + STEPS):
-            rel = rel_l2(got["logits"][s, b], ref["logits"][s, b])
-            assert rel <= max_rel_l2, f"sequence {b}, step {s}: logits {rel:.2e} rel. L2 apart (> {max_rel_l2})"
+            rel, bound = rel_l2(got["logits"][s, b], ref["logits"][s, b]), decode_rel_l2 if s else prefill_rel_l2
+            same = bool(got["tokens"][s, b] == ref["tokens"][s, b])
+            print(f"sequence {b} step {s}: logits {rel:.2e} rel. L2 apart (bound {bound:g}), same token: {same}")
+            assert rel <= bound, f"sequence {b}, step {s}: logits {rel:.2e} rel. L2 apart (> {bound:g})"
             n += 1
-            if got["tokens"][s, b] != ref["tokens"][s, b]:
+            if not same:
                 break
     return n
 
@@ -175,6 +182,6 @@ def test_nccl_tp2_under_cuda_graphs_matches_tp1():
     tp2_eager = run_tp(greedy_on_rank, 2, False, device="cuda", timeout=TIMEOUT_S)
     assert tp1["replays"] == tp2["replays"] == STEPS and tp2_eager["replays"] == 0
     assert torch.equal(tp2["tokens"], tp2_eager["tokens"])  # one computation, captured or not
-    assert compared_steps(tp2, tp2_eager, 1e-3) == STEPS * len(PROMPTS)
+    assert compared_steps(tp2, tp2_eager, 1e-3, 1e-3) == (1 + STEPS) * len(PROMPTS)
     # Most steps must be comparable, or the test said nothing: a near-tie ends a sequence's comparison.
-    assert compared_steps(tp2, tp1, BF16_TP_LOGITS_REL_L2) >= STEPS * len(PROMPTS) // 2
+    assert compared_steps(tp2, tp1, PREFILL_REL_L2, DECODE_REL_L2) >= (1 + STEPS) * len(PROMPTS) // 2
