@@ -14,8 +14,20 @@
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
+#
+# On a machine of two GPUs (kind nvidia-h200-x2; model/kimi_k3/NOTES_TP.md has the plan and what to expect):
+#   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
+#   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh; bash kernels/gpu_session.sh tp2
+#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh tp2bench
+# `tp2` records how the GPUs are linked, runs the NCCL TP2 generation test (TP2 under CUDA graphs against TP1
+# and against eager) and the all-reduce floor (NCCL and symmetric-memory one-shot, 1-16 tokens); `tp2bench`
+# times the KDA layer at TP2 with its all-reduces, beside the one-rank figure with them excluded. NVLink
+# multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, exported
+# here and set again in every TP rank): on these shared machines a program using it can take the host's GPUs
+# out of service.
 set -u
 OUT=${OUT:-/tmp/out}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # multicast off, always
 RUN=/root/k3forge-gpu
 mkdir -p "$OUT" "$RUN"
 export PYTHONUNBUFFERED=1
@@ -41,6 +53,31 @@ run_tests() {
       > "$OUT/pytest_$name.log" 2>&1
     echo "   exit $? -- $(tail -1 "$OUT/pytest_$name.log")"
   done
+}
+
+run_limited() {
+  # name, seconds, command...: the command under its own time limit, its output in $OUT/NAME.log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (${limit} s)"
+  timeout -s INT "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "   exit $? -- $(tail -1 "$OUT/$name.log")"
+}
+
+run_tp2() {
+  { nvidia-smi topo -m; python3 -c 'import torch; print("GPUs:", torch.cuda.device_count())'; } \
+    > "$OUT/tp2_topology.log" 2>&1
+  cat "$OUT/tp2_topology.log"
+  run_limited pytest_tp2 300 python3 -m pytest -v -s -p no:cacheprovider -m gpu --durations=5 \
+    tests/model/test_tp_nccl.py
+  run_limited allreduce_tp2 150 python3 -m model.kimi_k3.bench.allreduce --tp 2 --json "$OUT/allreduce_tp2.json"
+  cat "$OUT/allreduce_tp2.log"
+}
+
+run_tp2_bench() {
+  run_limited bench_layer_tp2 "${TP2_BENCH_S:-540}" python3 -m gates.cli bench layer --kind kda --tp 2 \
+    --batch "${TP2_BATCH:-1,16}" --layers 4 --backend auto --collectives --json "$OUT/layer_tp2_kda.json"
+  grep -v -i warn "$OUT/bench_layer_tp2.log" | tail -20
 }
 
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
@@ -94,6 +131,8 @@ while [ $# -gt 0 ]; do
       start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report"
       collect; shift ;;
     collect) collect; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect]" >&2; exit 2 ;;
+    tp2) run_tp2; shift ;;
+    tp2bench) run_tp2_bench; shift ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done

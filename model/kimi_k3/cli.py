@@ -9,7 +9,8 @@ The vocabulary (UsageError and the exit codes, `model/kimi_k3/errors.py`) is def
     config show   the config (Hugging Face field names), MLA layer ids and every rank-local weight
     ckpt make     a random, well-scaled checkpoint in the Hugging Face layout, with its tokenizer
     generate      prefill then decode from a checkpoint directory, optionally tensor-parallel (`--tp N`: N local
-                  processes, gloo on CPU, NCCL on GPUs) and speculative (`--spec-tokens K`)
+                  processes, gloo on CPU, NCCL on GPUs) and speculative (`--spec-tokens K`); on a GPU the decode
+                  steps replay a CUDA graph (the collectives captured in it) unless `--eager`
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rich.table import Table
 from model.kimi_k3.checkpoint import checkpoint_tensors, write_checkpoint
 from model.kimi_k3.config import KimiK3Config, preset
 from model.kimi_k3.dispatch import DECODE_BACKENDS
-from model.kimi_k3.distributed import run_tp
+from model.kimi_k3.distributed import run_tp, tp_backend
 from model.kimi_k3.drafters import Drafter, NgramDrafter, SyntheticDrafter
 from model.kimi_k3.engine import Engine, Generation, SamplingParams, check_fits, positions_needed
 from model.kimi_k3.errors import UsageError
@@ -195,7 +196,10 @@ def _register_generate(sub) -> None:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="activation dtype (default bf16)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu or cuda; with --tp N > 1 on cuda, rank r runs on cuda:r")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one local process each (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks, one local process each (default 1); "
+                                                     "on cuda one GPU per rank, NCCL between them")
+    p.add_argument("--eager", action="store_true",
+                   help="on cuda, run the decode steps eagerly instead of replaying a CUDA graph of the step")
     p.add_argument("--spec-tokens", type=int, default=0, help="draft tokens verified per step (0 = no speculation)")
     p.add_argument("--drafter", help="with --spec-tokens: ngram (prompt lookup, the default) or synthetic:A "
                                      "(replays the greedy trajectory so that exactly A drafts are accepted per step)")
@@ -203,7 +207,8 @@ def _register_generate(sub) -> None:
                    help="auto: the standard path (default); "
                         "latency_specialized: contracted kernels inside their envelopes")
     p.add_argument("--json", action="store_true",
-                   help="end with one JSON line: tokens, logprobs, dispatch counts (and accepted_per_step)")
+                   help="end with one JSON line: tokens, logprobs, dispatch counts, cuda_graphs (captured sizes "
+                        "and replays, null when eager) and, with --spec-tokens, accepted_per_step")
     p.set_defaults(func=run_generate)
 
 
@@ -218,6 +223,7 @@ class Request:
     spec_tokens: int
     drafter: str
     decode_backend: str
+    cuda_graphs: bool = False  # decode steps replay a CUDA graph captured at batch 1
 
 
 def parse_ids(text: str) -> list[int]:
@@ -240,20 +246,22 @@ def synthetic_accept(drafter: str) -> int | None:
     return int(value)
 
 
-def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Generation, dict]:
-    """This rank's generation and its dispatcher's report (per-op specialized/standard counts, reasons)."""
+def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Generation, dict, dict | None]:
+    """This rank's generation, its dispatcher's report (per-op specialized/standard counts, reasons) and, with
+    CUDA graphs, the captured batch sizes and how many decode steps replayed them."""
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("model.kimi_k3").setLevel(logging.INFO)  # dispatch fallback reasons, each once
     model = load_model(req.ckpt, tp=tp, act_dtype=DTYPES[req.dtype], device=device)
     engine = Engine(model, max_len=len(req.prompt) + req.params.max_new_tokens + req.spec_tokens,
-                    decode_backend=req.decode_backend)
+                    decode_backend=req.decode_backend, graph_sizes=(1,) if req.cuda_graphs else ())
     drafter: Drafter | None = None
     if req.spec_tokens:
         accept = synthetic_accept(req.drafter)
         drafter = NgramDrafter() if accept is None else SyntheticDrafter.from_greedy(
             engine, [req.prompt], req.params.max_new_tokens, accept, req.spec_tokens)
     gen = engine.generate([req.prompt], req.params, req.spec_tokens, drafter)[0]
-    return gen, model.ops.report()
+    graphs = None if engine.graphs is None else {"sizes": engine.graphs.sizes, "replays": engine.graphs.replays}
+    return gen, model.ops.report(), graphs
 
 
 def rank_weight_bytes(cfg: KimiK3Config, tp: int, dtype: str) -> int:
@@ -281,6 +289,12 @@ def run_generate(args) -> int:
         raise UsageError(f"--drafter synthetic:{accept}: needs A <= --spec-tokens ({args.spec_tokens}) and "
                          "--temperature 0 (it replays the greedy trajectory)")
     device = torch_device(args.device)
+    if args.eager and device.type != "cuda":
+        raise UsageError(f"--eager: CUDA graphs run only on cuda; on {device} every step is eager")
+    try:
+        tp_backend(device, args.tp)
+    except ValueError as e:
+        raise UsageError(f"--tp {args.tp} --device {args.device}: {e}") from None
     cfg = load_config(args.ckpt)[0]  # what follows is checked before any rank starts or allocates
     cfg.check_tp(args.tp)
     ranks_here = args.tp if device.type == "cpu" else 1  # CPU ranks share the host's memory; GPU ranks do not
@@ -291,14 +305,15 @@ def run_generate(args) -> int:
     except ValueError as e:
         raise UsageError(str(e)) from None
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed)
-    req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend)
+    req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend,
+                  cuda_graphs=device.type == "cuda" and not args.eager)
     status = Console(stderr=True)
     try:
         with status.status(escape(f"generating from {args.ckpt} (TP{args.tp})")):
-            gen, dispatch = run_tp(generate_on_rank, args.tp, req, device=str(device))
+            gen, dispatch, graphs = run_tp(generate_on_rank, args.tp, req, device=str(device))
     except ValueError as e:
         raise UsageError(str(e)) from None
-    out = {"tokens": gen.tokens, "logprobs": gen.logprobs, "dispatch": dispatch}
+    out = {"tokens": gen.tokens, "logprobs": gen.logprobs, "dispatch": dispatch, "cuda_graphs": graphs}
     if args.spec_tokens:
         out["accepted_per_step"] = gen.accepted
     if args.json:

@@ -32,12 +32,19 @@ class _Graph:
 
 class GraphedDecode:
     """One CUDA graph of `step` per batch size in `sizes`; call it like `step`, with any batch up to
-    max(sizes). The returned tensor is a view of the graph's output buffer: the next call overwrites it."""
+    max(sizes). The returned tensor is a view of the graph's output buffer: the next call overwrites it.
+    `replays` counts the calls.
+
+    A step may hold NCCL collectives (a tensor-parallel rank's all-reduces): they are captured like any kernel,
+    provided the process group's communicator exists before the capture (it does once the group is created with
+    a device id, as `distributed.run_tp` does) and every rank captures the same sizes in the same order; the
+    warm-up calls then run the collectives eagerly first, on every rank alike."""
 
     def __init__(self, step: Callable[..., torch.Tensor], make_inputs: Callable[[int], tuple[torch.Tensor, ...]],
                  sizes: Sequence[int], dispatcher: Dispatcher, warmup: int = 2):
         self.step, self.make_inputs, self.dispatcher, self.warmup = step, make_inputs, dispatcher, warmup
         self.sizes = sorted(set(sizes))
+        self.replays = 0
         self.pool = torch.cuda.graph_pool_handle()
         # Largest first: smaller graphs then fit in the memory the largest one already took from the pool.
         self.graphs = {size: self._capture(size) for size in reversed(self.sizes)}
@@ -67,5 +74,6 @@ class GraphedDecode:
             static[:b].copy_(new)
             static[b:].copy_(pad[b:])
         g.graph.replay()
+        self.replays += 1
         self.dispatcher.replayed(g.decisions)
         return g.output[:b]

@@ -1,6 +1,8 @@
 """Run a function on every rank of a tensor-parallel group: N processes on one machine, one rank each.
 
-CPU ranks talk through gloo; GPU ranks through NCCL, rank r on cuda:r, with NVLink multicast (NVLS) off.
+CPU ranks talk through gloo; GPU ranks through NCCL, rank r on cuda:r, with NVLink multicast off in NCCL, PyTorch's
+symmetric memory and NVSHMEM (on the shared multi-GPU machines a program using it can take the host's GPUs out of
+service; /work/.library/device/KINDS.md).
 `run_tp(fn, n, *args)` calls `fn(tp, device, *args)` on every rank and returns rank 0's result; a rank's
 exception is re-raised in the caller, and a run that outlives its timeout is killed, so a broken
 collective cannot hang the caller. World size 1 runs `fn` in the calling process with no process group.
@@ -24,6 +26,22 @@ import torch.multiprocessing as mp
 from .parallel import TP
 
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def tp_backend(device: str | torch.device, size: int) -> str:
+    """The process-group backend of `size` ranks on `device`: gloo on cpu, NCCL on cuda (rank r on cuda:r). A
+    one-line ValueError for another device, a GPU index beside size > 1, or fewer visible GPUs than ranks."""
+    device = torch.device(device)
+    if device.type not in BACKENDS:
+        raise ValueError(f"TP on {device}: tensor parallelism runs on cpu (gloo) or cuda (NCCL)")
+    if device.type == "cuda" and size > 1:
+        if device.index is not None:
+            raise ValueError(f"TP{size} on {device}: rank r runs on cuda:r; name the device cuda, without an index")
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible < size:
+            raise ValueError(f"TP{size} on cuda needs {size} GPUs (one per rank); {visible} visible")
+    return BACKENDS[device.type]
 
 
 def free_port() -> int:
@@ -39,13 +57,9 @@ def run_tp(fn: Callable[..., Any], size: int, *args: Any, device: str = "cpu", t
     `device` is "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r); `fn` must be importable by name
     (a module-level function), as each rank is a fresh process that receives it pickled.
     """
-    kind = torch.device(device).type
-    if kind not in BACKENDS:
-        raise ValueError(f"run_tp: device {device!r}: tensor parallelism runs on cpu (gloo) or cuda (nccl)")
+    backend = tp_backend(device, size)
     if size == 1:
         return fn(TP(), torch.device(device), *args)
-    if kind == "cuda" and torch.cuda.device_count() < size:
-        raise ValueError(f"run_tp: TP{size} needs {size} GPUs, {torch.cuda.device_count()} visible")
     # Ranks fork from one fresh server process that has imported torch and the model once: a clean
     # process (no threads, no CUDA context) as with spawn, without N interpreter starts. (fn's own module
     # is not preloaded: a child re-runs the caller's __main__, which must not be imported before that.)
@@ -53,7 +67,7 @@ def run_tp(fn: Callable[..., Any], size: int, *args: Any, device: str = "cpu", t
     ctx.set_forkserver_preload([__name__, f"{__package__}.loader", f"{__package__}.engine"])
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(rank, size, port, kind, timeout, fn, args, results), daemon=True)
+    procs = [ctx.Process(target=_rank_main, args=(rank, size, port, backend, timeout, fn, args, results), daemon=True)
              for rank in range(size)]
     for p in procs:
         p.start()
@@ -93,18 +107,19 @@ def _collect(procs: list, results, timeout: float) -> Any:
     return pickle.loads(done[0])
 
 
-def _rank_main(rank: int, size: int, port: int, kind: str, timeout: float, fn, args, results) -> None:
+def _rank_main(rank: int, size: int, port: int, backend: str, timeout: float, fn, args, results) -> None:
     # Results travel pickled by value: torch's shared-memory tensor passing needs the sender alive.
     try:
-        if kind == "cuda":
-            os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the shared machines
+        if backend == "nccl":
+            os.environ.update(MULTICAST_OFF)
             torch.cuda.set_device(rank)
             device = torch.device("cuda", rank)
         else:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))  # the ranks share the cores
             device = torch.device("cpu")
-        dist.init_process_group(BACKENDS[kind], init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=timeout), device_id=device if kind == "cuda" else None)
+        # With a device id NCCL creates its communicator here, before any CUDA graph could capture a collective.
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=timeout), device_id=device if backend == "nccl" else None)
         try:
             out = fn(TP(rank, size, dist.group.WORLD), device, *args)
         finally:

@@ -1,6 +1,10 @@
 """Generation: prefill the prompts in one step, then batched steps over sequences of different lengths --
 decode steps of one token each, or speculative steps that verify K drafted tokens per sequence at once.
 
+On a GPU, decode steps can replay CUDA graphs (`graph_sizes`): the whole step from token ids to the logits,
+tensor-parallel collectives included, captured once per batch size when the engine is made; prefill and
+verification steps run eagerly.
+
 Generation refuses what it cannot do right: sampling parameters that are not finite, sequences longer than
 the model's max_position_embeddings, caches that would not fit in the device's free memory (refused before
 they are allocated, with the size needed), and logits that are not finite (generation stops and names the
@@ -11,13 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from .batch import StepBatch
+from .batch import StepBatch, StepKind
 from .cache import ModelCache
 from .config import KimiK3Config
+from .cuda_graphs import GraphedDecode
 from .dispatch import Dispatcher
 from .drafters import Drafter
 from .model import KimiK3Model
@@ -64,6 +70,31 @@ def _bytes(*buffers: dict[int, torch.Tensor]) -> int:
 
 
 @dataclass(frozen=True)
+class IndexedDecode(StepBatch):
+    """A decode step whose index tensors are given instead of made from its host-side fields: each sequence's cache
+    slot `slot_ids` [B] and its new token's position `positions` [B] (a CUDA graph's static input buffers, so the
+    captured step reads whatever a replay copies into them). Its host-side fields say only what the step is (B
+    sequences of one token each, with cached context); the layers of a decode step read the tensors alone."""
+
+    slot_ids: torch.Tensor | None = field(default=None, compare=False)
+    positions: torch.Tensor | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, slots: torch.Tensor, positions: torch.Tensor) -> "IndexedDecode":
+        b = slots.shape[0]
+        return cls(tuple(range(b)), (1,) * b, (1,) * b, slot_ids=slots, positions=positions)
+
+    def slot_tensor(self, device: torch.device | str) -> torch.Tensor:
+        return self.slot_ids
+
+    def token_slots(self, device: torch.device | str) -> torch.Tensor:
+        return self.slot_ids
+
+    def token_positions(self, device: torch.device | str) -> torch.Tensor:
+        return self.positions
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     max_new_tokens: int
     temperature: float = 0.0
@@ -85,18 +116,42 @@ class Engine:
 
     decode_backend: "auto" (the standard path) or "latency_specialized" (contracted kernels inside their
     envelopes); it installs a fresh dispatcher on the model, whose `report()` counts this engine's calls.
+    graph_sizes (CUDA only): batch sizes whose decode step is captured in a CUDA graph when the engine is made; a
+    decode step of b sequences then replays the smallest captured size >= b (`graphs.replays` counts them), its
+    padded rows writing one cache slot that no sequence owns. Every rank of a TP group must make its engine
+    alike, since each capture runs the step's collectives on every rank.
     """
 
-    def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8, decode_backend: str = "auto"):
+    def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8, decode_backend: str = "auto",
+                 graph_sizes: Sequence[int] = ()):
         self.model = model
         model.ops = Dispatcher.for_model(model, decode_backend)
         device = next(model.parameters()).device
         self.device = device
-        shape = (model.cfg, model.tp, num_slots, max_len, model.act_dtype)
+        if graph_sizes and device.type != "cuda":
+            raise ValueError(f"Engine: CUDA graphs need a cuda device; the model is on {device}")
+        scratch = 1 if graph_sizes else 0
+        shape = (model.cfg, model.tp, num_slots + scratch, max_len, model.act_dtype)
         planned = ModelCache(*shape, device="meta")
         check_fits(f"the caches of {num_slots} sequences of {max_len} positions",
                    _bytes(planned.kv, planned.conv, planned.ssm), device)
         self.cache = ModelCache(*shape, device)
+        self.graphs: GraphedDecode | None = None
+        if graph_sizes:
+            self._scratch = self.cache.allocate()  # never released: the padded rows' slot
+            self.graphs = GraphedDecode(self.decode_logits, self._padding, graph_sizes, model.ops)
+
+    def decode_logits(self, token_ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """fp32 logits [B, V] of a decode step given as tensors: token ids [B], cache slots [B] and each new token's
+        position [B] (its sequence's cached length). The tensor work alone, with no accounting of the cache's
+        lengths: the step the CUDA graphs capture."""
+        batch = IndexedDecode.of(slots, positions)
+        return self.model.logits(self.model.hidden_states(token_ids, batch, self.cache))
+
+    def _padding(self, size: int) -> tuple[torch.Tensor, ...]:
+        """Inputs of a graph's padded rows: token 0 at position 0 of the scratch slot."""
+        zeros = torch.zeros(size, dtype=torch.long, device=self.device)
+        return zeros, torch.full_like(zeros, self._scratch), zeros.clone()
 
     def _reserve_spec(self, spec_tokens: int) -> None:
         """Room for verification steps of `spec_tokens` drafts, refused before allocation if it would not fit."""
@@ -108,17 +163,28 @@ class Engine:
         self.cache.reserve_spec(spec_tokens)
 
     def step(self, token_ids: list[int] | torch.Tensor, batch: StepBatch, every_token: bool = False) -> torch.Tensor:
-        """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V].
-        NonFiniteError when they are not all finite (one check of what is sampled from: a non-finite hidden state
-        always reaches it)."""
+        """One forward step; fp32 logits of each sequence's last token [B, V], or of every token [T, V] (from a
+        CUDA graph: a view of its output, which the next replay overwrites). NonFiniteError when they are not all
+        finite (one check of what is sampled from: a non-finite hidden state always reaches it)."""
         ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, batch, self.cache)
-        if not every_token:
-            hidden = hidden[torch.tensor([s + n - 1 for s, n in zip(batch.starts, batch.query_lens)],
-                                         device=self.device)]
-        logits = self.model.logits(hidden)
+        if self.graphs is not None and batch.kind is StepKind.DECODE and batch.batch_size <= self.graphs.sizes[-1]:
+            logits = self._replay(ids, batch)
+        else:
+            hidden = self.model(ids, batch, self.cache)
+            if not every_token:
+                hidden = hidden[torch.tensor([s + n - 1 for s, n in zip(batch.starts, batch.query_lens)],
+                                             device=self.device)]
+            logits = self.model.logits(hidden)
         if not torch.isfinite(logits).all():
             raise NonFiniteError(f"generate: the logits are not finite; {self._first_nonfinite(ids, batch)}")
+        return logits
+
+    def _replay(self, ids: torch.Tensor, batch: StepBatch) -> torch.Tensor:
+        """A decode step from its CUDA graph, the cache's lengths checked and advanced as the model's forward does."""
+        for slot in batch.slots:
+            self.cache.check_room(slot, 1)
+        logits = self.graphs(ids, batch.slot_tensor(self.device), batch.token_positions(self.device))
+        self.cache.advance(batch)
         return logits
 
     def _first_nonfinite(self, ids: torch.Tensor, batch: StepBatch) -> str:

@@ -95,16 +95,23 @@ class KimiK3Model(nn.Module):
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor, batch: StepBatch, cache: ModelCache) -> torch.Tensor:
         """Run one step over the batch's tokens [T]; return the final hidden states [T, D] (before the norm)."""
-        self.ops.begin_step(batch)
         for slot, n in zip(batch.slots, batch.query_lens):
             cache.check_room(slot, n)
+        hidden = self.hidden_states(token_ids, batch, cache)
+        cache.advance(batch)
+        return hidden
+
+    @torch.no_grad()
+    def hidden_states(self, token_ids: torch.Tensor, batch: StepBatch, cache: ModelCache) -> torch.Tensor:
+        """`forward`'s tensor work alone, without the cache's host-side accounting of lengths: what a CUDA graph of
+        a decode step captures (the caller accounts for the step's tokens)."""
+        self.ops.begin_step(batch)
         partial = self.vocab.embed_tokens(token_ids).to(self.act_dtype)
         blocks: list[torch.Tensor] = []
         ffn_out = None
         for layer in self.layers:
             partial, ffn_out = layer(partial, ffn_out, blocks, batch, cache, self.ops)
         partial = partial + ffn_out
-        cache.advance(batch)
         return self.output_res(blocks + [partial], self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -86,9 +86,56 @@ def test_help_names_every_option(capsys):
 
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="what"))
-    for what, options in (("layer", ("--kind", "--layers", "--tp", "--batch", "--context", "--backend", "--json")),
+    for what, options in (("layer", ("--kind", "--layers", "--tp", "--batch", "--context", "--backend", "--json",
+                                     "--collectives")),
                           ("step", ("--kda-sets", "--mla-sets", "--spec-tokens", "--acceptance"))):
         with pytest.raises(SystemExit):
             parser.parse_args([what, "--help"])
         text = capsys.readouterr().out
         assert all(o in text for o in options)
+
+
+def test_collectives_rows_beside_the_excluded_ones_over_gloo(tmp_path):
+    """`--collectives` on CPU: both ranks over gloo run the same layers with their all-reduces (untimed), and the
+    rows say which ran with them."""
+    import json
+
+    from gates.cli import main
+
+    argv = ["bench", "layer", "--preset", "tiny", "--device", "cpu", "--tp", "2", "--batch", "1,2", "--layers", "2",
+            "--context", "4", "--backend", "auto", "--collectives", "--json", str(tmp_path / "l.json")]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "l.json").read_text())["rows"]
+    assert [(r["batch"], r["collectives"]) for r in rows] == [(1, "gloo"), (2, "gloo"), (1, "excluded"),
+                                                              (2, "excluded")]
+    assert all(r["ranks_us"] == [None, None] for r in rows[:2]) and all(r["ranks_us"] is None for r in rows[2:])
+    # the same rank-local work: the bytes agree, and each rank's layer matches its own reference layer
+    assert [r["bytes"] for r in rows[:2]] == [r["bytes"] for r in rows[2:]]
+    assert all(r["output_rel_l2"] < 2e-2 for r in rows)
+
+
+@pytest.mark.parametrize("gpus, extra, message", [
+    (0, [], "--device cuda: this machine has no CUDA GPU"),
+    (1, [], "--collectives: TP2 on cuda needs 2 GPUs (one per rank); 1 visible"),
+    (2, ["--device", "cuda:1"], "--collectives: TP2 on cuda:1: rank r runs on cuda:r"),
+])
+def test_collectives_refuse_clearly_without_a_gpu_per_rank(capsys, monkeypatch, gpus, extra, message):
+    from gates.cli import main
+    from model.kimi_k3.errors import EXIT_USAGE
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    assert main(["bench", "layer", "--tp", "2", "--collectives", *extra]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err.replace("\n", "") and "Traceback" not in err
+
+
+def test_the_allreduce_floor_refuses_clearly_without_a_gpu_per_rank(capsys, monkeypatch):
+    from model.kimi_k3.bench.allreduce import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["--tp", "2"]) == 2
+    assert capsys.readouterr().err == "error: TP2 on cuda needs 2 GPUs (one per rank); 1 visible\n"
+    assert main(["--tp", "1"]) == 2
+    assert "at least 2 ranks" in capsys.readouterr().err

@@ -54,7 +54,7 @@ def make_ckpt(out: Path, *flags: str) -> Path:
 def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto") -> list[int]:
     """`k3forge generate --dtype fp32` (its per-rank function, in this process) for one prompt."""
     req = Request(str(ckpt), "fp32", prompt, K3Sampling(MAX_TOKENS), 0, "ngram", backend)
-    gen, _ = generate_on_rank(TP(), torch.device("cpu"), req)
+    gen = generate_on_rank(TP(), torch.device("cpu"), req)[0]
     return gen.tokens
 
 

@@ -20,11 +20,13 @@ from kernels.arch import detect
 
 from ..config import preset
 from ..dispatch import DECODE_BACKENDS
+from ..distributed import run_tp, tp_backend
 from ..ops.registry import REPO_ROOT
 from .layers import KINDS
-from .run import LAYER_OUTPUT_REL_L2, BenchError, batch_points, bench_layers, bench_step
+from .run import LAYER_OUTPUT_REL_L2, BenchError, batch_points, bench_layers, bench_layers_on_ranks, bench_step
 
 out = Console(highlight=False)
+RANKS_TIMEOUT_S = 3600  # the TP ranks' whole run, every batch point: a broken collective ends it, never hangs it
 
 
 def add_commands(sub) -> None:
@@ -46,6 +48,10 @@ def add_commands(sub) -> None:
     layer.add_argument("--kind", choices=KINDS, default="kda", help="KDA+MoE, MLA+MoE, or layer 0 (dense MLP)")
     layer.add_argument("--layers", type=int, default=8,
                        help="distinct layers in one CUDA graph (default 8; fewer if memory says so)")
+    layer.add_argument("--collectives", action="store_true",
+                       help="also run the layer on all --tp ranks, one process per GPU (NCCL; gloo and untimed "
+                            "with --device cpu), with its all-reduces captured in the timed graphs: rows marked "
+                            "with the backend, beside the one-rank rows with the collectives excluded")
     layer.set_defaults(func=run_layer)
 
     step = sub.add_parser("step", parents=[common], help="the whole decode step: every layer, final norm, lm_head")
@@ -120,22 +126,37 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _collectives(r) -> str:
+    if r.collectives == "excluded":
+        return "excluded (one rank)"
+    return f"{r.collectives}, slowest of {len(r.ranks_us)} ranks" if r.us is not None else f"{r.collectives}, untimed"
+
+
 def run_layer(args) -> int:
-    device, cfg = _device(args), preset(args.preset)
+    device, cfg, batches = _device(args), preset(args.preset), batch_points(args.batch)
+    if args.collectives:
+        try:
+            tp_backend(device, args.tp)
+        except ValueError as e:
+            raise BenchError(f"--collectives: {e}") from None
     rows = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as bar:
         task = bar.add_task("bench layer")
-        for batch in batch_points(args.batch):
+        if args.collectives:  # first, in fresh processes, before this one holds any device memory
+            bar.update(task, description=f"{args.kind} TP{args.tp}: {args.tp} ranks with their collectives")
+            rows += run_tp(bench_layers_on_ranks, args.tp, cfg, args.kind, batches, args.context, args.layers,
+                           _backends(args), args.iters, args.seed, device=str(device), timeout=RANKS_TIMEOUT_S)
+        for batch in batches:
             rows += bench_layers(cfg, args.kind, args.tp, batch, args.context, args.layers, _backends(args), device,
                                  args.iters, args.seed, lambda text: bar.update(task, description=text))
-    table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context} (collectives excluded)")
-    for col in ("batch", "backend", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB", "floor µs",
-                "of floor", "vs reference"):
+    table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context}")
+    for col in ("batch", "backend", "collectives", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB",
+                "floor µs", "of floor", "vs reference"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r.batch), r.backend, _fmt(r.us, ".1f"), _fmt(r.us_one_per_graph, ".1f"), _fmt(r.kernels, "d"),
-                      f"{r.bytes / 1e6:.1f}", f"{r.floor_us:.1f}", _fmt(r.fraction_of_floor, ".0%"),
-                      _fmt(r.output_rel_l2_same_routing, ".1e"))
+        table.add_row(str(r.batch), r.backend, _collectives(r), _fmt(r.us, ".1f"), _fmt(r.us_one_per_graph, ".1f"),
+                      _fmt(r.kernels, "d"), f"{r.bytes / 1e6:.1f}", f"{r.floor_us:.1f}",
+                      _fmt(r.fraction_of_floor, ".0%"), _fmt(r.output_rel_l2_same_routing, ".1e"))
     out.print(table)
     bad = [f"standard outside its tolerance: {r.backend} batch {r.batch}: {op} {c['rel_l2']:.2e} rel. L2, "
            f"{c['close_fraction']:.4f} close" for r in rows for op, c in r.op_checks.items() if not c["ok"]]

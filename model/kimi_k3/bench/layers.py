@@ -94,12 +94,14 @@ class BenchLayer:
 
 
 def build_layer(cfg: KimiK3Config, layer_id: int, tp_size: int, batch: int, context: int, device: torch.device,
-                seed: int, spec_tokens: int = 0, dtype: torch.dtype = torch.bfloat16) -> BenchLayer:
+                seed: int, spec_tokens: int = 0, dtype: torch.dtype = torch.bfloat16, group: TP | None = None
+                ) -> BenchLayer:
     """A layer with random weights; sequences 0..batch-1 in slots 0..batch-1 with `context` cached tokens (random
     KDA states and conv windows, random MLA entries) and random activations. With `spec_tokens` = K the step
-    verifies 1 + K tokens per sequence."""
+    verifies 1 + K tokens per sequence. `group`: a real TP group of `tp_size` ranks whose collectives the layer
+    runs (every rank draws the same activations); by default rank 0's shapes with the collectives excluded."""
     gen = torch.Generator(device).manual_seed(seed)
-    tp = RankOfTP(size=tp_size)
+    tp = group or RankOfTP(size=tp_size)
     with torch.device(device):
         layer = DecoderLayer(cfg, layer_id, tp, dtype)
     fill_random_(layer, gen)

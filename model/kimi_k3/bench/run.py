@@ -10,7 +10,10 @@ every contracted kernel inside its envelope):
   fraction of the bandwidth floor;
 - correctness on the same weights: each backend's layer output against the reference layer's, and every op
   call's standard against its reference within the op's `standard_tolerance`.
-Collectives are excluded (one rank of the TP group on one GPU), and so is the drafter in speculative mode.
+Collectives are excluded (one rank of the TP group on one GPU), and so is the drafter in speculative mode; or, with
+`bench_layers_on_ranks` (`bench layer --collectives`), every rank of a real TP group runs the same layers at its
+own shapes with the all-reduces (NCCL on GPUs, one process per GPU, captured in the timed graphs), and a row's
+time is its slowest rank's.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
 
 from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
+from ..distributed import BACKENDS
 from ..errors import UsageError
 from ..ops.registry import OPS, load_specialized
+from ..parallel import TP
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
 from .trace import RecordingDispatcher, call_costs, op_trace
 
@@ -61,6 +67,8 @@ class LayerRow:
     output_rel_l2_same_routing: float | None = None  # over the tokens routed to the same experts as the reference
     routing_flips: int = 0  # tokens whose experts differ from the reference's (near-tied router keys)
     op_checks: dict[str, dict] = field(default_factory=dict)  # standard vs reference per op (auto only)
+    collectives: str = "excluded"  # or the TP group's backend ("nccl"; "gloo" untimed on CPU): the all-reduces ran
+    ranks_us: list[float | None] | None = None  # with collectives: each rank's in-pipeline µs (`us` the slowest)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -162,8 +170,9 @@ def check_op_calls(calls, gpu: bool) -> dict[str, dict]:
 
 def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int, count: int,
                  backends: Sequence[str], device: torch.device, iters: int = 30, seed: int = 0,
-                 progress: Callable[[str], None] = lambda _: None) -> list[LayerRow]:
-    """Rows for one (kind, TP, batch) point, one per backend (see the module docstring)."""
+                 progress: Callable[[str], None] = lambda _: None, group: TP | None = None) -> list[LayerRow]:
+    """Rows for one (kind, TP, batch) point, one per backend (see the module docstring); `group`: this rank's TP
+    group of size `tp`, whose collectives then run (every rank must make the same call)."""
     for b in backends:
         if b not in DECODE_BACKENDS:
             raise BenchError(f"backend {b!r}: one of {', '.join(DECODE_BACKENDS)}")
@@ -172,7 +181,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
     # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.
     chosen = [ids[(i * len(ids)) // n] for i in range(n)]
     progress(f"{kind} TP{tp} batch {batch}: building {n} layers")
-    layers = [build_layer(cfg, lid, tp, batch, context, device, seed + i) for i, lid in enumerate(chosen)]
+    layers = [build_layer(cfg, lid, tp, batch, context, device, seed + i, group=group) for i, lid in enumerate(chosen)]
     tgt = target(tp, device)
 
     reference = ReferenceDispatcher(tgt)
@@ -212,6 +221,32 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         if device.type == "cuda":
             _time_layers(row, layers, ops, costs, iters)
         rows.append(row)
+    return rows
+
+
+def bench_layers_on_ranks(tp: TP, device: torch.device, cfg: KimiK3Config, kind: str, batches: Sequence[int],
+                          context: int, count: int, backends: Sequence[str], iters: int = 30,
+                          seed: int = 0) -> list[LayerRow]:
+    """`bench_layers` at every batch on each rank of a real TP group (`distributed.run_tp` calls it on every rank):
+    the same layers at each rank's shapes, their collectives run (on GPUs NCCL, captured in the timed graphs, so
+    each replay waits for the other ranks as a decode step does). The ranks first agree on the layer count the
+    fullest GPU holds, since a rank that built fewer layers would leave the others waiting in a collective. Rows
+    with every rank's in-pipeline time, and the slowest rank's times as the row's."""
+    rows = []
+    for batch in batches:
+        fits = torch.tensor([fit_count(cfg, layer_ids(cfg, kind), tp.size, batch, context, count, device)],
+                            device=device)
+        dist.all_reduce(fits, op=dist.ReduceOp.MIN, group=tp.group)
+        for row in bench_layers(cfg, kind, tp.size, batch, context, int(fits), backends, device, iters, seed,
+                                group=tp):
+            row.collectives = BACKENDS[device.type]
+            times: list = [None] * tp.size
+            dist.all_gather_object(times, (row.us, row.us_q1, row.us_q3, row.us_one_per_graph), group=tp.group)
+            row.ranks_us = [t[0] for t in times]
+            if row.us is not None:
+                row.us, row.us_q1, row.us_q3, row.us_one_per_graph = max(times)
+                row.fraction_of_floor = row.floor_us / row.us
+            rows.append(row)
     return rows
 
 

@@ -4,8 +4,9 @@
   standard against its reference on the very arguments the layer passed);
 - `op_trace` runs closures eagerly under the profiler, each op call in a `record_function` range that ends with a
   device synchronize, so every kernel an op launched (cuBLAS, Triton, CuTe DSL alike) starts inside its op's range;
-  it sums the kernels' device time and counts them per op. Kernels outside any op (residual adds, splits) are
-  'glue'.
+  it sums the kernels' device time and counts them per op. NCCL's kernels (a TP group's all-reduces and
+  all-gathers, their wait for the other ranks included) are 'collectives'; other kernels outside any op (residual
+  adds, splits) are 'glue'.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..ops.registry import OPS
 
 OP_RANGE = "op::"
 GLUE = "glue"
+COLLECTIVES = "collectives"
 
 
 class RecordingDispatcher(Dispatcher):
@@ -67,8 +69,8 @@ def call_costs(calls: Sequence[tuple[str, tuple, dict]]) -> dict[str, Cost]:
 
 
 def op_trace(fns: Sequence[Callable[[], object]], ops: RecordingDispatcher) -> dict[str, dict]:
-    """{op or 'glue': {'us': device µs, 'kernels': count, 'names': {kernel: count}}} summed over one eager call of
-    each closure; divide by len(fns) for one call's share."""
+    """{op, 'collectives' or 'glue': {'us': device µs, 'kernels': count, 'names': {kernel: count}}} summed over one
+    eager call of each closure; divide by len(fns) for one call's share."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -92,7 +94,8 @@ def op_trace(fns: Sequence[Callable[[], object]], ops: RecordingDispatcher) -> d
         if k.device_type != DeviceType.CUDA or k.name.startswith((OP_RANGE, "cuda", "Memcpy", "Memset")):
             continue
         start = k.time_range.start
-        owner = next((name for lo, hi, name in ranges if lo <= start <= hi), GLUE)
+        owner = COLLECTIVES if k.name.startswith("nccl") else next(
+            (name for lo, hi, name in ranges if lo <= start <= hi), GLUE)
         row = table[owner]
         row["us"] += k.time_range.elapsed_us()
         row["kernels"] += 1
