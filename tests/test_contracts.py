@@ -42,6 +42,13 @@ def test_the_repository_contracts_pass_with_fresh_evidence(capsys):
     assert main(["contract", "check"]) == 0, capsys.readouterr().err
 
 
+def test_every_committed_bundle_is_intact_and_fresh(capsys):
+    """Every bundle under evidence/ (contract bundles of any verdict, the decode bundle) verifies against this
+    tree: a change to code a GPU bundle covers re-makes the bundle on the GPU, or moves it out of evidence/ as a
+    run's record, in the same change."""
+    assert main(["evidence", "verify", "--allow-failed"]) == 0, capsys.readouterr()
+
+
 def test_a_valid_contract_passes(tmp_path, capsys):
     rc, problems, out = check(write_repo(tmp_path, BASE), capsys)
     assert (rc, problems) == (0, [])
