@@ -164,3 +164,12 @@ def test_a_point_may_state_its_own_bounds():
                          "required_speedup": 1.5}
     bench = parse_contract(data, "c.yaml").benchmark
     assert [bench.requirement(p) for p in bench.points] == [(2.5, 0.5), (1.5, None)]
+
+
+def test_the_dispatcher_refuses_a_contract_with_a_key_twice(tmp_path):
+    """PyYAML keeps the last of two equal keys; the gates refuse such a file, and so does the dispatcher's loader,
+    so a kernel never runs under a bound other than the one it was judged by."""
+    text = yaml.safe_dump(BASE, sort_keys=False) + "batch: {min: 1, max: 64}\n"
+    (tmp_path / "attn_res.yaml").write_text(text)
+    with pytest.raises(ContractError, match=r"attn_res.yaml: <file>: key 'batch' appears twice in one mapping"):
+        load_specialized(tmp_path)

@@ -15,10 +15,10 @@ import yaml
 from gates.core.registry import unjudged
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.sources import REPO_ROOT
-from gates.core.strict_yaml import load_yaml, yaml_problem
 from gates.evidence.bundle import Bundle, load_bundle
 from gates.evidence.verify import verify_bundle
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
+from kernels.strict_yaml import load_yaml, yaml_problem
 from model.kimi_k3.ops.registry import registry_problems
 
 ENTRY_FIELDS = ("implementation", "reference", "standard")

@@ -16,9 +16,9 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from gates.core.strict_yaml import load_yaml, yaml_problem
 from gates.scope.policy import ALLOWED_ROOTS, CORE_FORBIDDEN, allowed_glob_problem, check_glob, expand, path_problem
 from kernels.contract import Range
+from kernels.strict_yaml import load_yaml, yaml_problem
 from kernels.validation import validate
 
 TASKS_DIR = "agent_tasks"

@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+import yaml
+
 from kernels.contract import Contract, ContractError, contract_files, load_contract
+from kernels.strict_yaml import load_yaml, yaml_problem
 
 from .op import Op, Signature, dtype_name, entry_point, import_entry_point
 
@@ -109,6 +112,18 @@ def registry_problems(contract: Contract, source: str, imports: bool = True) -> 
     return problems
 
 
+def strict_parse(path: Path) -> None:
+    """Raise ContractError for a contract file the gates' loader refuses before the schema (a key twice in one
+    mapping, which kernels.load_contract's PyYAML reads as the last value): the dispatcher reads what was judged.
+    Belongs in kernels.load_contract itself, which the KDA bundle covers: moves there at its next H200 gate."""
+    try:
+        load_yaml(path.read_text())
+    except OSError as e:
+        raise ContractError(f"{path}: <file>: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ContractError(f"{path}: <file>: {yaml_problem(e)}") from None
+
+
 def load_specialized(directory: str | Path = CONTRACTS_DIR, arch: str | None = None) -> dict[str, Specialized]:
     """Every contract in `directory`, checked against the registry, as {op: Specialized}.
 
@@ -118,6 +133,7 @@ def load_specialized(directory: str | Path = CONTRACTS_DIR, arch: str | None = N
     found, problems = {}, []
     for path in contract_files(directory):
         try:
+            strict_parse(path)
             contract = load_contract(path)
         except ContractError as e:
             problems.append(str(e))
