@@ -21,13 +21,7 @@ import pytest
 import torch
 
 from model.kimi_k3 import mxfp4
-from model.kimi_k3.ops import attn_res_standard as A
-from model.kimi_k3.ops import moe_experts_standard as M
-from model.kimi_k3.ops import rms_norm_standard as R
-from model.kimi_k3.ops.attn_res import attn_res
-from model.kimi_k3.ops.moe_experts import moe_experts
-from model.kimi_k3.ops.moe_route import moe_route as route
-from model.kimi_k3.ops.probe_standards import (
+from model.kimi_k3.bench.probe_standards import (
     K3_BETA,
     K3_BETA_LIN,
     K3_EPS,
@@ -45,6 +39,12 @@ from model.kimi_k3.ops.probe_standards import (
     make_z,
     passes,
 )
+from model.kimi_k3.ops import attn_res_standard as A
+from model.kimi_k3.ops import moe_experts_standard as M
+from model.kimi_k3.ops import rms_norm_standard as R
+from model.kimi_k3.ops.attn_res import attn_res
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_route import moe_route as route
 from model.kimi_k3.ops.rms_norm import rms_norm
 from model.kimi_k3.ops.situ_mlp import situ
 

@@ -8,8 +8,8 @@ iterations) and the capturable PyTorch fallback composition is timed under graph
 batch prints its traceback and the probe goes on. A compact table is printed last; everything goes to
 DIR/probe_standards.json.
 
-    python -m model.kimi_k3.ops.probe_standards --out DIR                  # TP8 experts, batch 1 16 64
-    python -m model.kimi_k3.ops.probe_standards --out DIR --tp 8 16 --batches 1 16 64 512 --flash-attn-res
+    python -m model.kimi_k3.bench.probe_standards --out DIR                  # TP8 experts, batch 1 16 64
+    python -m model.kimi_k3.bench.probe_standards --out DIR --tp 8 16 --batches 1 16 64 512 --flash-attn-res
 
 The case builders (make_mxfp4_experts, make_routing, compare) are shared with tests/ops/test_library_standards.py.
 """
@@ -147,22 +147,6 @@ def fmt(m: dict) -> str:
 # probe
 # ---------------------------------------------------------------------------------------------------------
 
-def _capture(fn, warmup: int = 3):
-    """kernels.timing.capture_graph's method (warm up on a side stream, then capture), keeping the output."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    torch.cuda.synchronize()
-    return g, out
-
-
 def _sync():
     if DEVICE != "cpu":
         torch.cuda.synchronize()
@@ -184,11 +168,13 @@ def _wall_time(fn, iters: int) -> dict:
 def _graph_time(fn, iters: int) -> dict:
     """Device time of fn captured in a CUDA graph (kernels.timing.time_graphs, L2 flushed before each replay),
     and whether the graph's output equals an eager call's (bitwise, and its relative L2 distance)."""
-    from kernels.timing import time_graphs
+    from kernels.timing import capture_graph, time_graphs
 
     if DEVICE == "cpu":
         return _wall_time(fn, 2)
-    g, out = _capture(fn)
+    held: dict = {}
+    g = capture_graph(lambda: held.update(out=fn()))
+    out = held["out"]  # the captured call's output, which every replay rewrites
     r = time_graphs([g], iters=iters)
     d = r.as_dict()
     d["graph"] = True
