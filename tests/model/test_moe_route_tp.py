@@ -101,3 +101,11 @@ def test_refusals():
         moe_route_tp(x, w, bias[:-1], TOP_K, True, 1.0, tp)
     with pytest.raises(ValueError, match="at least top_k"):
         moe_route_tp(x, w[:8], bias[:8], TOP_K, True, 1.0, tp)
+
+
+def test_the_reference_gives_equal_keys_to_the_lower_id():
+    """Five experts tied at the top: the reference keeps them in id order, as the kernel and the TP form do."""
+    gate_w = torch.zeros(32, 8)
+    gate_w[[3, 9, 17, 21, 30], 0] = 1.0
+    ids, _ = moe_route(torch.ones(1, 8), gate_w, torch.zeros(32), 4, True, 1.0)
+    assert ids.tolist() == [[3, 9, 17, 21]]

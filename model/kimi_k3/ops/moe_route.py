@@ -15,9 +15,12 @@ from .op import Cost, Op, nbytes
 def moe_route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
               scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid router with correction bias (noaux_tc, one group): choose by score + bias, weigh by the
-    un-biased scores. Returns (expert ids [T, k] int64, weights [T, k] fp32)."""
+    un-biased scores. Returns (expert ids [T, k] int64, weights [T, k] fp32), ids by decreasing key.
+
+    Equal keys go to the lower expert id (a stable sort; torch.topk leaves their order unspecified), the rule
+    the specialized router and the TP-split form (moe_route_tp) follow."""
     scores = torch.sigmoid(x.float() @ gate_w.float().t())
-    ids = torch.topk(scores + bias.float(), top_k, dim=-1).indices
+    ids = (scores + bias.float()).argsort(dim=-1, descending=True, stable=True)[..., :top_k]
     weights = scores.gather(-1, ids)
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
