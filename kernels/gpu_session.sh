@@ -14,6 +14,8 @@
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
+#   decode bundle (after a change to code it covers):  bash kernels/gpu_session.sh decode COMMIT, repeated
+#                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
 #
 # On a machine of two GPUs (kind nvidia-h200-x2; model/kimi_k3/NOTES_TP.md has the plan and what to expect):
 #   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
@@ -80,6 +82,34 @@ run_tp2_bench() {
   grep -v -i warn "$OUT/bench_layer_tp2.log" | tail -20
 }
 
+# The decode bundle's benches (model/kimi_k3/bench/NOTES.md, run 2), one at a time while the call has time,
+# skipping those already recorded in this machine's $RUN (it keeps /root ~30 s between calls: call again at once);
+# with all six recorded, the bundle evidence/decode/sm_90 as $OUT/decode.tar (with the records).
+DECODE_BENCHES=(
+  "l_dense8 layer --kind dense --tp 8 --batch 1,64 --layers 4 --iters 20"
+  "l_kda8 layer --kind kda --tp 8 --batch 1,4,16,64 --layers 8 --iters 20"
+  "l_kda16 layer --kind kda --tp 16 --batch 1,64 --layers 8 --iters 20"
+  "l_mla8 layer --kind mla --tp 8 --batch 1,64 --layers 8 --iters 20"
+  "s8 step --tp 8 --batch 1,64 --iters 10"
+  "s8k7 step --tp 8 --batch 1 --spec-tokens 7 --iters 10"
+)
+
+run_decode() {
+  local commit=$1 name bench
+  mkdir -p "$RUN/decode"
+  for bench in "${DECODE_BENCHES[@]}"; do
+    name=${bench%% *}
+    [ -s "$RUN/decode/$name.json" ] && continue
+    if [ "$(left)" -lt 200 ]; then echo "== decode: $name not started; call 'decode $commit' again now"; return 0; fi
+    # shellcheck disable=SC2086 # the bench's options are words
+    run_limited "decode_$name" $(($(left) - 30)) python3 -m gates.cli bench ${bench#* } --backend both \
+      --json "$RUN/decode/$name.json"
+  done
+  K3FORGE_COMMIT=$commit run_limited decode_bundle 120 python3 -m gates.cli evidence decode "$RUN"/decode/*.json \
+    --out "$RUN/evidence/decode/sm_90"
+  tar -C "$RUN" -cf "$OUT/decode.tar" evidence/decode decode
+}
+
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 start_job() {
@@ -131,8 +161,9 @@ while [ $# -gt 0 ]; do
       start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report"
       collect; shift ;;
     collect) collect; shift ;;
+    decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done
