@@ -18,6 +18,7 @@ from pathlib import Path
 import git
 
 from gates.core.contracts import validation_problems
+from gates.core.registry import registered
 from gates.core.status import Status
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, covered_sources, load_bundle
 from gates.evidence.diff import DiffError, Move, contract_changes, render_markdown
@@ -251,6 +252,8 @@ class Evidence:
     directory: str
     bundle: Bundle | None
     problems: list[str]
+    # gates whose failures the evidence rule reports (those that apply on a validated arch): not said again
+    validated_gates: frozenset[str] = frozenset()
 
     def statuses(self) -> dict[str, str]:
         return {g.gate: g.status.value for g in self.bundle.gates} if self.bundle else {}
@@ -337,6 +340,7 @@ def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[l
         for arch in k.contract.archs_validated:
             ev = found[(k.op, arch)] = read_evidence(branch.root, k.op, arch)
             if ev.bundle is not None and not ev.problems:  # what `contract check` refuses, refused here too
+                ev.validated_gates = frozenset(g.name for g in registered() if not g.inapplicable(k.contract, arch))
                 out += [Violation(ev.directory, "evidence", f"{arch} is validated, but its bundle did not pass: {p}")
                         for p in validation_problems(ev.bundle, k.contract, arch)]
     for path in branch.changed:  # bundles the change writes, validated or not
@@ -371,17 +375,16 @@ def check_index(branch: Branch) -> list[Violation]:
     return out
 
 
-def check_gates(task: Task, evidence: list[Evidence], reported: list[Violation]) -> list[Violation]:
-    """The task's required gates that did not pass, less those the evidence rule already reported for the bundle
-    (a validated arch's bundle that did not pass names its failed gates there)."""
+def check_gates(task: Task, evidence: list[Evidence]) -> list[Violation]:
+    """The task's required gates that did not pass, less those the evidence rule reports for a validated arch's
+    bundle (every gate that applies there)."""
     out = []
     for ev in evidence:
         if ev.bundle is None or ev.op not in task.ops:
             continue
         results = {g.gate: g for g in ev.bundle.gates}
-        said = " ".join(v.message for v in reported if v.path == ev.directory)
         for name in task.required_gates:
-            if f"the {name} gate " in said:
+            if name in ev.validated_gates:
                 continue
             g = results.get(name)
             if g is None:
@@ -513,7 +516,7 @@ def check(task: Task, branch: Branch) -> Report:
     stated = stated_reasons(branch)
     reasons = {m.name: why for m in moves if m.loosened and (why := reason_for(m, stated))}
     violations = (check_scope(task, branch) + check_index(branch) + check_contracts(branch, kernels, errors)
-                  + evidence_violations + check_gates(task, evidence, evidence_violations)
+                  + evidence_violations + check_gates(task, evidence)
                   + check_thresholds(task, touched, evidence)
                   + check_envelope(task, touched) + unreadable + check_loosening(moves, reasons)
                   + check_commits(task, branch) + check_committed(branch))
