@@ -321,19 +321,22 @@ class BenchSession:
         self.names, self.state = names, state
         self.sets = [clone(s, "cuda") for s in sets]
         self.flush = L2Flusher()
-        self.buffers = {name: clone(self.sets[0]) for name in self.fns}
-        self.graphs, self.outs = {}, {}
+        # one buffer per input set and implementation, and one graph per set for the one-call-per-replay figure: a
+        # graph bakes in its call's non-tensor arguments (a scaling factor, a flag), so a set's own scalars reach
+        # the op only through its own capture; the in-pipeline graph below reads the same buffers
+        self.buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
+        self.graphs: dict[str, list] = {name: [] for name in self.fns}
+        self.outs: dict[str, list] = {name: [] for name in self.fns}
         for name, fn in self.fns.items():
-            held: dict[str, Any] = {}
-            self.graphs[name] = capture_graph(lambda fn=fn, args=self.buffers[name], held=held:
-                                              held.update(out=fn(*args)))
-            self.outs[name] = held["out"]  # the captured call's output: every replay rewrites it
-        self.pipe_buffers = {name: [clone(s) for s in self.sets] for name in self.fns}
+            for args in self.buffers[name]:
+                held: dict[str, Any] = {}
+                self.graphs[name].append(capture_graph(lambda fn=fn, args=args, held=held: held.update(out=fn(*args))))
+                self.outs[name].append(held["out"])  # the captured call's output: every replay rewrites it
         set_bytes = min(sum(t.numel() * t.element_size() for _, t in leaves(s, "set")) for s in self.sets)
         self.pipeline = "cold_sets" if (len(self.sets) - 1) * set_bytes >= self.flush.nbytes else "flushed"
         flush = self.flush if self.pipeline == "flushed" else None
         self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args)
-                                                  for args in self.pipe_buffers[name]], flush)
+                                                  for args in self.buffers[name]], flush)
                           for name, fn in self.fns.items()}
         self.flushes = capture_pipeline([lambda: None] * len(self.sets), flush, warmup=1) if flush else None
         # cold_sets: what precedes a timed replay reads twice the L2 instead of writing it, so the dirty lines of
@@ -341,20 +344,22 @@ class BenchSession:
         self.evict = self.flush if flush else functools.partial(torch.amax, torch.empty_like(self.flush.buf))
         self.replays = 0
 
-    def _prepare(self, name: str) -> None:
-        copy_into(self.buffers[name], self.sets[self.replays % len(self.sets)])
+    def _prepare(self, name: str):
+        """Copy the next input set into its buffers; the graph that reads them."""
+        k = self.replays % len(self.sets)
+        copy_into(self.buffers[name][k], self.sets[k])
+        return self.graphs[name][k]
 
     def block(self, pairs: int) -> dict:
         order, events = list(self.fns), []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
-                self._prepare(name)
-                events.append((name, *self._timed(self.graphs[name])))
+                events.append((name, *self._timed(self._prepare(name))))
             self.replays += 1
         piped = []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
-                for buffer, s in zip(self.pipe_buffers[name], self.sets):
+                for buffer, s in zip(self.buffers[name], self.sets):
                     copy_into(buffer, s)
                 piped.append((name, self._timed(self.pipelines[name]),
                               self._timed(self.flushes) if self.flushes else None))
@@ -383,28 +388,28 @@ class BenchSession:
         host_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for _ in range(host_iters):
             for name in self.fns:
-                self._prepare(name)
+                graph = self._prepare(name)
                 self.flush()
                 _synchronize()
                 t0 = _perf_counter()
-                _replay(self.graphs[name])
+                _replay(graph)
                 _synchronize()
                 host_us[name].append((_perf_counter() - t0) * 1e6)
             self.replays += 1
         recheck: dict[str, list[dict]] = {name: [] for name in self.fns}
         for name in self.fns:
-            for s in self.sets:
-                copy_into(self.buffers[name], s)
-                _replay(self.graphs[name])
+            for s, buffer, graph, out in zip(self.sets, self.buffers[name], self.graphs[name], self.outs[name]):
+                copy_into(buffer, s)
+                _replay(graph)
                 _synchronize()
                 problems: list[str] = []
                 recheck[name].append({
-                    "outputs": [(n, c) for n, t in leaves(self.outs[name], "out")
+                    "outputs": [(n, c) for n, t in leaves(out, "out")
                                 if (c := plain_copy(n, t, "cuda", problems)) is not None],
                     "states": [(n, plain_copy(n, t, "cuda", problems)) for i in self.state
-                               for n, t in leaves(self.buffers[name][i], self.names[i])],
+                               for n, t in leaves(buffer[i], self.names[i])],
                     "problems": problems})
-        kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name]: fn(*args))
+        kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name][0]: fn(*args))
                    for name, fn in self.fns.items()}
         return {"host_us": host_us, "recheck": recheck, "kernels": kernels}
 

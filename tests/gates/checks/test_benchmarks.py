@@ -147,3 +147,27 @@ def test_summary_names_a_points_shape_only_where_it_differs():
     rows = [{"batch": 1, "series": "heads 12", "speedup": 2.791}, {"batch": 4, "series": "heads 12", "speedup": 3.69},
             {"batch": 1, "series": "heads 6", "speedup": 2.73}]
     assert benchmarks.speedup_summary(rows) == "batch 1: 2.79×, batch 4: 3.69×, batch 1 (heads 6): 2.73×"
+
+
+def scaled(x, scale):
+    """y = x · scale: an op with a non-tensor argument that differs between input sets."""
+    return x * scale
+
+
+@pytest.mark.gpu
+def test_each_input_set_reaches_the_op_with_its_own_scalars():
+    """A CUDA graph bakes in its call's non-tensor arguments: timing every set through one graph captured on the
+    first set's scalars re-checked set 2 (scaling 2.5) against an output scaled by 1.0 (the router's first bench)."""
+    import torch
+
+    from gates.core.worker import BenchSession
+
+    entry = f"{__name__}:scaled"
+    sets = [(torch.full((64,), float(k + 1)), scale) for k, scale in enumerate((1.0, 2.5, 1.0, 2.5))]
+    session = BenchSession({"candidate": entry, "standard": entry}, ["x", "scale"], (), sets)
+    session.block(2)
+    recheck = session.finish(host_iters=1)["recheck"]
+    for impl in ("candidate", "standard"):
+        for (x, scale), got in zip(sets, recheck[impl]):
+            (_, out), = got["outputs"]
+            assert torch.equal(out.cpu(), x * scale), (impl, scale)
