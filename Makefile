@@ -55,14 +55,15 @@ $(VENV)/.installed-wheelhouse: $(GATE_WHEELS)
 bench: $(STAMP)
 	$(BIN)/k3forge bench
 
-# Wheels split into parts under 46 MB: one device call carries at most 64 MiB.
+# One device call carries at most 64 MiB with the tree (~17 MB with the trained checkpoint): the compiler wheel
+# travels in two parts under 46 MB (a, b), every other wheel in c; the mini-K3's training needs c only.
 wheelhouse:
-	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
 	$(PYTHON) -m pip download --no-deps $(WHEEL_PLATFORM) -d $(WHEELHOUSE)/all $(GPU_WHEELS)
 	cd $(WHEELHOUSE)/all && for w in *.whl; do \
-		if [ $$(stat -c %s $$w) -gt 46000000 ]; then split -b 46M -d $$w ../a/$$w.part; else cp $$w ../a/; fi; done
+		if [ $$(stat -c %s $$w) -gt 46000000 ]; then split -b 46M -d $$w ../a/$$w.part; else cp $$w ../c/; fi; done
 	mv $(WHEELHOUSE)/a/*.part01 $(WHEELHOUSE)/b/ 2>/dev/null || true
-	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b
+	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
 
 clean:
 	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install the offline wheelhouse (make wheelhouse) on a GPU runner without a package index.
 # Usage (repo root on the runner):  source kernels/device_install.sh [SITE_DIR]
-# Reassembles the cutlass-dsl compiler wheel from its parts (.wheelhouse/a and .wheelhouse/b may arrive
-# in separate calls: parts are collected under /root/wh), installs every wheel with --no-deps into
-# SITE_DIR (default /tmp/site) and exports PYTHONPATH (the cutlass wheel's .pth is not processed by
+# Reassembles the cutlass-dsl compiler wheel from its parts (.wheelhouse/a and .wheelhouse/b, the other wheels
+# in .wheelhouse/c, may arrive in separate calls: all are collected under /root/wh), installs every wheel with
+# --no-deps into SITE_DIR (default /tmp/site) and exports PYTHONPATH (the cutlass wheel's .pth is not processed by
 # --target, so its dsl_packages directory is added by hand).
 SITE=${1:-/tmp/site}
 WH=/root/wh
 mkdir -p "$WH"
-for d in .wheelhouse/a .wheelhouse/b; do [ -d "$d" ] && cp -n "$d"/* "$WH"/ 2>/dev/null; done
+for d in .wheelhouse/a .wheelhouse/b .wheelhouse/c; do [ -d "$d" ] && cp -n "$d"/* "$WH"/ 2>/dev/null; done
 if ls "$WH"/*.part00 >/dev/null 2>&1 && ls "$WH"/*.part01 >/dev/null 2>&1; then
   for p0 in "$WH"/*.part00; do
     whl=${p0%.part00}

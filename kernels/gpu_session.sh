@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One GPU session's work in a few device calls, so a 30-minute budget buys the most evidence.
-# The machine stays warm only ~30 s between calls, so make them back to back:
+# The machine stays warm only ~30 s between calls, so make them back to back (one call carries at most 64 MiB
+# with the tree: the wheelhouse travels in three parts):
 #   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
-#   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests gate COMMIT
-#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect evals
-#   call 4 (no carry), if needed:  bash kernels/gpu_session.sh collect
+#   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh
+#   call 3 (carry .wheelhouse/c):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests gate COMMIT
+#   call 4 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect evals
+#   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
+# A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
+# contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs. COMMIT is the hash of the working tree's commit, taken on the machine that sends the call: the
 # runner's copy of the tree can sit on another commit, so `git rev-parse HEAD` there would label the bundle
@@ -18,9 +22,9 @@
 #                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
 #
 # On a machine of two GPUs (kind nvidia-h200-x2; model/kimi_k3/NOTES_TP.md has the plan and what to expect):
-#   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
-#   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh; bash kernels/gpu_session.sh tp2
-#   call 3 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh tp2bench
+#   calls 1, 2 (carry .wheelhouse/a, then .wheelhouse/b):  source kernels/device_install.sh
+#   call 3 (carry .wheelhouse/c):  source kernels/device_install.sh; bash kernels/gpu_session.sh tp2
+#   call 4 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh tp2bench
 # `tp2` records how the GPUs are linked, runs the NCCL TP2 generation test (TP2 under CUDA graphs against TP1
 # and against eager) and the all-reduce floor (NCCL and symmetric-memory one-shot, 1-16 tokens); `tp2bench`
 # times the KDA layer at TP2 with its all-reduces, beside the one-rank figure with them excluded. NVLink

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The mini-K3 on one H200 in one device call, under 9 minutes wall-clock (NOTES.md):
+# The mini-K3 on one H200 in one device call (carry .wheelhouse/c, the wheels it needs), under 9 minutes
+# wall-clock (NOTES.md). The first run on a fresh machine compiles FLA's Triton kernels: ~6 minutes (run 1):
 #   1. train ~MINUTES minutes (default 4), quantize the experts to MXFP4, write the checkpoint to $OUT/mini_k3
 #      (config.json, model.safetensors, tokenizer.json, training.json with the held-out scores);
 #   2. the accuracy eval: reference and standard over 2 eval seeds (their differences calibrate the margins,
