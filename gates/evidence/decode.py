@@ -94,6 +94,13 @@ def check_freshness(bundle: DecodeBundle, root: Path = REPO_ROOT) -> list[str]:
     return problems
 
 
+def _series(row: dict) -> str:
+    """A layer row's series in the plots: its backend, and whether its time includes the TP collectives (a bench
+    with --collectives records both rows at one batch; one series would keep only the last)."""
+    label = BACKEND_LABEL.get(row["backend"], row["backend"])
+    return label if row.get("collectives", "excluded") == "excluded" else f"{label} + collectives"
+
+
 def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
     """µs per layer by batch (standard, specialized, floor), one chart per layer kind and TP; per-op time at each
     batch for both backends; the step's tokens/s."""
@@ -108,8 +115,7 @@ def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
         for r in rows:
             if r["us"] is None:
                 continue
-            series.setdefault(BACKEND_LABEL.get(r["backend"], r["backend"]), [None] * len(batches))[
-                batches.index(r["batch"])] = r["us"]
+            series.setdefault(_series(r), [None] * len(batches))[batches.index(r["batch"])] = r["us"]
             floor[batches.index(r["batch"])] = r["floor_us"]
         if series:
             series["floor"] = floor
@@ -122,8 +128,7 @@ def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
                                                                                  for r in at))
             if not ops:
                 continue
-            per_op = {BACKEND_LABEL.get(r["backend"], r["backend"]): [r["ops"].get(op, {}).get("us") for op in ops]
-                      for r in at}
+            per_op = {_series(r): [r["ops"].get(op, {}).get("us") for op in ops] for r in at}
             plots[f"ops {kind} TP{tp} batch {batch}"] = Markup(bar_chart(
                 f"{kind.upper()} layer, TP{tp}, batch {batch}: kernel µs per op", ops, per_op, y_label="µs",
                 value_format="{:.1f}", x_label="op"))

@@ -49,3 +49,14 @@ def test_an_edited_report_or_a_changed_source_is_caught(records, tmp_path):
     bundle.sources["model/kimi_k3/bench/run.py"] = "0" * 64
     decode.write(bundle, tmp_path / "stale")
     assert any("stale: model/kimi_k3/bench/run.py" in p for p in verify_bundle(tmp_path / "stale"))
+
+
+def test_rows_with_and_without_collectives_are_two_series(records):
+    """`bench layer --collectives` records a row with the all-reduces and one without at the same batch and
+    backend: the plot keeps both."""
+    bundle = decode.from_records(records)
+    row = {**bundle.layers[0], "us": 10.0, "floor_us": 5.0}  # CPU records carry no times
+    bundle.layers = [row, {**row, "collectives": "nccl", "us": 20.0}]
+    (chart,) = [v for k, v in decode._plots(bundle).items() if k.startswith("layer")]
+    label = decode.BACKEND_LABEL.get(row["backend"], row["backend"])
+    assert f"{label} + collectives" in chart and chart.count(label) >= 2
