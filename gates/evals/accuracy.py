@@ -12,7 +12,12 @@ envelopes allow), on the same items (drawn from the eval seed):
   carry the record's values (fields right / fields asked);
 - pick and arithmetic, decode-fed prompts whose answer distribution is known: the total-variation distance of the
   path's sampling distribution at each temperature from the known one tempered alike (p^(1/T), renormalized), of
-  `draws` tokens drawn through the engine's sampler at T = 1 from it, and the expected accuracy of a sampled sum.
+  `draws` tokens drawn through the engine's sampler at T = 1 from it, and the expected accuracy of a sampled sum;
+- recency and windowed count (only for a checkpoint trained on data version >= 2, its training.json's
+  `data_version`; a version 1 checkpoint's items and metrics are exactly what they were): decode-fed like recall,
+  in one batch; per query, greedy correctness and the negative log-likelihood of the latest value (recency@L,
+  recency_nll@L) and of the marker count over the window (window@L, window_nll@L). Their answers depend on how
+  the KDA state forgets, which recall's never-forget answers do not (model/kimi_k3/train/NOTES.md).
 
 A check per metric: the candidate's score no worse than the reference's by more than the margin. The margin is the
 larger of the budget's floor and what the checkpoint's calibration measured for this device kind: slack x the
@@ -33,7 +38,7 @@ import random
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Iterator
@@ -87,6 +92,12 @@ class AccuracyBudget(BaseModel):
     short_prompts: int = Field(gt=0, description="pick prompts, and as many arithmetic prompts")
     temperatures: tuple[float, ...] = Field((1.0, 0.7), min_length=1)
     draws: int = Field(gt=0, description="tokens drawn per pick prompt at T = 1 through the engine's sampler")
+    # data version >= 2 checkpoints only; fed in one batch (recency and window sequences together <= MAX_BATCH)
+    recency_lengths: tuple[int, ...] = Field(min_length=1, description="recency buckets, tokens per sequence")
+    recency_per_length: int = Field(gt=0, description="recency sequences per bucket")
+    recency_keys: int = Field(6, gt=0, le=8, description="keys per recency sequence, each assigned 2-4 times")
+    window_length: int = Field(gt=0, description="tokens per windowed-count sequence (N drawn per sequence)")
+    window_prompts: int = Field(gt=0, description="windowed-count sequences")
     floors: Floors
 
 
@@ -96,13 +107,19 @@ class AccuracyConfig(EvalConfig[AccuracyBudget]):
     # (4 x 8) and far more than such drift moves a likelihood or a distribution.
     cpu: AccuracyBudget = AccuracyBudget(recall_lengths=(128, 256), recall_per_length=4, json_prompts=6,
                                          json_max_tokens=64, short_prompts=8, draws=512,
+                                         recency_lengths=(256,), recency_per_length=4, window_length=256,
+                                         window_prompts=4,
                                          floors=Floors(accuracy=1 / 32, nll=0.01, tv=0.01))
     # H200, bf16: 64 sequences step together (the KDA kernel's whole batch envelope); the floors are for an
     # uncalibrated checkpoint, the calibration's margins replace them where larger.
     gpu: AccuracyBudget = AccuracyBudget(recall_lengths=(256, 512, 1024, 2048), recall_per_length=16,
                                          recall_pairs=16, json_prompts=32, short_prompts=32, draws=2048,
+                                         recency_lengths=(512, 1024), recency_per_length=16, recency_keys=8,
+                                         window_length=1024, window_prompts=32,
                                          floors=Floors(accuracy=1 / 64, nll=0.02, tv=0.02))
     trained: bool = Field(True, description="the subject is a trained checkpoint (random weights score nothing)")
+    data_version: int = Field(1, ge=1, description="the data the checkpoint was trained on (training.json); the "
+                                                   "recency and windowed-count items from version 2 on")
     calibration: dict[str, dict] = Field(default_factory=dict, description="calibration.json's entry for the "
                                                                            "device kind: {metric: {margin, ...}}")
     slack: float = Field(2.0, ge=1)
@@ -115,9 +132,9 @@ class Metric:
 
 
 def metric(name: str) -> Metric:
-    """What a metric's name says about it: recall@L and json_* are accuracies, recall_nll@L a likelihood,
-    pick_* distances, arith_* expected accuracies."""
-    if name.startswith("recall_nll"):
+    """What a metric's name says about it: recall@L, recency@L, window@L and json_* are accuracies, recall_nll@L,
+    recency_nll@L and window_nll@L likelihoods, pick_* distances, arith_* expected accuracies."""
+    if name.split("@")[0].endswith("_nll"):
         return Metric("nll", False)
     if name.startswith("pick"):
         return Metric("tv", False)
@@ -176,36 +193,51 @@ def engine_on(model: KimiK3Model, ops: Dispatcher, max_len: int, slots: int) -> 
 
 @dataclass
 class Items:
-    """The eval's items for one seed: the same for every path."""
+    """The eval's items for one seed: the same for every path. Recency and window items only for a data version
+    >= 2 checkpoint, drawn after the others (version 1's items are the same whatever the version)."""
 
     recall: dict[int, list[Sample]]
     json: list[Sample]
     pick: list[Sample]
     arithmetic: list[Sample]
+    recency: dict[int, list[Sample]] = field(default_factory=dict)
+    window: list[Sample] = field(default_factory=list)
 
     @classmethod
-    def draw(cls, tasks: Tasks, budget: AccuracyBudget, seed: int) -> "Items":
+    def draw(cls, tasks: Tasks, budget: AccuracyBudget, seed: int, data_version: int = 1) -> "Items":
         rng = random.Random(seed)
         recall = {n: [tasks.recall(rng, n, budget.recall_pairs) for _ in range(budget.recall_per_length)]
                   for n in budget.recall_lengths}
-        return cls(recall, [tasks.json(rng) for _ in range(budget.json_prompts)],
-                   [tasks.pick(rng) for _ in range(budget.short_prompts)],
-                   [tasks.arithmetic(rng) for _ in range(budget.short_prompts)])
+        items = cls(recall, [tasks.json(rng) for _ in range(budget.json_prompts)],
+                    [tasks.pick(rng) for _ in range(budget.short_prompts)],
+                    [tasks.arithmetic(rng) for _ in range(budget.short_prompts)])
+        if data_version >= 2:
+            items.recency = {n: [tasks.recency(rng, n, budget.recency_keys) for _ in range(budget.recency_per_length)]
+                             for n in budget.recency_lengths}
+            items.window = [tasks.window(rng, budget.window_length) for _ in range(budget.window_prompts)]
+        return items
+
+    @property
+    def dynamics(self) -> list[Sample]:
+        """The recency then window samples, fed in one batch."""
+        return [s for samples in self.recency.values() for s in samples] + self.window
 
 
 def measure(path: DecodePath, model: KimiK3Model, tasks: Tasks, items: Items, budget: AccuracyBudget,
             progress: Progress) -> dict[str, float]:
     """A path's scores on the items: {metric: value}."""
     ops = path_ops(path)
-    recall = [s for samples in items.recall.values() for s in samples]
+    recall, dynamics = [s for samples in items.recall.values() for s in samples], items.dynamics
     short = len(items.pick) + len(items.arithmetic)
-    slots = max(len(recall), len(items.json), short)
+    slots = max(len(recall), len(items.json), short, len(dynamics))
     if slots > MAX_BATCH:
         raise ValueError(f"accuracy budget: {slots} sequences in one batch, more than {MAX_BATCH}")
     longest = max(budget.recall_lengths)
-    task = progress.add_task(f"{NAME}: {path.name}", total=longest + 2 * budget.json_max_tokens + 1)
+    fed = max((len(s.tokens) for s in dynamics), default=0)  # the version 2 items' decode steps (0: none)
+    total = longest + fed + 2 * budget.json_max_tokens + 1
+    task = progress.add_task(f"{NAME}: {path.name}", total=total)
     scores: dict[str, float] = {}
-    with engine_on(model, ops, longest + budget.json_max_tokens + 2 * budget.spec_tokens, slots) as engine:
+    with engine_on(model, ops, max(longest, fed) + budget.json_max_tokens + 2 * budget.spec_tokens, slots) as engine:
         rows = iter(_fed(engine, [s.tokens for s in recall], [s.targets for s in recall], path, progress, task))
         for n, samples in items.recall.items():
             right, nll = [], []
@@ -215,13 +247,35 @@ def measure(path: DecodePath, model: KimiK3Model, tasks: Tasks, items: Items, bu
                     nll.append(-torch.log_softmax(row[p], -1)[answer].item())
             scores[f"recall@{n}"] = sum(right) / len(right)
             scores[f"recall_nll@{n}"] = sum(nll) / len(nll)
+        if dynamics:
+            scores.update(_dynamics(engine, items, dynamics, path, progress, task))
         for k in (0, budget.spec_tokens):
             valid, fields = _json(engine, tasks, items.json, budget.json_max_tokens, k)
             suffix = f"@spec{k}" if k else ""
             scores[f"json_valid{suffix}"], scores[f"json_fields{suffix}"] = valid, fields
             progress.advance(task, budget.json_max_tokens)
         scores.update(_known_distributions(engine, items, budget, path))
-    progress.update(task, completed=longest + 2 * budget.json_max_tokens + 1)
+    progress.update(task, completed=total)
+    return scores
+
+
+def _dynamics(engine: Engine, items: Items, samples: list[Sample], path: DecodePath, progress: Progress,
+              task) -> dict[str, float]:
+    """Recency per bucket and the windowed count, fed together: per family, the greedy answer's accuracy and the
+    right answer's mean negative log-likelihood over every query."""
+    rows = iter(_fed(engine, [s.tokens for s in samples], [s.targets for s in samples], path, progress, task))
+    groups = [(f"recency@{n}", f"recency_nll@{n}", group) for n, group in items.recency.items()]
+    if items.window:
+        n = max(len(s.tokens) for s in items.window)
+        groups.append((f"window@{n}", f"window_nll@{n}", items.window))
+    scores = {}
+    for acc, nll_name, group in groups:
+        right, nll = [], []
+        for s, row in zip(group, rows):
+            for p, answer in zip(s.targets, s.meta["answers"]):
+                right.append(int(row[p].argmax()) == answer)
+                nll.append(-torch.log_softmax(row[p], -1)[answer].item())
+        scores[acc], scores[nll_name] = sum(right) / len(right), sum(nll) / len(nll)
     return scores
 
 
@@ -336,7 +390,7 @@ def run(config: AccuracyConfig, paths: PathPair, progress: Progress) -> EvalResu
                           "one engine; a sandboxed candidate serves one sequence at a time")
     budget = config.budget(paths.device)
     tasks = Tasks(paths.tokenizer, paths.cfg)
-    items = Items.draw(tasks, budget, config.seed)
+    items = Items.draw(tasks, budget, config.seed, config.data_version)
     reference, *scored = (measure(p, paths.model, tasks, items, budget, progress) for p in (paths.reference, *others))
     candidate, standard = scored[0], scored[1] if paths.standard else None
     checks, table = judge(reference, candidate, margins(budget, config.calibration, reference), standard)
@@ -351,11 +405,17 @@ def trained(ckpt: str | Path | None) -> bool:
     return ckpt is not None and (Path(ckpt) / RECORD_FILE).is_file()
 
 
+def data_version(ckpt: str | Path | None) -> int:
+    """The data version a trained checkpoint's record names (1 for a record without one, or no record)."""
+    return json.loads((Path(ckpt) / RECORD_FILE).read_text()).get("data_version", 1) if trained(ckpt) else 1
+
+
 def config_for(ckpt: str | Path | None, device: torch.device, seed: int) -> AccuracyConfig:
-    """The eval's config for a subject: the checkpoint's calibration for this device kind, when it has one."""
+    """The eval's config for a subject: the checkpoint's calibration for this device kind, when it has one, and
+    the data version it was trained on."""
     path = Path(ckpt or "") / CALIBRATION_FILE
     calibration = json.loads(path.read_text()).get(device.type, {}) if ckpt and path.is_file() else {}
-    return AccuracyConfig(seed=seed, calibration=calibration, trained=trained(ckpt))
+    return AccuracyConfig(seed=seed, calibration=calibration, trained=trained(ckpt), data_version=data_version(ckpt))
 
 
 def default_ckpt() -> Path | None:
@@ -429,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, path, seed in work:
             if time.perf_counter() - start > args.seconds:
                 break
-            scores[name, seed] = measure(path, model, tasks, Items.draw(tasks, budget, seed), budget, progress)
+            items = Items.draw(tasks, budget, seed, config.data_version)
+            scores[name, seed] = measure(path, model, tasks, items, budget, progress)
             report = _report(args, budget, config, scores, candidates, time.perf_counter() - start)
             args.json.write_text(json.dumps(report, indent=1))
     if args.calibrate and report["calibration"]:

@@ -35,7 +35,7 @@ def subject(device: str):
     config = accuracy.config_for(accuracy.TRAINED_CKPT, torch.device(device), 0)
     budget = config.budget(torch.device(device))
     tasks = Tasks(tokenizer, model.cfg)
-    items = accuracy.Items.draw(tasks, budget, 0)
+    items = accuracy.Items.draw(tasks, budget, 0, config.data_version)
     reference = accuracy.measure(backend_path(model, "reference"), model, tasks, items, budget, Progress(disable=True))
     return model, tasks, items, budget, reference, accuracy.margins(budget, config.calibration, reference)
 

@@ -17,7 +17,8 @@ from model.kimi_k3.train.data import Tasks
 
 SMALL = AccuracyConfig().cpu.model_copy(update={"recall_lengths": (48, 64), "recall_per_length": 2, "recall_pairs": 4,
                                                 "json_prompts": 2, "json_max_tokens": 12, "short_prompts": 2,
-                                                "draws": 64})
+                                                "draws": 64, "recency_lengths": (64,), "recency_per_length": 2,
+                                                "recency_keys": 2, "window_length": 64, "window_prompts": 2})
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,17 @@ def test_a_registered_kernel_is_the_one_that_runs(tiny_model, tiny_tokenizer, pr
     calls = accuracy.path_ops(path).report()["ops"]["kda_decode"]
     assert calls["specialized"] > 0 and not calls["fallbacks"]
     assert broken["recall_nll@64"] != reference["recall_nll@64"]
+
+
+def test_version_2_items_add_their_metrics_and_change_no_other(tiny_model, tiny_tokenizer, progress):
+    """A data version 2 checkpoint's items add recency and window scores (fed in their own batch); the version 1
+    metrics come out the same as without them."""
+    tasks, path = Tasks(tiny_tokenizer, tiny_model.cfg), backend_path(tiny_model, "reference")
+    v1 = measure(path, tiny_model, tasks, Items.draw(tasks, SMALL, 0), SMALL, progress)
+    v2 = measure(path, tiny_model, tasks, Items.draw(tasks, SMALL, 0, data_version=2), SMALL, progress)
+    assert set(v2) - set(v1) == {"recency@64", "recency_nll@64", "window@64", "window_nll@64"}
+    assert {k: v2[k] for k in v1} == v1
+    assert 0 <= v2["window@64"] <= 1 and v2["recency_nll@64"] > 0
 
 
 def test_margins_are_the_larger_of_floor_and_calibration():

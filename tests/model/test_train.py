@@ -100,8 +100,10 @@ def test_train_command_writes_a_checkpoint(tmp_path, capsys):
     code = main(["--out", str(out), "--device", "cpu", "--steps", "1", "--tokens-per-step", "64", "--lengths", "64",
                  "--heldout-rows", "1"])
     record = json.loads((out / export.RECORD_FILE).read_text())
-    assert code == 0 and record["steps"] == 1 and record["data_version"] >= 1
-    assert set(record["heldout"]["mxfp4_experts"]) >= {"recall@64", "json", "copy", "arithmetic", "pick_tv"}
+    assert code == 0 and record["steps"] == 1 and record["data_version"] == 2  # the default mix: data version 2
+    assert record["recipe"]["recency_fraction"] > 0 and record["recipe"]["window_fraction"] > 0
+    assert set(record["heldout"]["mxfp4_experts"]) >= {"recall@64", "json", "copy", "arithmetic", "pick_tv",
+                                                       "recency@64", "window@64"}
     assert record["command"].endswith("--heldout-rows 1") and load_model(out).cfg.experts_quantized
 
 

@@ -2,7 +2,8 @@
 the model-level evals measure accuracy (gates/evals/accuracy.py) and a subtly wrong kernel loses points.
 
 - `config.py`: the mini config (every K3 layer kind in K3's proportions) and the training recipe;
-- `data.py`: the task generators (recall, JSON from a schema, copying, known-distribution sampling, arithmetic);
+- `data.py`: the task generators (recall, JSON from a schema, copying, known-distribution sampling, arithmetic;
+  data version 2 adds recency and windowed counts, whose answers depend on how the KDA state forgets);
 - `forward.py`: the differentiable training forward over the model's own layers and reference ops;
 - `loop.py`: the training loop; `export.py`: MXFP4 quantization and the Hugging Face layout checkpoint.
 

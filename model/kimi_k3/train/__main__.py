@@ -25,6 +25,11 @@ def parse(argv: list[str]) -> Run:
     p.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (fp32)")
     p.add_argument("--tokens-per-step", type=int, help=f"default {Recipe.tokens_per_step}")
     p.add_argument("--lengths", help=f"training lengths, comma-separated (default {Recipe.lengths})")
+    p.add_argument("--recency-fraction", type=float,
+                   help=f"rows of data version 2's recency task (default {Recipe.recency_fraction}; with "
+                        f"--window-fraction 0 too, version 1's data)")
+    p.add_argument("--window-fraction", type=float,
+                   help=f"rows of data version 2's windowed count (default {Recipe.window_fraction})")
     p.add_argument("--heldout-rows", type=int, default=16, help="held-out recall samples per length scored at the end")
     args = p.parse_args(argv)
     output_directory(args.out, "--out")
@@ -43,6 +48,13 @@ def parse(argv: list[str]) -> Run:
         if min(lengths) < 64:
             raise UsageError("--lengths: each at least 64 (a recall sample needs room for its pairs)")
         recipe = replace(recipe, lengths=lengths)
+    for name in ("recency_fraction", "window_fraction"):
+        if getattr(args, name) is not None:
+            recipe = replace(recipe, **{name: getattr(args, name)})
+    if min(recipe.recency_fraction, recipe.window_fraction) < 0 or \
+            recipe.recall_fraction + recipe.recency_fraction + recipe.window_fraction > 1 + 1e-9:
+        raise UsageError("--recency-fraction and --window-fraction: each >= 0, with the recall rows' "
+                         f"{recipe.recall_fraction} at most 1 in all")
     command = "python -m model.kimi_k3.train " + shlex.join(argv)
     return Run(args.out, args.seed, torch_device(args.device), args.minutes, args.steps, recipe, command,
                args.heldout_rows)

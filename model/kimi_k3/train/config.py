@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..config import KimiK3Config, preset
+from .data import data_version
 
 
 def mini_config() -> KimiK3Config:
@@ -38,6 +39,10 @@ class Recipe:
     tokens_per_step: int = 32768  # rows x length; a step's length is drawn from `lengths`
     lengths: tuple[int, ...] = (256, 512, 1024)
     recall_fraction: float = 0.5  # rows of one long recall sample; the others pack the short tasks
+    # data version 2 (data.py): rows of one recency or one windowed-count sample each, taken from the packed rows'
+    # share (0 and 0: version 1's rows exactly); by default version 1's tasks keep three quarters of a step
+    recency_fraction: float = 0.125
+    window_fraction: float = 0.125
     lr: float = 2e-3
     min_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
     warmup_steps: int = 100
@@ -46,6 +51,16 @@ class Recipe:
     grad_clip: float = 1.0
     bias_rate: float = 1e-3  # aux-loss-free balancing: e_score_correction_bias moves this much per step
     kda_chunk: int = 32  # the chunked KDA form's chunk (ops/kda.py): its [C, C, K] decays cost C x K per token
+
+    @property
+    def data_version(self) -> int:
+        """The data version this mix draws from (1 while neither version 2 task is on)."""
+        return data_version(self.recency_fraction, self.window_fraction)
+
+    @property
+    def fractions(self) -> dict[str, float]:
+        """Tasks.batch's keyword fractions for the version 2 rows."""
+        return {"recency_fraction": self.recency_fraction, "window_fraction": self.window_fraction}
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -14,7 +14,19 @@ printable tokens, so any position is one token); JSON is text, tokenized as the 
   distribution is known (each distinct token's multiplicity / n), so temperature sampling can be judged against it.
 - arithmetic: `a+b=` with a + b <= 9 -> the digit, then EOS.
 
+Data version 2 adds two tasks whose answers depend on the recurrent state's dynamics (forgetting) rather than on
+keeping every write (NOTES.md, "Data version 2"):
+
+- recency: like recall, but each of `keys` keys is assigned 2-4 times (`K=v`, interleaved at random places in the
+  filler; a key's latest value differs from its earlier ones), and each `?K=` query asks the key's LATEST value.
+- window (windowed count): `count:` a marker key, the window N (two digit tokens, N in WINDOWS) and `>`, then a
+  stream of uppercase tokens from a small alphabet with `?` queries at random places, each answered by the number
+  of markers among the N tokens before the `?` (earlier queries and answers included: the window is positions),
+  as a VALUES token (0-9, then a-z for 10-35).
+
 DATA_VERSION names this generator in the checkpoint's record; bump it whenever a format or distribution changes.
+A run whose recipe mixes in none of version 2's tasks draws exactly version 1's rows and records version 1
+(`data_version`).
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from tokenizers import Tokenizer
 
 from ..config import KimiK3Config
 
-DATA_VERSION = 1
+DATA_VERSION = 2
 KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 VALUES = "0123456789abcdefghijklmnopqrstuvwxyz"
 MAX_PAIRS = 16
@@ -44,6 +56,17 @@ FIELDS = {
     "active": ("bool", None), "first": ("bool", None),
 }
 TASKS = ("recall", "json", "copy", "pick", "arithmetic")
+TASKS_V2 = ("recency", "window")  # data version 2: whole rows each, like recall
+MAX_RECENCY_KEYS = 8
+ASSIGNMENTS = (2, 4)  # a recency key's assignments, min and max
+WINDOWS = (16, 32, 64)  # the windowed count's N
+MARKER_P = (0.05, 0.25)  # the windowed count's marker probability per stream token, drawn per sample
+
+
+def data_version(recency_fraction: float = 0.0, window_fraction: float = 0.0) -> int:
+    """The data version a training mix draws from: 1 while no version 2 task is mixed in (the rows are then exactly
+    version 1's), DATA_VERSION otherwise."""
+    return DATA_VERSION if recency_fraction > 0 or window_fraction > 0 else 1
 
 
 @dataclass
@@ -74,6 +97,7 @@ class Tasks:
         self.filler = sorted(i for t, i in tokenizer.get_vocab().items()
                              if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 2)
         self.copy_prompt, self.pick_prompt = self.text("copy:"), self.text("pick:")
+        self.count_prompt = self.text("count:")
 
     def text(self, s: str) -> list[int]:
         return self.tokenizer.encode(s, add_special_tokens=False).ids
@@ -139,13 +163,84 @@ class Tasks:
         return Sample(head + [self.values[a + b], self.eos], [len(head) - 1, len(head)], len(head),
                       {"answer": self.values[a + b]})
 
+    # ---- data version 2: the state's dynamics -----------------------------------------------------------------
+
+    def recency(self, rng: random.Random, length: int, keys: int) -> Sample:
+        """`length` tokens: BOS, filler with each of `keys` keys assigned 2-4 times (K=v, all assignments in random
+        order at random places), a newline, then every key queried for its latest value."""
+        chosen = rng.sample(self.keys, keys)
+        times = [rng.randint(*ASSIGNMENTS) for _ in chosen]
+        history = []  # per key, its values in assignment order; the last differs from every earlier one
+        for n in times:
+            earlier = [rng.choice(self.values) for _ in range(n - 1)]
+            history.append(earlier + [rng.choice([v for v in self.values if v not in earlier])])
+        events = [i for i, n in enumerate(times) for _ in range(n)]
+        rng.shuffle(events)
+        filler = length - 1 - 3 * len(events) - 1 - 4 * keys  # BOS, K=v per assignment, newline, ?K=v per key
+        if filler < 0:
+            raise ValueError(f"recency: {length} tokens cannot hold {len(events)} assignments of {keys} keys and "
+                             f"their queries")
+        cuts = sorted(rng.randrange(filler + 1) for _ in events)
+        tokens, prev, seen, latest = [self.bos], 0, [0] * keys, [0] * keys
+        for cut, i in zip(cuts, events):
+            tokens += rng.choices(self.filler, k=cut - prev)
+            latest[i] = len(tokens)
+            tokens += [chosen[i], self.eq, history[i][seen[i]]]
+            seen[i] += 1
+            prev = cut
+        tokens += rng.choices(self.filler, k=filler - prev)
+        tokens.append(self.newline)
+        order = rng.sample(range(keys), keys)
+        targets, answers = [], []
+        for i in order:
+            tokens += [self.query, chosen[i], self.eq]
+            targets.append(len(tokens) - 1)
+            answers.append(history[i][-1])
+            tokens.append(history[i][-1])
+        return Sample(tokens, targets, meta={"answers": answers, "stale": [history[i][:-1] for i in order],
+                                             "depths": [latest[i] / length for i in order]})
+
+    def window(self, rng: random.Random, length: int, window: int | None = None) -> Sample:
+        """`length` tokens: BOS, `count:` marker N `>`, then the stream with `?` queries (the first once N stream
+        tokens are in, then every N/4 to N tokens), each answered by the markers among the N tokens before it.
+        N: `window`, or drawn from the WINDOWS that leave room for a few queries (2N + 16 <= length)."""
+        n = rng.choice([w for w in WINDOWS if 2 * w + 16 <= length] or WINDOWS[:1]) if window is None else window
+        alphabet = rng.sample(self.keys, rng.randint(3, 8))
+        marker, others, p = alphabet[0], alphabet[1:], rng.uniform(*MARKER_P)
+        head = [self.bos] + self.count_prompt + [marker, self.values[n // 10], self.values[n % 10], self.to]
+        if n >= 100 or len(head) + n + 2 > length:
+            raise ValueError(f"window: {length} tokens cannot hold the prompt, a window of {n} and a query")
+        while True:  # a count past the last VALUES token (35) is drawn again (~1e-8 per query at N = 64, p = 0.25)
+            tokens, targets, answers = list(head), [], []
+            query = len(head) + n + rng.randrange(min(n // 4, length - 2 - len(head) - n) + 1)
+            while len(tokens) < length:
+                if len(tokens) == query and len(tokens) + 2 <= length:
+                    count = tokens[query - n:query].count(marker)
+                    targets.append(len(tokens))
+                    answers.append(count)
+                    tokens += [self.query, self.values[min(count, len(self.values) - 1)]]
+                    query = len(tokens) + rng.randint(max(1, n // 4), n)
+                else:
+                    tokens.append(marker if rng.random() < p else rng.choice(others))
+            if max(answers) < len(self.values):
+                break
+        return Sample(tokens, targets, meta={"answers": [self.values[c] for c in answers], "counts": answers,
+                                             "window": n, "marker": marker, "marker_p": p})
+
     # ---- training batches --------------------------------------------------------------------------------------
 
-    def row(self, rng: random.Random, length: int, recall: bool) -> Sample:
-        """One training row of length + 1 tokens: a recall sample, or short samples packed back to back (the last
-        cut, its targets past the row dropped)."""
-        if recall:
+    def row(self, rng: random.Random, length: int, kind: str | bool) -> Sample:
+        """One training row of length + 1 tokens: a recall, recency or window sample, or ("packed", or False) short
+        samples packed back to back (the last cut, its targets past the row dropped). True is "recall"."""
+        kind = {True: "recall", False: "packed"}.get(kind, kind)
+        if kind == "recall":
             return self.recall(rng, length + 1, rng.randint(2, min(MAX_PAIRS, (length - 8) // 8)))
+        if kind == "recency":
+            return self.recency(rng, length + 1, rng.randint(2, max(2, min(MAX_RECENCY_KEYS, (length - 8) // 20))))
+        if kind == "window":
+            return self.window(rng, length + 1)
+        if kind != "packed":
+            raise ValueError(f"row: unknown kind {kind!r}")
         tokens: list[int] = []
         targets: list[int] = []
         while len(tokens) < length + 1:
@@ -155,21 +250,39 @@ class Tasks:
         return Sample(tokens[:length + 1], [p for p in targets if p < length])
 
     def batch(self, rng: random.Random, rows: int, length: int, recall_fraction: float,
-              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(inputs [rows, length], next tokens [rows, length], loss weights [rows, length]): the recall rows' few
-        targets and the packed rows' many each carry their share of the loss (recall_fraction and the rest)."""
-        recall = [rng.random() < recall_fraction for _ in range(rows)]
-        samples = [self.row(rng, length, r) for r in recall]
+              device: torch.device | str = "cpu", *, recency_fraction: float = 0.0,
+              window_fraction: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(inputs [rows, length], next tokens [rows, length], loss weights [rows, length]): each row's kind drawn
+        by the fractions (recall, then recency, then window, the rest packed short tasks), and each kind's
+        targets carry its fraction of the loss (renormalized over the kinds the batch has). Without recency and
+        window rows the draws and weights are version 1's exactly."""
+        fractions = {"recall": recall_fraction, "recency": recency_fraction, "window": window_fraction}
+        if min(fractions.values()) < 0 or sum(fractions.values()) > 1 + 1e-9:
+            raise ValueError(f"batch: fractions {fractions} must be >= 0 and sum to at most 1")
+        fractions["packed"] = max(0.0, 1 - sum(fractions.values()))
+        kinds = [_kind(rng.random(), fractions) for _ in range(rows)]
+        samples = [self.row(rng, length, k) for k in kinds]
         tokens = torch.tensor([s.tokens for s in samples])
         weights = torch.zeros(rows, length)
-        for kind, share in ((True, recall_fraction), (False, 1 - recall_fraction)):
-            picked = [s for s, r in zip(samples, recall) if r is kind]
+        for kind, share in fractions.items():  # version 1's shares exactly when only recall is on (x + 0.0 == x)
+            picked = [s for s, k in zip(samples, kinds) if k == kind]
             total = sum(len(s.targets) for s in picked)
-            for i, (s, r) in enumerate(zip(samples, recall)):
-                if r is kind:
+            for i, (s, k) in enumerate(zip(samples, kinds)):
+                if k == kind:
                     weights[i, s.targets] = share / total
         weights /= weights.sum()
         return tokens[:, :-1].to(device), tokens[:, 1:].to(device), weights.to(device)
+
+
+def _kind(u: float, fractions: dict[str, float]) -> str:
+    """The row kind a uniform draw u picks: recall below recall_fraction (version 1's test), then recency and window
+    by their fractions, else packed."""
+    edge = 0.0
+    for kind in ("recall", "recency", "window"):
+        edge += fractions[kind]
+        if u < edge:
+            return kind
+    return "packed"
 
 
 def _value(rng: random.Random, kind: str, domain):

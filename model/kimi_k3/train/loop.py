@@ -26,7 +26,7 @@ from ..model import KimiK3Model
 from ..tokenizer import build_tokenizer
 from . import export
 from .config import Recipe, dense_experts, mini_config
-from .data import DATA_VERSION, MAX_PAIRS, Tasks
+from .data import MAX_PAIRS, MAX_RECENCY_KEYS, Tasks
 from .forward import TrainOps, logits, trainable
 
 TIMED_STEPS = (3, 10)  # steps timed to plan the run when no step count is given (the first ones warm up)
@@ -88,7 +88,7 @@ def train(run: Run) -> dict:
                 break
             length = rng.choice(r.lengths)
             ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, r.recall_fraction,
-                                           run.device)
+                                           run.device, **r.fractions)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, plan or r.warmup_steps, r)
             out = _forward(model, ids, ops, run)
@@ -111,7 +111,7 @@ def train(run: Run) -> dict:
             progress.update(bar, advance=1, loss=sum(losses[-20:]) / len(losses[-20:]))
     seconds = time.perf_counter() - start
     record = {
-        "command": run.command, "seed": run.seed, "data_version": DATA_VERSION, "recipe": r.as_dict(),
+        "command": run.command, "seed": run.seed, "data_version": r.data_version, "recipe": r.as_dict(),
         "device": torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "cpu",
         "autocast": str(run.autocast).removeprefix("torch.") if run.autocast else "fp32",
         "steps": len(losses), "planned_steps": plan, "seconds": round(seconds, 1),
@@ -138,7 +138,9 @@ def _curve(losses: list[float]) -> list[dict]:
 def heldout(model: KimiK3Model, tasks: Tasks, run: Run) -> dict:
     """Teacher-forced scores on samples from a held-out stream: recall accuracy at the shortest and longest training
     length and twice the longest; token accuracy of the
-    json, copy and arithmetic answers; the pick answer's total-variation distance from its known distribution."""
+    json, copy and arithmetic answers; the pick answer's total-variation distance from its known distribution;
+    with data version 2, recency and windowed-count accuracy at the longest training length (drawn after the
+    others, so version 1's held-out samples are unchanged)."""
     rng, ops, lengths = random.Random(run.seed + HELDOUT_SEED_OFFSET), TrainOps(), run.recipe.lengths
     scores = {}
     for length in (min(lengths), max(lengths), 2 * max(lengths)):  # twice the longest: beyond training
@@ -157,6 +159,12 @@ def heldout(model: KimiK3Model, tasks: Tasks, run: Run) -> dict:
         known[list(s.meta["distribution"])] = torch.tensor(list(s.meta["distribution"].values()), device=run.device)
         tv.append(0.5 * (probs - known).abs().sum().item())
     scores["pick_tv"] = round(sum(tv) / len(tv), 4)
+    if run.recipe.data_version >= 2:
+        length = max(lengths)
+        samples = [tasks.recency(rng, length, min(MAX_RECENCY_KEYS, length // 32)) for _ in range(run.heldout_rows)]
+        scores[f"recency@{length}"] = _teacher_forced(model, samples, ops, run)
+        samples = [tasks.window(rng, length) for _ in range(run.heldout_rows)]
+        scores[f"window@{length}"] = _teacher_forced(model, samples, ops, run)
     return scores
 
 
