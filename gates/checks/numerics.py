@@ -14,18 +14,25 @@ input (a result cached on the input would be stale).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
 from gates.core.compare import TensorCheck, digest
 from gates.core.registry import Gate, GateContext, arg_names
-from gates.core.sandbox import Sandbox, SandboxError
+from gates.core.sandbox import Sandbox, SandboxError, tree_state, tree_writes
+from gates.core.sources import REPO_ROOT
 from gates.core.status import GateResult, Status
-from gates.core.trees import clone, leaves
+from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from gates.problems import (
     DISTRIBUTIONS,
     Case,
@@ -37,6 +44,7 @@ from gates.problems import (
     seed_for,
 )
 from kernels.contract import Contract, Tolerance
+from kernels.trees import clone, leaves
 from kernels.validation import problem_lines
 
 NAME, TITLE = "numerics", "Numerics"
@@ -53,6 +61,7 @@ CHECKS = {
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
     "late": "the same outputs after many calls (no warm-up phase, no call counter)",
+    "production": "the same outputs through the production dispatcher, in a process without the gate",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
 
@@ -300,6 +309,7 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
 LATE_CALLS = 1024  # consecutive calls in one process, the late ones checked against the first (a constant, not a
 # GateOptions field: bundles made before it keep their recorded options, and `evidence render` can still read them)
 LATE_INPUTS = 8  # distinct inputs the late calls cycle through (two of each distribution)
+REPLAY_TIMEOUT_S = 600.0  # the production replay's process, import and compile included
 
 
 def smallest(points: list[Point]) -> Point:
@@ -310,7 +320,8 @@ def smallest(points: list[Point]) -> Point:
 def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
                      findings: Findings) -> dict:
     """LATE_CALLS consecutive calls in one process over LATE_INPUTS inputs at `point`: the first and the last call
-    on each input against the reference, every call bit for bit against the first call on its input."""
+    on each input against the reference, every call bit for bit against the first call on its input; then the
+    same calls through the production path (check_production), held to those first calls."""
     calls, device = LATE_CALLS, ctx.device
     cases = [problem.generate_input(point, seed_for(ctx.options.seed, "late", point.label, k),
                                     DISTRIBUTIONS[k % len(DISTRIBUTIONS)]) for k in range(LATE_INPUTS)]
@@ -340,7 +351,65 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
         elif dict(got) != first[i]:
             findings.add("late", f"{where}: differs bitwise from call {i + 1} on the same input")
             differs = differs or k + 1
-    return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs}
+    production = (check_production(ctx, point, names, cases, first, findings) if len(first) == len(cases)
+                  else {"run": False, "why": "the candidate raised under the gate"})
+    return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs,
+            "production": production}
+
+
+def check_production(ctx: GateContext, point: Point, names: list[str], cases: list, first: dict[int, dict],
+                     findings: Findings) -> dict:
+    """The late calls again, through the dispatcher a serving engine builds (CUDA graphs on a GPU), in a fresh
+    process that imports the model and the candidate and nothing of the gate (model/kimi_k3/replay.py), without
+    the signing key and watched for writes to the tree like the sandbox: every call must give, bit for bit, what
+    the candidate gave under the gate on the same input (which the late calls held to the reference)."""
+    request = {"contract": ctx.contract.model_dump(mode="json"), "contract_path": str(ctx.contract_path),
+               "names": names, "cases": [(clone(c.args, "cpu"), c.state) for c in cases], "calls": LATE_CALLS,
+               "device": ctx.device, "batch": point.batch, "spec_tokens": point.spec_tokens}
+    env = {k: v for k, v in os.environ.items() if k not in (KEY_VAR, KEY_FILE_VAR)} | {"PYTHONDONTWRITEBYTECODE": "1"}
+    where = f"{point.label}, production replay"
+    with tempfile.TemporaryDirectory(prefix="k3forge-replay-") as tmp:
+        request_path, result_path = Path(tmp, "request.pt"), Path(tmp, "result.json")
+        torch.save(request, request_path)
+        before = tree_state()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "model.kimi_k3.replay", str(request_path), str(result_path)],
+                                  cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S)
+            result = (json.loads(result_path.read_text()) if result_path.is_file()
+                      else {"error": f"exit code {proc.returncode}: {proc.stderr.strip()[-500:]}"})
+        except subprocess.TimeoutExpired:
+            result = {"error": f"no result within {REPLAY_TIMEOUT_S:.0f} s"}
+        except (OSError, ValueError) as e:  # an unreadable result file: whatever the process left there
+            result = {"error": f"its result could not be read ({type(e).__name__}: {e})"}
+        writes = tree_writes(before, tree_state())
+    if writes:
+        findings.add("production", f"{where}: the process wrote to the repository: {', '.join(writes[:5])}")
+    if "error" in result:
+        findings.add("production", f"{where}: {result['error'].strip().splitlines()[-1]}")
+        return {"run": False, "why": result["error"].strip().splitlines()[-1]}
+    if result["gate_modules"]:
+        findings.add("production", f"{where}: the candidate imported the gate's "
+                                   f"{', '.join(result['gate_modules'][:3])}")
+    stats = result["dispatch"]["ops"].get(ctx.contract.op, {})
+    if stats.get("standard"):
+        findings.add("production", f"{where}: the dispatcher ran the standard for {stats['standard']} of "
+                                   f"{len(result['calls'])} calls ({dict(stats.get('fallbacks', {}))}"
+                                   f"{'; ' + stats['last_error'] if stats.get('last_error') else ''})")
+    differs = None
+    for k, got in enumerate(result["calls"]):
+        i = k % len(cases)
+        if "raised" in got:
+            findings.add("production", f"{where}, call {k + 1}: raised {got['raised']}")
+            differs = k + 1
+            break
+        if got != first[i]:
+            names_differing = [n for n in sorted(set(got) | set(first[i])) if got.get(n) != first[i].get(n)]
+            findings.add("production", f"{where}, call {k + 1} (input {i + 1}): differs bitwise from the candidate's "
+                                       f"output under the gate ({', '.join(names_differing)})")
+            differs = differs or k + 1
+    return {"run": True, "calls": len(result["calls"]), "first_difference": differs,
+            "graphs": ctx.device == "cuda", "seconds": round(result["seconds"], 1),
+            "dispatch": {"specialized": stats.get("specialized", 0), "standard": stats.get("standard", 0)}}
 
 
 class RecordedErrors(BaseModel):

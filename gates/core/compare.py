@@ -12,12 +12,11 @@ rounding errors near zero (cancellation) grow with the data, not with the elemen
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from kernels.contract import Tolerance
+from kernels.trees import digest  # noqa: F401 - the checks' bitwise identity, shared with the production replay
 
 MEAN_UNITS = 0.25
 SHOW_MISMATCHES = 5
@@ -87,8 +86,3 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
     return result
 
 
-def digest(t: torch.Tensor) -> str:
-    """dtype, shape and sha256 of the bytes (NaN payloads and signed zeros included): equal digests are the
-    bitwise identity the determinism and mutation checks ask for, without sending the tensor."""
-    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}:{hashlib.sha256(data).hexdigest()}"

@@ -27,9 +27,9 @@ import torch
 
 from gates.core.compare import digest as _tensor_digest
 from gates.core.sources import in_repository, repository_path
-from gates.core.trees import clone, copy_into, leaves
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
+from kernels.trees import clone, copy_into, leaves
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -58,7 +58,7 @@ POISON_COPIES = 4
 # The code that serves a request in this process: the worker, what it copies, digests and times with, and the loader
 # of entry points. Its functions, classes and tables are fingerprinted when this module loads, before any candidate
 # import; so are the reference's and standard's modules, loaded before the candidate (load(trusted=True)).
-OWN_MODULES = ("gates.core.worker", "gates.core.trees", "gates.core.compare", "kernels.timing",
+OWN_MODULES = ("gates.core.worker", "kernels.trees", "gates.core.compare", "kernels.timing",
                "model.kimi_k3.ops.registry")
 
 

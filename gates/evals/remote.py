@@ -17,8 +17,8 @@ from functools import partial
 import torch
 
 from gates.core.sandbox import Sandbox
-from kernels.contract import Contract, HardwareSupport, ValidatedHardware
-from model.kimi_k3.dispatch import Dispatcher, Target
+from kernels.contract import Contract
+from model.kimi_k3.dispatch import Dispatcher, Target, judged_here
 from model.kimi_k3.ops.registry import Specialized
 from model.kimi_k3.sampling import sample
 
@@ -93,18 +93,6 @@ def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
     if copy is None:
         raise TypeError(f"the candidate path returned {'; '.join(problems)}")
     return copy
-
-
-def judged_here(contract: Contract, target: Target) -> Contract:
-    """The contract as the candidate path's dispatcher sees it while the gate judges it on this arch: the arch
-    counted as validated, since the gate is what would validate it (a declared arch would always fall back, and
-    a kernel's first gate would never run its evals). Every other envelope check stands."""
-    if target.arch in contract.archs_validated:
-        return contract
-    hw = contract.hardware
-    judged = ValidatedHardware(arch=target.arch, devices=[target.device_name])
-    return contract.model_copy(update={"hardware": HardwareSupport(
-        validated=[*hw.validated, judged], declared=[h for h in hw.declared if h.arch != target.arch])})
 
 
 def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:

@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Mapping
 import torch
 
 from kernels import arch
-from kernels.contract import Contract
+from kernels.contract import Contract, HardwareSupport, ValidatedHardware
 
 from .batch import StepBatch, StepKind
 from .ops.registry import CONTRACTS_DIR, OPS, Signature, Specialized, dtype_name, entry_point, load_specialized
@@ -96,6 +96,19 @@ def target_fallback(c: Contract, t: Target) -> Fallback | None:
     if act != c.dtypes.activations:
         return Fallback(Reason.DTYPE, f"activations {act}, contract {c.dtypes.activations}")
     return None
+
+
+def judged_here(contract: Contract, target: Target) -> Contract:
+    """The contract as the candidate path's dispatcher sees it while the gate judges it on this arch (its evals,
+    its production replay): the arch counted as validated, since the gate is what would validate it (a declared
+    arch would always fall back, and a kernel's first gate would never run its evals). Every other envelope
+    check stands."""
+    if target.arch in contract.archs_validated:
+        return contract
+    hw = contract.hardware
+    judged = ValidatedHardware(arch=target.arch, devices=[target.device_name])
+    return contract.model_copy(update={"hardware": HardwareSupport(
+        validated=[*hw.validated, judged], declared=[h for h in hw.declared if h.arch != target.arch])})
 
 
 def step_fallback(c: Contract, batch: StepBatch) -> Fallback | None:

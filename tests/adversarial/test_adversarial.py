@@ -142,6 +142,16 @@ def test_a_candidate_that_writes_into_the_tree_is_caught():
         mark.unlink(missing_ok=True)
 
 
+def test_a_candidate_right_only_in_the_gates_process_fails_the_production_replay():
+    """Every call under the worker is right; the same calls through the dispatcher in a process without the gate
+    are not (issue 23, class 3, production equivalence)."""
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.knows_its_process:kda_decode"))
+    assert result.status is Status.FAILED_NUMERICS, result.reason
+    assert failed_checks(result) == {"production"}, failed_checks(result)
+    production = result.details["late_calls"]["production"]
+    assert production["run"] and production["first_difference"] == 1
+
+
 # ------------------------------------------------------------- issue 23: a static screen of the candidate's code
 
 SCREENED = [

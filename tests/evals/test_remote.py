@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from gates.evals.remote import judged_here
 from kernels.contract import load_contract
-from model.kimi_k3.dispatch import Target
+from model.kimi_k3.dispatch import Target, judged_here
 
 H200 = Target("sm_90", "NVIDIA H200", 8, torch.bfloat16)
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from gates.core.trees import clone
 from gates.problems import bench_point, load_problem
 from kernels.contract import load_contract
 from kernels.cute import cutlass_available, ptx_instruction_counts
+from kernels.trees import clone
 from model.kimi_k3.ops.moe_route_tp import top_k_lowest_id
 from model.kimi_k3.ops.registry import registry_problems
 from model.kimi_k3.specialized.linear.kernel import LinearConfig

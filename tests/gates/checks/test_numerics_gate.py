@@ -17,6 +17,9 @@ def test_the_reference_as_candidate_passes_every_check():
     assert {r["dist"] for r in result.details["rows"]} == {"normal", "heavy_tailed", "large", "mixed"}
     assert all(r["max_abs"] == 0 for r in result.details["rows"])
     assert [t["steps"] for t in result.details["trajectories"]] == [8] * 4
+    production = result.details["late_calls"]["production"]
+    assert production["run"] and production["first_difference"] is None
+    assert production["calls"] == numerics.LATE_CALLS and production["dispatch"]["standard"] == 0
 
 
 def test_the_standard_is_measured_beside_for_comparison_never_judged():

@@ -1,8 +1,11 @@
-"""Tensors inside op arguments: tuples, lists, dicts and dataclasses (KDAWeights) of tensors and scalars."""
+"""Tensors inside op arguments: tuples, lists, dicts and dataclasses (KDAWeights) of tensors and scalars; and the
+digest that says two tensors are bitwise identical. Shared by the gate and by the production replay
+(model/kimi_k3/replay.py), which must name and digest a call's tensors exactly as the gate does."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any, Callable, Iterator
 
 import torch
@@ -49,3 +52,10 @@ def copy_into(dst: Any, src: Any) -> None:
     """Write src's tensors into dst's tensors of the same structure, in place (persistent buffers)."""
     for (_, d), (_, s) in zip(leaves(dst, ""), leaves(src, ""), strict=True):
         d.copy_(s)
+
+
+def digest(t: torch.Tensor) -> str:
+    """dtype, shape and sha256 of the bytes (NaN payloads and signed zeros included): equal digests are the
+    bitwise identity the determinism and mutation checks ask for, without sending the tensor."""
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}:{hashlib.sha256(data).hexdigest()}"
