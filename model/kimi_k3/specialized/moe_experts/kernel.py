@@ -1,0 +1,365 @@
+"""K3's routed experts at decode batch sizes, MXFP4 weights dequantized in registers, CuTe DSL, Hopper (sm_90a).
+
+    y[t] = sum_k weights[t, k] * bf16(w2_e bf16(SiTU(bf16(w1_e z_t), bf16(w3_e z_t)))),  e = ids[t, k]   (fp32 y)
+
+(reference: model/kimi_k3/ops/moe_experts.py; the bf16 roundings are those of its bf16 matmuls and of `situ`).
+Two launches from one `@cute.jit` call, on one stream, no host synchronisation and no data-dependent host logic
+(the expert ids are read on the device), so a call can be captured in a CUDA graph.
+
+Launch 1, `up` (gate/up and SiTU). Grid (I / rows_per_cta, T k): CTA (tile, pair) serves one (token, slot) pair,
+pair = t k + slot, and `rows_per_cta` rows of its expert's intermediate dim. Each warp owns `up_rows` rows r; half-warp
+0 streams row r of w1 (the gate), half-warp 1 row r of w3 (the up projection, row I + r of w13), lane kl of a half
+reads 16-byte chunks kl, kl + 16, ... of the row (one chunk = 32 E2M1 codes = one scale group), so a load
+instruction of a half-warp covers 256 contiguous bytes. All the warp's chunks are issued before any is used
+(7 up_rows loads of 16 bytes in flight per thread at L = 3584). Each lane's fp32 partial is summed over its half by
+a butterfly (fixed order), rounded to bf16 as the reference's bf16 matmul does; lane 0 takes b from lane 16,
+evaluates SiTU in fp32 in the reference's operation order, rounds to bf16 and stores h[pair, r] (workspace).
+
+Launch 2, `down` (w2 and the slot sum). Grid (L / rows_per_cta, T): CTA (tile, t) owns rows n of y[t] for all k
+slots, so the k terms are summed in one thread in slot order: deterministic, no atomics, no workspace for y. A
+team of TEAM = 4 lanes owns a row n; lane j of the team reads chunks j, j + 4, ... of row n of w2_e (I / 32 chunks:
+3 per lane at I = 384, 2 at 256). The k slots are unrolled and their loads run `down_stages` slots ahead in a
+register ring, so every ring index is static. Per slot: the team's dot products with h[pair] summed by a 2-step
+butterfly, rounded to bf16 (the reference's `act @ m2.t()`), times weights[t, slot] in fp32, added to y's sum.
+
+Dequantization (`e2m1_values`, `scale_factor`: plain Python over primitives, so the tests run the code the kernel
+traces on numpy words). A 32-bit word of packed codes holds 8 E2M1 values, element i in nibble i (even index in
+the low nibble, bytes little-endian). Magnitude code c = nibble & 7 maps to 2|v| in {0, 1, 2, 3, 4, 6, 8, 12}
+through a 32-bit nibble table (0xC8643210 >> 4c) & 15; the float is made exactly by the 2^23 trick with the sign
+folded in: bits(s 2^23 + s 2|v|) - bits(s 2^23) = s 2|v|, s = the code's sign. A group's 32 products with the
+activations (exact in fp32: bf16 times a 4-bit integer) are summed in fp32, then scaled once by 2^(byte - 127)
+(the float with exponent field `byte`; byte 0 is 2^-127, built as a constant) and, after the K loop, by 1/2.
+Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order.
+
+Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
+tokens is read once per pair (rare at T <= 16 of 896 experts); the dequantization is ~9 integer/fp32 ops per weight
+on CUDA cores, which may make batch 1 compute-bound near 2x the floor (next: PRMT lookups to bf16 pairs and
+mma.sync with tokens on N, as linear's mma path).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.cute import import_cutlass
+
+try:
+    cutlass, cute = import_cutlass()
+    import cuda.bindings.driver as cuda
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+    from cutlass.cutlass_dsl import T as _T
+
+    _IMPORT_ERROR = None
+except Exception as _e:  # cutlass not installed or broken: the module stays importable
+    cutlass = cute = None
+    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
+
+GROUP = 32  # MXFP4 inputs per scale = E2M1 codes per 16-byte chunk
+CHUNK_WORDS = 4  # 32-bit words per chunk
+HALF = 16  # lanes per row in `up`
+TEAM = 4  # lanes per row in `down`
+E2M1_LUT = 0xC8643210  # nibble c: 2 |E2M1 value| of magnitude code c (0, 0.5, 1, 1.5, 2, 3, 4, 6 doubled)
+MAGIC = 0x4B000000  # the bits of 2^23: 2^23 + n for 0 <= n < 2^23 has n in its low mantissa bits
+SIGN = 0x80000000
+MASK32 = 0xFFFFFFFF
+MAX_TOKENS = 16
+MAX_TOP_K = 32
+
+
+def e2m1_values(word, ops) -> list:
+    """The 8 E2M1 values of a 32-bit word of codes (element i in nibble i), each doubled, as exact fp32 values.
+
+    `ops` supplies shl / shr (logical, 32-bit), and_ / or_ (with 32-bit constants), f32 (the float with these
+    bits) and sub (fp32): the kernel passes the DSL's, the tests numpy's."""
+    out = []
+    for i in range(8):
+        # 4 c for nibble i: bits 4i..4i+2 moved to bits 2..4
+        idx = ops.and_(ops.shl(word, 2) if i == 0 else ops.shr(word, 4 * i - 2), 0x1C)
+        sign = ops.and_(ops.shl(word, 28 - 4 * i) if i < 7 else word, SIGN)
+        magic = ops.or_(sign, MAGIC)
+        bits = ops.or_(ops.and_(ops.shr(ops.lut(), idx), 0xF), magic)
+        out.append(ops.sub(ops.f32(bits), ops.f32(magic)))
+    return out
+
+
+def scale_factor(byte, ops):
+    """2^(byte - 127) as fp32 from an E8M0 scale byte (a 32-bit integer 0..255): the float whose exponent field is
+    the byte; byte 0 (2^-127, subnormal) is a constant; byte 255 gives inf (mxfp4.dequantize's 2^128 too)."""
+    return ops.select(ops.is_zero(byte), ops.tiny(), ops.f32(ops.shl(byte, 23)))
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """Everything about the launches that changes the generated code besides the problem's dims (ExpertsKernel)."""
+
+    up_warps: int = 4  # warps per CTA of `up`
+    up_rows: int = 2  # intermediate rows per warp of `up` (loads in flight: up_rows x L / 512 per thread)
+    down_warps: int = 2  # warps per CTA of `down` (rows per CTA: 8 per warp)
+    down_stages: int = 4  # slots of w2 loads in flight per thread in `down`
+
+    def __post_init__(self):
+        if self.up_warps not in (1, 2, 4, 8) or self.down_warps not in (1, 2, 4, 8):
+            raise ValueError(f"warps {self.up_warps}, {self.down_warps}: 1, 2, 4 or 8")
+        if self.up_rows not in (1, 2, 4):
+            raise ValueError(f"up_rows {self.up_rows}: 1, 2 or 4")
+        if not 1 <= self.down_stages <= 8:
+            raise ValueError(f"down_stages {self.down_stages}: 1..8")
+
+    @property
+    def up_rows_per_cta(self) -> int:
+        return self.up_warps * self.up_rows
+
+    @property
+    def down_rows_per_cta(self) -> int:
+        return self.down_warps * (32 // TEAM)
+
+    def check(self, latent: int, inter: int, top_k: int) -> None:
+        """ValueError where the dims do not fit this config's tiling."""
+        if latent <= 0 or latent % (HALF * GROUP):
+            raise ValueError(f"latent dim {latent}: a positive multiple of {HALF * GROUP}")
+        if latent % self.down_rows_per_cta:
+            raise ValueError(f"latent dim {latent}: a multiple of {self.down_rows_per_cta} rows per `down` CTA")
+        if inter <= 0 or inter % (TEAM * GROUP) or inter % self.up_rows_per_cta:
+            raise ValueError(f"intermediate dim {inter}: a positive multiple of {TEAM * GROUP} and of "
+                             f"{self.up_rows_per_cta} rows per `up` CTA")
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k {top_k}: 1..{MAX_TOP_K}")
+
+    @staticmethod
+    def for_shape(tokens: int, inter: int, num_sms: int = 132) -> ExpertsConfig:
+        """The heuristic: `up` with 4 warps of 2 rows (8 rows a CTA: 48 / 32 tiles a pair at I = 384 / 256, so
+        >= 512 CTAs from one token of 16 slots); `down` with 2 warps (16 rows a CTA: 224 CTAs a token) up to 4
+        tokens, 4 warps (112 a token) above, where the grid already covers the SMs several times."""
+        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=2 if tokens <= 4 else 4, down_stages=4)
+
+
+if _IMPORT_ERROR is None:
+
+    def _f32(bits):
+        return Float32(llvm.bitcast(_T.f32(), Uint32(bits).ir_value()))
+
+    class _DslOps:
+        """e2m1_values' and scale_factor's primitives in the DSL, on Uint32."""
+
+        @staticmethod
+        def shl(v, n):
+            return Uint32(v) << Uint32(n)
+
+        @staticmethod
+        def shr(v, n):
+            return Uint32(v) >> Uint32(n)
+
+        @staticmethod
+        def and_(v, m):
+            return Uint32(v) & Uint32(m)
+
+        @staticmethod
+        def or_(v, m):
+            return Uint32(v) | Uint32(m)
+
+        @staticmethod
+        def lut():
+            return Uint32(E2M1_LUT)
+
+        f32 = staticmethod(_f32)
+
+        @staticmethod
+        def sub(a, b):
+            return a - b
+
+        @staticmethod
+        def select(cond, a, b):
+            return Float32(cutlass.select_(cond, a, b))
+
+        @staticmethod
+        def is_zero(v):
+            return Uint32(v) == Uint32(0)
+
+        @staticmethod
+        def tiny():
+            return _f32(1 << 22)  # 2^-127
+
+    class ExpertsKernel:
+        """Both launches for one config and the problem's dims (E experts, L latent, I intermediate, k slots)
+        baked in; the token count T is a runtime argument (the grids)."""
+
+        def __init__(self, cfg: ExpertsConfig, experts: int, latent: int, inter: int, top_k: int):
+            cfg.check(latent, inter, top_k)
+            self.cfg, self.e, self.l, self.i, self.k = cfg, experts, latent, inter, top_k
+
+        @cute.jit
+        def __call__(self, pZ: cute.Pointer, pIds: cute.Pointer, pWeights: cute.Pointer, pW13: cute.Pointer,
+                     pS13: cute.Pointer, pW2: cute.Pointer, pS2: cute.Pointer, pH: cute.Pointer, pY: cute.Pointer,
+                     tokens: Int32, beta: Float32, beta_lin: Float32, stream: cuda.CUstream):
+            c, E, L, In, k = self.cfg, self.e, self.l, self.i, self.k
+            mZ = cute.make_tensor(pZ, cute.make_layout((tokens, L), stride=(L, 1)))
+            mIds = cute.make_tensor(pIds, cute.make_layout((tokens, k), stride=(k, 1)))
+            mWeights = cute.make_tensor(pWeights, cute.make_layout((tokens, k), stride=(k, 1)))
+            # packed codes as 32-bit words (8 codes each), scales as bytes
+            mW13 = cute.make_tensor(pW13, cute.make_layout((E, 2 * In, L // 8), stride=(2 * In * L // 8, L // 8, 1)))
+            mS13 = cute.make_tensor(pS13, cute.make_layout((E, 2 * In, L // GROUP),
+                                                           stride=(2 * In * L // GROUP, L // GROUP, 1)))
+            mW2 = cute.make_tensor(pW2, cute.make_layout((E, L, In // 8), stride=(L * In // 8, In // 8, 1)))
+            mS2 = cute.make_tensor(pS2, cute.make_layout((E, L, In // GROUP), stride=(L * In // GROUP, In // GROUP, 1)))
+            mH = cute.make_tensor(pH, cute.make_layout((tokens * k, In), stride=(In, 1)))
+            mY = cute.make_tensor(pY, cute.make_layout((tokens, L), stride=(L, 1)))
+            self.up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
+                grid=[In // c.up_rows_per_cta, tokens * k, 1], block=[32 * c.up_warps, 1, 1], stream=stream)
+            self.down(mIds, mWeights, mW2, mS2, mH, mY).launch(
+                grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
+
+        # --- shared pieces -----------------------------------------------------------------------------------
+
+        @cute.jit
+        def expert_of(self, mIds: cute.Tensor, token: Int32, slot):
+            """ids[token, slot] as Int32, clamped into [0, E) so that a bad id cannot read outside the weights."""
+            e = Int32(mIds[token, slot])
+            return cutlass.min(cutlass.max(e, Int32(0)), Int32(self.e - 1))
+
+        @cute.jit
+        def chunk_dots(self, chunks: list, mAct: cute.Tensor, row: Int32, elem0: Int32) -> list:
+            """For each chunk of 4 code words (32 codes) in `chunks`, all over the same 32 activations: the sum over
+            its codes of (2 x E2M1 value) x act[row, elem0 + i], fp32, unscaled. Each activation vector is loaded
+            once and used by every chunk while it is live."""
+            act_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128, invariant=True)
+            ops = _DslOps()
+            totals = [Float32(0.0) for _ in chunks]
+            for q in cutlass.range_constexpr(CHUNK_WORDS):
+                av = cute.make_rmem_tensor((8,), BFloat16)
+                cute.copy(act_load, cute.local_tile(mAct[row, None], (8,), (elem0 // 8 + q,)), av)
+                af = av.load().to(Float32)
+                for r in cutlass.range_constexpr(len(chunks)):
+                    vals = e2m1_values(chunks[r][q], ops)
+                    t = totals[r]
+                    for i in cutlass.range_constexpr(8):
+                        t = t + af[i] * vals[i]
+                    totals[r] = t
+            return totals
+
+        # --- launch 1: gate / up and SiTU -------------------------------------------------------------------
+
+        @cute.kernel
+        def up(self, mZ: cute.Tensor, mIds: cute.Tensor, mW13: cute.Tensor, mS13: cute.Tensor, mH: cute.Tensor,
+               beta: Float32, beta_lin: Float32):
+            c, L, In, k = self.cfg, self.l, self.i, self.k
+            R, J = c.up_rows, L // (HALF * GROUP)  # rows per warp, chunks per lane of a row
+            tidx, _, _ = cute.arch.thread_idx()
+            tile, pair, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            half, kl = lane // HALF, lane % HALF
+            token, slot = pair // k, pair % k
+            e = self.expert_of(mIds, token, slot)
+            row0 = tile * c.up_rows_per_cta + (tidx // 32) * R
+            ops = _DslOps()
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, J, R), Uint32)
+            for r in cutlass.range_constexpr(R):
+                wrow = mW13[e, half * In + row0 + r, None]
+                for j in cutlass.range_constexpr(J):
+                    cute.copy(load, cute.local_tile(wrow, (CHUNK_WORDS,), (kl + HALF * j,)), ring[None, j, r])
+            accs = [Float32(0.0) for _ in range(R)]
+            for j in cutlass.range_constexpr(J):  # chunk-major: z's chunk is loaded once for the warp's R rows
+                chunk = kl + HALF * j
+                dots = self.chunk_dots([ring[None, j, r] for r in range(R)], mZ, token, chunk * GROUP)
+                for r in cutlass.range_constexpr(R):
+                    factor = scale_factor(Uint32(mS13[e, half * In + row0 + r, chunk]), ops)
+                    accs[r] = accs[r] + dots[r] * factor
+            for r in cutlass.range_constexpr(R):
+                acc = accs[r]
+                for off in (8, 4, 2, 1):  # the half-warp's sum; the xor never crosses halves
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
+                ab = (acc * Float32(0.5)).to(BFloat16).to(Float32)  # a on lane 0, b on lane 16
+                b = cute.arch.shuffle_sync(ab, 16)
+                if lane == 0:
+                    mH[pair, row0 + r] = situ(ab, b, beta, beta_lin).to(BFloat16)
+
+        # --- launch 2: w2 and the sum over slots ----------------------------------------------------------------
+
+        @cute.kernel
+        def down(self, mIds: cute.Tensor, mWeights: cute.Tensor, mW2: cute.Tensor, mS2: cute.Tensor, mH: cute.Tensor,
+                 mY: cute.Tensor):
+            c, In, k = self.cfg, self.i, self.k
+            J, D = In // (TEAM * GROUP), c.down_stages  # chunks per lane, slots in flight
+            tidx, _, _ = cute.arch.thread_idx()
+            tile, token, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            tl = lane % TEAM
+            n = tile * c.down_rows_per_cta + tidx // TEAM
+            ops = _DslOps()
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            experts = [self.expert_of(mIds, token, s) for s in range(k)]
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, J, D), Uint32)
+            for s in cutlass.range_constexpr(min(D, k)):
+                self.load_w2(load, mW2, experts[s], n, tl, ring, s % D)
+            y = Float32(0.0)
+            for s in cutlass.range_constexpr(k):
+                acc = Float32(0.0)
+                for j in cutlass.range_constexpr(J):
+                    chunk = tl + TEAM * j
+                    factor = scale_factor(Uint32(mS2[experts[s], n, chunk]), ops)
+                    acc = acc + self.chunk_dots([ring[None, j, s % D]], mH, token * k + s, chunk * GROUP)[0] * factor
+                if cutlass.const_expr(s + D < k):
+                    self.load_w2(load, mW2, experts[s + D], n, tl, ring, s % D)
+                for off in (2, 1):  # the team's sum
+                    acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
+                h2 = (acc * Float32(0.5)).to(BFloat16).to(Float32)
+                y = y + mWeights[token, s] * h2
+            if tl == 0:
+                mY[token, n] = y
+
+        @cute.jit
+        def load_w2(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, n: Int32, tl: Int32, ring: cute.Tensor,
+                    slot: cutlass.Constexpr):
+            J = self.i // (TEAM * GROUP)
+            wrow = mW2[e, n, None]
+            for j in cutlass.range_constexpr(J):
+                cute.copy(load, cute.local_tile(wrow, (CHUNK_WORDS,), (tl + TEAM * j,)), ring[None, j, slot])
+
+    @cute.jit
+    def situ(a: Float32, b: Float32, beta: Float32, beta_lin: Float32) -> Float32:
+        """The reference's SiTU in fp32, its operation order: beta tanh(a / beta) sigmoid(a) (beta_lin tanh(b /
+        beta_lin))."""
+        sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-a))
+        return beta * cute.math.tanh(a / beta) * sig * (beta_lin * cute.math.tanh(b / beta_lin))
+
+
+def launch_args(z_ptr: int, ids_ptr: int, weights_ptr: int, w13_ptr: int, s13_ptr: int, w2_ptr: int, s2_ptr: int,
+                h_ptr: int, y_ptr: int, tokens: int, beta: float, beta_lin: float, stream: int):
+    """The kernel's arguments for device addresses, the token count, SiTU's betas and a CUDA stream handle."""
+    gmem = cute.AddressSpace.gmem
+    return (_runtime_make_ptr(BFloat16, z_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Int64, ids_ptr, gmem, assumed_align=8),
+            _runtime_make_ptr(Float32, weights_ptr, gmem, assumed_align=4),
+            _runtime_make_ptr(Uint32, w13_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Uint8, s13_ptr, gmem, assumed_align=1),
+            _runtime_make_ptr(Uint32, w2_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Uint8, s2_ptr, gmem, assumed_align=1),
+            _runtime_make_ptr(BFloat16, h_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Float32, y_ptr, gmem, assumed_align=4),
+            Int32(tokens), Float32(beta), Float32(beta_lin), cuda.CUstream(stream))
+
+
+def fake_args():
+    """Null pointers with the kernel's argument types, for compiling without a GPU."""
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4.0, 25.0, 0)
+
+
+def compile_kernel(cfg: ExpertsConfig, experts: int, latent: int, inter: int, top_k: int, options: str = ""):
+    """cute.compile both launches for a config and dims, for the arch the DSL targets in this process."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return cute.compile(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), options=options)
+
+
+def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, top_k: int, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
+    from kernels.cute import compile_for_arch
+
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
+                            dynamic_smem_bytes=0, **kw)
