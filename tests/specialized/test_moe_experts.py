@@ -1,22 +1,39 @@
-"""moe_experts: the specialized kernel against the reference at each benchmark point of contracts/moe_experts.yaml.
+"""moe_experts' CuTe DSL kernel (model/kimi_k3/specialized/moe_experts/).
 
-Scaffolded by `k3forge task new` (task small_batch_proj). The gate checks much more (every envelope point,
-every input distribution, determinism, poisoned outputs, timing); this is the quick loop while writing.
+CPU: the in-register dequantization (`e2m1_values`, `scale_factor`: the code the kernel traces) run on numpy words
+against mxfp4.dequantize bit for bit, over every code byte and every scale byte, and over packed matrices read as
+the kernel reads them (32-bit little-endian words); a numpy/torch model of the two launches' math (group sums
+scaled once, the bf16 roundings, SiTU, the slot sum in slot order) against the reference; the argument checks; the
+config heuristic; the compile for sm_90a without a GPU, no spills, and the PTX's load mix.
+GPU (skipped without one): the kernel against the reference at T = 1..16 on random MXFP4 experts (E = 32, both
+intermediate dims) and one K3-shaped case (E = 896), determinism, T = 0, CUDA-graph replay; then the gate problem's
+inputs at the contract's benchmark points where the problem exists.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
-from gates.problems import ProblemError, bench_point, load_problem
 from gates.core.trees import clone, leaves
+from gates.problems import ProblemError, bench_point, load_problem
 from kernels.contract import load_contract
+from kernels.cute import cutlass_available, ptx_instruction_counts
+from model.kimi_k3 import mxfp4
+from model.kimi_k3.ops.moe_experts import moe_experts
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
+from model.kimi_k3.ops.situ_mlp import situ
+from model.kimi_k3.specialized.moe_experts import INTERMEDIATE, check_args, compile_keys, config_for
+from model.kimi_k3.specialized.moe_experts.kernel import ExpertsConfig, e2m1_values, scale_factor
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_experts.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
+E, L, K = 896, 3584, 16
+BETA, BETA_LIN = 4.0, 25.0
 DEVICE = "cuda"
 
 
@@ -25,8 +42,334 @@ def point_id(point) -> str:
 
 
 def test_contract_names_this_kernel():
-    assert CONTRACT.implementation == "model.kimi_k3.specialized.moe_experts.kernel:moe_experts_cute"
+    assert CONTRACT.implementation == "model.kimi_k3.specialized.moe_experts:moe_experts_cute"
     assert registry_problems(CONTRACT, str(CONTRACT_FILE), imports=False) == []
+    assert [h.arch for h in CONTRACT.hardware.declared] == ["sm_90"] and not CONTRACT.hardware.validated
+
+
+# --- the dequantization on numpy words -------------------------------------------------------------------------
+
+class NumpyOps:
+    """e2m1_values' and scale_factor's primitives over np.uint32 / np.float32 arrays."""
+
+    @staticmethod
+    def shl(v, n):
+        return np.left_shift(np.asarray(v, np.uint32), np.asarray(n, np.uint32))
+
+    @staticmethod
+    def shr(v, n):
+        return np.right_shift(np.asarray(v, np.uint32), np.asarray(n, np.uint32))
+
+    @staticmethod
+    def and_(v, m):
+        return np.bitwise_and(np.asarray(v, np.uint32), np.uint32(m))
+
+    @staticmethod
+    def or_(v, m):
+        return np.bitwise_or(np.asarray(v, np.uint32), np.asarray(m, np.uint32))
+
+    @staticmethod
+    def lut():
+        from model.kimi_k3.specialized.moe_experts.kernel import E2M1_LUT
+
+        return np.uint32(E2M1_LUT)
+
+    @staticmethod
+    def f32(bits):
+        return np.asarray(bits, np.uint32).view(np.float32)
+
+    @staticmethod
+    def sub(a, b):
+        return (a - b).astype(np.float32)
+
+    @staticmethod
+    def select(cond, a, b):
+        return np.where(cond, a, b).astype(np.float32)
+
+    @staticmethod
+    def isub(v, n):
+        return np.asarray(v, np.uint32) - np.uint32(n)
+
+    @staticmethod
+    def le(v, n):
+        return np.asarray(v, np.uint32) <= n
+
+    @staticmethod
+    def eq(v, n):
+        return np.asarray(v, np.uint32) == n
+
+
+def kernel_dequantize(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """(packed uint8 [N, K/2], scale uint8 [N, K/32]) -> fp32 [N, K] by the kernel's functions, its words read as
+    the kernel reads them (little-endian 32-bit words, 4 per 32-code group): value = doubled value x 2^(byte - 128)."""
+    n, half_k = packed.shape
+    words = np.ascontiguousarray(packed).view("<u4")  # [N, K/8]
+    vals = np.stack(e2m1_values(words, NumpyOps()), axis=-1).reshape(n, 2 * half_k)  # element 8 w + i
+    factor = scale_factor(scale.astype(np.uint32), NumpyOps())  # [N, K/32]
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (vals * np.repeat(factor, 32, axis=1)).astype(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equality, every NaN equal to every NaN, and -0 equal to +0: the kernel's negative zero code comes out
+    +0 (x - x), which no dot product can tell apart except in the sign of an all-zero sum."""
+    a, b = a.astype(np.float32) + np.float32(0), b.astype(np.float32) + np.float32(0)  # -0 + 0 = +0
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint32), b[~nan].view(np.uint32)))
+
+
+def test_e2m1_every_byte_and_scale_bit_for_bit():
+    """All 256 code bytes (two codes each) under every one of the 256 scale bytes."""
+    codes = np.arange(256, dtype=np.uint8)
+    packed = np.tile(codes, (256, 1))  # [256 scales, 256 bytes = 512 codes = 16 groups]
+    scale = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 16, axis=1)
+    want = mxfp4.dequantize(torch.from_numpy(packed), torch.from_numpy(scale), torch.float32).numpy()
+    assert same_bits(kernel_dequantize(packed, scale), want)
+
+
+def test_e2m1_values_doubled_exactly():
+    """The doubled magnitudes of the 8 codes, then the sign bit (word with nibble i = code i, then 8 + i)."""
+    for word, sign in ((0x76543210, 1.0), (0xFEDCBA98, -1.0)):
+        got = np.array(e2m1_values(np.uint32(word), NumpyOps()), np.float32)
+        assert np.array_equal(got, sign * 2 * np.array(mxfp4.E2M1_VALUES, np.float32))
+    assert e2m1_values(np.uint32(0x8), NumpyOps())[0] == 0  # -0 comes out +0 (same_bits' doc)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dequantize_quantized_matrices(seed):
+    """Packed matrices from mxfp4.quantize, read as 32-bit words, against mxfp4.dequantize."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(96, 512, generator=g) * torch.exp2(torch.randint(-12, 4, (96, 1), generator=g).float()))
+    packed, scale = mxfp4.quantize(w.to(torch.bfloat16))
+    want = mxfp4.dequantize(packed, scale, torch.float32).numpy()
+    assert same_bits(kernel_dequantize(packed.numpy(), scale.numpy()), want)
+
+
+# --- the two launches' math, modelled in torch ----------------------------------------------------------------
+
+def random_experts(e: int, latent: int, inter: int, seed: int = 0, device="cpu"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    w13 = torch.randn(e, 2 * inter, latent, generator=g) / latent**0.5
+    w2 = torch.randn(e, latent, inter, generator=g) / inter**0.5
+    q13 = mxfp4.quantize(w13.reshape(-1, latent).to(torch.bfloat16))
+    q2 = mxfp4.quantize(w2.reshape(-1, inter).to(torch.bfloat16))
+    w13q = tuple(t.reshape(e, 2 * inter, -1).to(device) for t in q13)
+    w2q = tuple(t.reshape(e, latent, -1).to(device) for t in q2)
+    return w13q, w2q
+
+
+def random_routing(t: int, e: int, k: int, latent: int, seed: int = 0, device="cpu"):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    z = torch.randn(t, latent, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]) if t else torch.zeros(0, k).long()
+    weights = torch.rand(t, k, generator=g) / k
+    return z.to(device), ids.to(device), weights.to(device)
+
+
+def model_of_kernel(z, ids, weights, w13, w2, beta, beta_lin):
+    """The kernel's math in torch: per row, the 32-code groups' sums of z x (2 value) in fp32, each times
+    2^(scale - 128), summed, rounded to bf16 (a, b and w2 h), SiTU in fp32 to bf16, the slots summed in
+    slot order with the routing weights in fp32."""
+    t, latent = z.shape
+    k = ids.shape[1]
+
+    def rows_dot(packed, scale, act):  # packed [N, C/2], act [C] -> [N]
+        vals = torch.from_numpy(kernel_dequantize(packed.numpy(), np.full_like(scale.numpy(), 128)))  # 2 value
+        groups = (vals * act.float()).reshape(packed.shape[0], -1, 32).sum(-1)
+        factor = torch.from_numpy(scale_factor(scale.numpy().astype(np.uint32), NumpyOps()))
+        return (groups * factor).sum(-1).to(torch.bfloat16)
+
+    y = torch.zeros(t, latent, dtype=torch.float32)
+    for tok in range(t):
+        for s in range(k):
+            e = int(ids[tok, s])
+            ab = rows_dot(w13[0][e], w13[1][e], z[tok])
+            a, b = ab.chunk(2)
+            h = situ(a, b, beta, beta_lin)
+            h2 = rows_dot(w2[0][e], w2[1][e], h)
+            y[tok] = y[tok] + weights[tok, s] * h2.float()
+    return y
+
+
+def check_close(got: torch.Tensor, ref: torch.Tensor, tol=None):
+    tol = tol or CONTRACT.tolerance
+    got, ref = got.float().cpu(), ref.float().cpu()
+    assert torch.isfinite(got).all()
+    close = (got - ref).abs() <= tol.atol + tol.rtol * ref.abs()
+    assert close.float().mean().item() >= tol.min_close_fraction, f"close fraction {close.float().mean().item()}"
+    rel = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert rel <= tol.max_rel_l2, f"rel L2 {rel}"
+
+
+@pytest.mark.parametrize("inter", [128, 256])
+def test_model_of_kernel_matches_reference(inter):
+    """The structure the kernel implements (where it scales, rounds and sums) reproduces the reference."""
+    e, latent, t, k = 8, 512, 3, 4
+    w13, w2 = random_experts(e, latent, inter, seed=inter)
+    z, ids, weights = random_routing(t, e, k, latent, seed=inter)
+    check_close(model_of_kernel(z, ids, weights, w13, w2, BETA, BETA_LIN),
+                moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
+
+
+# --- argument checks and the config ---------------------------------------------------------------------------
+
+def cpu_args(t=2, e=4, latent=512, inter=128, k=4):
+    w13 = (torch.zeros(e, 2 * inter, latent // 2, dtype=torch.uint8),
+           torch.zeros(e, 2 * inter, latent // 32, dtype=torch.uint8))
+    w2 = (torch.zeros(e, latent, inter // 2, dtype=torch.uint8), torch.zeros(e, latent, inter // 32, dtype=torch.uint8))
+    z = torch.zeros(t, latent, dtype=torch.bfloat16)
+    return z, torch.zeros(t, k, dtype=torch.int64), torch.zeros(t, k, dtype=torch.float32), w13, w2
+
+
+def _replace(args, i, value):
+    args = list(args)
+    args[i] = value
+    return args
+
+
+REFUSALS = {
+    "z dtype": (lambda a: _replace(a, 0, a[0].float()), "z must be bf16"),
+    "ids dtype": (lambda a: _replace(a, 1, a[1].int()), "ids int64"),
+    "weights dtype": (lambda a: _replace(a, 2, a[2].double()), "weights fp32"),
+    "dense experts": (lambda a: _replace(a, 3, (a[3][0],)), "MXFP4 (packed, scale) pairs"),
+    "scale dtype": (lambda a: _replace(a, 4, (a[4][0], a[4][1].float())), "must be uint8"),
+    "z rank": (lambda a: _replace(a, 0, a[0][None]), "z must be [T, L]"),
+    "weights shape": (lambda a: _replace(a, 2, a[2][:, :2]), "must both be [T="),
+    "too many tokens": (lambda a: cpu_args(t=17), "T=17 tokens: at most 16"),
+    "top_k": (lambda a: cpu_args(k=33, e=40), "top_k=33"),
+    "w2 shape": (lambda a: _replace(a, 4, (a[4][0][:, :, :32], a[4][1])), "w2 packed must be"),
+    "w13 scale shape": (lambda a: _replace(a, 3, (a[3][0], a[3][1][:, :, :8])), "w13 scale must be"),
+    "latent tiling": (lambda a: cpu_args(latent=768), "latent dim 768"),
+    "inter tiling": (lambda a: cpu_args(inter=96), "intermediate dim 96"),
+    "contiguity": (lambda a: _replace(a, 0, torch.zeros(512, 2, dtype=torch.bfloat16).t()), "contiguous"),
+    "cpu tensors": (lambda a: a, "CUDA tensors on one device"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_check_args_refuses(case):
+    build, message = REFUSALS[case]
+    with pytest.raises(ValueError, match=None) as err:
+        check_args(*build(cpu_args()))
+    assert message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_config_heuristic_and_tiling():
+    for t in range(1, 17):
+        cfg = config_for(t, 384)
+        assert cfg.down_warps == (2 if t <= 4 else 4) and cfg.up_rows_per_cta == 8
+        for inter in INTERMEDIATE.values():
+            cfg.check(L, inter, K)
+    with pytest.raises(ValueError, match="up_rows"):
+        ExpertsConfig(up_rows=3)
+    with pytest.raises(ValueError, match="intermediate dim 192"):
+        ExpertsConfig().check(L, 192, K)  # TP16's 192 must come zero-padded to 256
+
+
+def test_compile_keys_cover_both_tp_sizes():
+    keys = compile_keys(CONTRACT)
+    assert {key[3] for key in keys} == {384, 256}
+    assert {key[0].down_warps for key in keys} == {2, 4}
+    assert all(key[1:3] == (E, L) and key[4] == K for key in keys)
+
+
+# --- compiling for sm_90a without a GPU -----------------------------------------------------------------------
+
+_REPORTS: dict = {}
+
+
+def _report(cfg, inter):
+    from model.kimi_k3.specialized.moe_experts.kernel import compile_report
+
+    if (cfg, inter) not in _REPORTS:
+        _REPORTS[cfg, inter] = compile_report(cfg, E, L, inter, K, arch="sm_90a")
+    return _REPORTS[cfg, inter]
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("inter", [384, 256])
+@pytest.mark.parametrize("tokens", [1, 2, 8, 16])
+def test_compiles_for_sm90a_without_spills(tokens, inter):
+    cfg = config_for(tokens, inter)
+    report = _report(cfg, inter)
+    names = {k.name.split("_")[2]: k for k in report.kernels}
+    assert set(names) == {"up", "down"}, [k.name for k in report.kernels]
+    for kind, k in names.items():
+        print(f"T={tokens} I={inter} {kind}: {k.registers} registers, {k.spill_bytes} B spills, "
+              f"{k.stack_frame_bytes} B stack")
+        assert k.spill_bytes == 0 and k.stack_frame_bytes == 0
+        assert k.registers <= 128
+    counts = ptx_instruction_counts(report.ptx, {
+        "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b", "activations": r"\bld\.global\.nc\.v4\.b32\b",
+        "local": r"\b(?:ld|st)\.local\b", "atomics": r"\batom\."})
+    up_chunks = cfg.up_rows * L // 512
+    down_chunks = K * inter // 128
+    assert counts["weights"] == up_chunks + down_chunks
+    assert counts["activations"] == 4 * (L // 512 + down_chunks)  # z once per chunk for the warp's rows; h per chunk
+    assert counts["local"] == 0 and counts["atomics"] == 0
+
+
+# --- GPU ------------------------------------------------------------------------------------------------------
+
+@functools.cache
+def gpu_experts(e, inter, seed=0):
+    """Random MXFP4 experts on the GPU: quantized random bf16 for small E; random codes and scales for E = 896
+    (valid MXFP4; quantizing 2 GB of bf16 would dominate the test)."""
+    if e <= 64:
+        return random_experts(e, L, inter, seed, DEVICE)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def pair(rows, cols):
+        packed = torch.randint(0, 256, (e, rows, cols // 2), generator=g, device=DEVICE, dtype=torch.uint8)
+        scale = torch.randint(117, 121, (e, rows, cols // 32), generator=g, device=DEVICE, dtype=torch.uint8)
+        return packed, scale
+
+    return pair(2 * inter, L), pair(L, inter)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", [384, 256])
+@pytest.mark.parametrize("tokens", list(range(1, 17)))
+def test_matches_reference_small_e(tokens, inter):
+    from model.kimi_k3.specialized.moe_experts import moe_experts_cute
+
+    w13, w2 = gpu_experts(32, inter, seed=inter)
+    z, ids, weights = random_routing(tokens, 32, K, L, seed=tokens, device=DEVICE)
+    got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN)
+    check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
+    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN))  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_matches_reference_k3_shape(tokens):
+    from model.kimi_k3.specialized.moe_experts import moe_experts_cute
+
+    w13, w2 = gpu_experts(E, 384)
+    z, ids, weights = random_routing(tokens, E, K, L, seed=7, device=DEVICE)
+    check_close(moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN),
+                moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
+
+
+@pytest.mark.gpu
+def test_zero_tokens_and_graph_replay():
+    from model.kimi_k3.specialized.moe_experts import moe_experts_cute, prepare
+
+    w13, w2 = gpu_experts(32, 384)
+    z, ids, weights = random_routing(0, 32, K, L, device=DEVICE)
+    assert moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN).shape == (0, L)
+    z, ids, weights = random_routing(4, 32, K, L, seed=3, device=DEVICE)
+    prepare(4, 32, L, 384, K)
+    want = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN)
+    ids.copy_(torch.roll(ids, 1, dims=0))  # new routing, same buffers: the graph reads ids on the device
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN))
+    assert not torch.equal(out, want)
 
 
 @pytest.mark.gpu
@@ -42,8 +385,6 @@ def test_matches_reference(point, dist):
     got_args, ref_args = clone(case.args, DEVICE), clone(case.args, DEVICE)
     got, ref = kernel(*got_args), problem.reference(*ref_args)
     pairs = list(zip(leaves(got, "out"), leaves(ref, "out"), strict=True))
-    for i in case.state:  # state updated in place must match too
-        pairs += zip(leaves(got_args[i], f"args[{i}]"), leaves(ref_args[i], f"args[{i}]"), strict=True)
     for (name, g), (_, r) in pairs:
         result = problem.check(name, g, r, CONTRACT.tolerance)
         assert result.passed, result.problems

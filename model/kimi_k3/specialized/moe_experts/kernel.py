@@ -28,8 +28,10 @@ the low nibble, bytes little-endian). Magnitude code c = nibble & 7 maps to 2|v|
 through a 32-bit nibble table (0xC8643210 >> 4c) & 15; the float is made exactly by the 2^23 trick with the sign
 folded in: bits(s 2^23 + s 2|v|) - bits(s 2^23) = s 2|v|, s = the code's sign. A group's 32 products with the
 activations (exact in fp32: bf16 times a 4-bit integer) are summed in fp32, then scaled once by 2^(byte - 127)
-(the float with exponent field `byte`; byte 0 is 2^-127, built as a constant) and, after the K loop, by 1/2.
-Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order.
+and by 1/2 in one factor, 2^(byte - 128) (the float with exponent field byte - 1; bytes 0, 1 and 255 by selects).
+Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order. The
+one difference per value: a negative zero code gives +0 (x - x), which no sum can tell from -0 but the sign of an
+all-zero sum.
 
 Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
 tokens is read once per pair (rare at T <= 16 of 896 experts); the dequantization is ~9 integer/fp32 ops per weight
@@ -85,9 +87,14 @@ def e2m1_values(word, ops) -> list:
 
 
 def scale_factor(byte, ops):
-    """2^(byte - 127) as fp32 from an E8M0 scale byte (a 32-bit integer 0..255): the float whose exponent field is
-    the byte; byte 0 (2^-127, subnormal) is a constant; byte 255 gives inf (mxfp4.dequantize's 2^128 too)."""
-    return ops.select(ops.is_zero(byte), ops.tiny(), ops.f32(ops.shl(byte, 23)))
+    """2^(byte - 128) as fp32 from an E8M0 scale byte (a 32-bit integer 0..255): the factor that takes a group's
+    sum of doubled values to the sum of its values times 2^(byte - 127), exactly (a power of two). The float whose
+    exponent field is byte - 1 for bytes 2..254; the subnormals 2^-128 and 2^-127 for bytes 0 and 1; inf for byte
+    255 (E8M0's NaN, which mxfp4.dequantize's fp32 2^128 also makes inf)."""
+    normal = ops.f32(ops.shl(ops.isub(byte, 1), 23))
+    small = ops.f32(ops.shl(1 << 21, byte))
+    out = ops.select(ops.le(byte, 1), small, normal)
+    return ops.select(ops.eq(byte, 255), ops.f32(0x7F800000), out)
 
 
 @dataclass(frozen=True)
@@ -174,12 +181,16 @@ if _IMPORT_ERROR is None:
             return Float32(cutlass.select_(cond, a, b))
 
         @staticmethod
-        def is_zero(v):
-            return Uint32(v) == Uint32(0)
+        def isub(v, n):
+            return Uint32(v) - Uint32(n)
 
         @staticmethod
-        def tiny():
-            return _f32(1 << 22)  # 2^-127
+        def le(v, n):
+            return Uint32(v) <= Uint32(n)
+
+        @staticmethod
+        def eq(v, n):
+            return Uint32(v) == Uint32(n)
 
     class ExpertsKernel:
         """Both launches for one config and the problem's dims (E experts, L latent, I intermediate, k slots)
@@ -271,7 +282,7 @@ if _IMPORT_ERROR is None:
                 acc = accs[r]
                 for off in (8, 4, 2, 1):  # the half-warp's sum; the xor never crosses halves
                     acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
-                ab = (acc * Float32(0.5)).to(BFloat16).to(Float32)  # a on lane 0, b on lane 16
+                ab = acc.to(BFloat16).to(Float32)  # a on lane 0, b on lane 16
                 b = cute.arch.shuffle_sync(ab, 16)
                 if lane == 0:
                     mH[pair, row0 + r] = situ(ab, b, beta, beta_lin).to(BFloat16)
@@ -306,7 +317,7 @@ if _IMPORT_ERROR is None:
                     self.load_w2(load, mW2, experts[s + D], n, tl, ring, s % D)
                 for off in (2, 1):  # the team's sum
                     acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
-                h2 = (acc * Float32(0.5)).to(BFloat16).to(Float32)
+                h2 = acc.to(BFloat16).to(Float32)
                 y = y + mWeights[token, s] * h2
             if tl == 0:
                 mY[token, n] = y
