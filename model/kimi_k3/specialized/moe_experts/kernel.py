@@ -24,19 +24,18 @@ butterfly, rounded to bf16 (the reference's `act @ m2.t()`), times weights[t, sl
 
 Dequantization (`e2m1_values`, `scale_factor`: plain Python over primitives, so the tests run the code the kernel
 traces on numpy words). A 32-bit word of packed codes holds 8 E2M1 values, element i in nibble i (even index in
-the low nibble, bytes little-endian). Magnitude code c = nibble & 7 maps to 2|v| in {0, 1, 2, 3, 4, 6, 8, 12}
-through a 32-bit nibble table (0xC8643210 >> 4c) & 15; the float is made exactly by the 2^23 trick with the sign
-folded in: bits(s 2^23 + s 2|v|) - bits(s 2^23) = s 2|v|, s = the code's sign. A group's 32 products with the
-activations (exact in fp32: bf16 times a 4-bit integer) are summed in fp32, then scaled once by 2^(byte - 127)
+the low nibble, bytes little-endian). Code i's sign bit is shifted to bit 31 and its 3 magnitude bits to bits
+22..24 of a float (one LOP3 merges the two shifted words): that float is the value x 2^-126 exactly, subnormal
+for code 0.5, and one multiply by 2^127 (non-ftz: the PTX has no .ftz) makes 2 x value, a normal float. A group's
+32 products with the activations (exact in fp32: bf16 times a 3-bit significand) are summed in fp32, then scaled
+once by 2^(byte - 127)
 and by 1/2 in one factor, 2^(byte - 128) (the float with exponent field byte - 1; bytes 0, 1 and 255 by selects).
-Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order. The
-one difference per value: a negative zero code gives +0 (x - x), which no sum can tell from -0 but the sign of an
-all-zero sum.
+Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order.
 
 Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
-tokens is read once per pair (rare at T <= 16 of 896 experts); the dequantization is ~9 integer/fp32 ops per weight
-on CUDA cores, which may make batch 1 compute-bound near 2x the floor (next: PRMT lookups to bf16 pairs and
-mma.sync with tokens on N, as linear's mma path).
+tokens is read once per pair (rare at T <= 16 of 896 experts); each weight costs ~6 instructions on CUDA cores
+(shifts, LOP3, FMUL, the activation's bf16 -> fp32, FFMA), which may make batch 1 issue-bound above the floor
+(next: dequantize to bf16 pairs with a few LOP3s per pair and mma.sync with tokens on N, as linear's mma path).
 """
 
 from __future__ import annotations
@@ -62,9 +61,9 @@ GROUP = 32  # MXFP4 inputs per scale = E2M1 codes per 16-byte chunk
 CHUNK_WORDS = 4  # 32-bit words per chunk
 HALF = 16  # lanes per row in `up`
 TEAM = 4  # lanes per row in `down`
-E2M1_LUT = 0xC8643210  # nibble c: 2 |E2M1 value| of magnitude code c (0, 0.5, 1, 1.5, 2, 3, 4, 6 doubled)
-MAGIC = 0x4B000000  # the bits of 2^23: 2^23 + n for 0 <= n < 2^23 has n in its low mantissa bits
 SIGN = 0x80000000
+MAG_BITS = 0x01C00000  # fp32 bits 22..24: the two lowest exponent bits and the first mantissa bit
+TWO_127 = 2.0**127
 MASK32 = 0xFFFFFFFF
 MAX_TOKENS = 16
 MAX_TOP_K = 32
@@ -73,16 +72,19 @@ MAX_TOP_K = 32
 def e2m1_values(word, ops) -> list:
     """The 8 E2M1 values of a 32-bit word of codes (element i in nibble i), each doubled, as exact fp32 values.
 
-    `ops` supplies shl / shr (logical, 32-bit), and_ / or_ (with 32-bit constants), f32 (the float with these
-    bits) and sub (fp32): the kernel passes the DSL's, the tests numpy's."""
+    Code i's sign bit goes to bit 31 and its 3 magnitude bits (exponent e1 e0, mantissa m) to bits 22..24, the
+    float's two lowest exponent bits and its first mantissa bit: that float is value x 2^-126 exactly (code 1,
+    0.5, lands on the subnormal 2^-127, so the subnormal does the E2M1 subnormal's work); times 2^127 (exact,
+    non-ftz) it is 2 x value. Per code: one or two shifts, one 3-input logic op (LOP3), one multiply.
+
+    `ops` supplies shl / shr (logical, 32-bit), and_ / or_ (with 32-bit constants), f32 (the float with these bits)
+    and mul (fp32): the kernel passes the DSL's, the tests numpy's."""
     out = []
     for i in range(8):
-        # 4 c for nibble i: bits 4i..4i+2 moved to bits 2..4
-        idx = ops.and_(ops.shl(word, 2) if i == 0 else ops.shr(word, 4 * i - 2), 0x1C)
-        sign = ops.and_(ops.shl(word, 28 - 4 * i) if i < 7 else word, SIGN)
-        magic = ops.or_(sign, MAGIC)
-        bits = ops.or_(ops.and_(ops.shr(ops.lut(), idx), 0xF), magic)
-        out.append(ops.sub(ops.f32(bits), ops.f32(magic)))
+        signs = word if i == 7 else ops.shl(word, 28 - 4 * i)  # code i's sign at bit 31
+        mags = ops.shl(word, 22 - 4 * i) if i <= 5 else ops.shr(word, 4 * i - 22)  # its magnitude at bits 22..24
+        bits = ops.or_(ops.and_(signs, SIGN), ops.and_(mags, MAG_BITS))
+        out.append(ops.mul(ops.f32(bits), TWO_127))
     return out
 
 
@@ -166,15 +168,11 @@ if _IMPORT_ERROR is None:
         def or_(v, m):
             return Uint32(v) | Uint32(m)
 
-        @staticmethod
-        def lut():
-            return Uint32(E2M1_LUT)
-
         f32 = staticmethod(_f32)
 
         @staticmethod
-        def sub(a, b):
-            return a - b
+        def mul(a, c):
+            return a * Float32(c)
 
         @staticmethod
         def select(cond, a, b):
