@@ -28,7 +28,7 @@ from model.kimi_k3.ops.moe_experts import moe_experts
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.ops.situ_mlp import situ
 from model.kimi_k3.specialized.moe_experts import INTERMEDIATE, check_args, compile_keys, config_for
-from model.kimi_k3.specialized.moe_experts.kernel import ExpertsConfig, e2m1_values, scale_factor
+from model.kimi_k3.specialized.moe_experts.kernel import CHUNK_WORDS, ExpertsConfig, e2m1_values, scale_factor
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_experts.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -295,12 +295,15 @@ def test_compiles_for_sm90a_without_spills(tokens, inter):
         assert k.registers <= 128
     counts = ptx_instruction_counts(report.ptx, {
         "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b", "activations": r"\bld\.global\.nc\.v4\.b32\b",
-        "local": r"\b(?:ld|st)\.local\b", "atomics": r"\batom\."})
+        "local": r"\b(?:ld|st)\.local\b", "atomics": r"\batom\.",
+        # the dequantization's exactness needs subnormals kept: no flush-to-zero on fp32 multiplies and FMAs
+        "ftz": r"\b(?:mul|fma)(?:\.rn)?\.ftz\.f32\b", "fmul": r"\bmul(?:\.rn)?\.f32\b"})
     up_chunks = cfg.up_rows * L // 512
     down_chunks = K * inter // 128
     assert counts["weights"] == up_chunks + down_chunks
     assert counts["activations"] == 4 * (L // 512 + down_chunks)  # z once per chunk for the warp's rows; h per chunk
     assert counts["local"] == 0 and counts["atomics"] == 0
+    assert counts["ftz"] == 0 and counts["fmul"] >= 8 * (up_chunks + down_chunks) * CHUNK_WORDS
 
 
 # --- GPU ------------------------------------------------------------------------------------------------------

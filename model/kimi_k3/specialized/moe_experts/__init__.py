@@ -116,16 +116,19 @@ def prepare(tokens: int, e: int, latent: int, inter: int, k: int, num_sms: int |
 
 
 def moe_experts_cute(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13, w2, beta: float,
-                     beta_lin: float) -> torch.Tensor:
+                     beta_lin: float, *, config: ExpertsConfig | None = None) -> torch.Tensor:
     """The reference's result, y [T, L] fp32, in two launches on the current stream (kernel.py's module doc);
-    deterministic. Raises ValueError before launching anything on input outside the envelope (module doc)."""
+    deterministic. `config` overrides the heuristic (for tuning). Raises ValueError before launching anything on
+    input outside the envelope (module doc)."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
     t, k, e, latent, inter = check_args(z, ids, weights, w13, w2)
     y = torch.empty(t, latent, dtype=torch.float32, device=z.device)
     if t == 0:
         return y
-    cfg = config_for(t, inter, _num_sms(z.device.index))
+    cfg = config or config_for(t, inter, _num_sms(z.device.index))
+    if config is not None:
+        config.check(latent, inter, k)
     h = torch.empty(t * k, inter, dtype=torch.bfloat16, device=z.device)  # SiTU's output per (token, slot)
     (p13, s13), (p2, s2) = w13, w2
     _compiled(cfg, e, latent, inter, k)(*launch_args(
