@@ -251,11 +251,13 @@ def test_check_args_refuses(case):
 def test_config_heuristic_and_tiling():
     for t in range(1, 17):
         cfg = config_for(t, 384)
-        assert cfg.down_warps == (2 if t <= 4 else 4) and cfg.up_rows_per_cta == 8
+        assert cfg.down_warps == 4 and cfg.up_rows_per_cta == 8 and cfg.down_rows_per_cta == 8
         for inter in INTERMEDIATE.values():
             cfg.check(L, inter, K)
     with pytest.raises(ValueError, match="up_rows"):
         ExpertsConfig(up_rows=3)
+    with pytest.raises(ValueError, match="slot groups"):
+        ExpertsConfig(down_warps=8).check(L, 384, 12)
     with pytest.raises(ValueError, match="intermediate dim 192"):
         ExpertsConfig().check(L, 192, K)  # TP16's 192 must come zero-padded to 256
 
@@ -263,7 +265,7 @@ def test_config_heuristic_and_tiling():
 def test_compile_keys_cover_both_tp_sizes():
     keys = compile_keys(CONTRACT)
     assert {key[3] for key in keys} == {384, 256}
-    assert {key[0].down_warps for key in keys} == {2, 4}
+    assert len(keys) == 2  # one config at every T: one key per intermediate dim
     assert all(key[1:3] == (E, L) and key[4] == K for key in keys)
 
 
@@ -295,14 +297,15 @@ def test_compiles_for_sm90a_without_spills(tokens, inter):
         assert k.registers <= 128
     counts = ptx_instruction_counts(report.ptx, {
         "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b", "activations": r"\bld\.global\.nc\.v4\.b32\b",
-        "local": r"\b(?:ld|st)\.local\b", "atomics": r"\batom\.",
+        "local": r"\b(?:ld|st)\.local\b", "atomics": r"\batom\.", "shared": r"\bld\.shared\.b32\b",
         # the dequantization's exactness needs subnormals kept: no flush-to-zero on fp32 multiplies and FMAs
         "ftz": r"\b(?:mul|fma)(?:\.rn)?\.ftz\.f32\b", "fmul": r"\bmul(?:\.rn)?\.f32\b"})
     up_chunks = cfg.up_rows * L // 512
-    down_chunks = K * inter // 128
+    down_chunks = (K // cfg.down_warps) * inter // 128  # a thread's slots x its chunks of a w2 row
     assert counts["weights"] == up_chunks + down_chunks
     assert counts["activations"] == 4 * (L // 512 + down_chunks)  # z once per chunk for the warp's rows; h per chunk
     assert counts["local"] == 0 and counts["atomics"] == 0
+    assert counts["shared"] == cfg.down_warps  # the slot groups' sums, added in group order
     assert counts["ftz"] == 0 and counts["fmul"] >= 8 * (up_chunks + down_chunks) * CHUNK_WORDS
 
 

@@ -15,12 +15,15 @@ instruction of a half-warp covers 256 contiguous bytes. All the warp's chunks ar
 a butterfly (fixed order), rounded to bf16 as the reference's bf16 matmul does; lane 0 takes b from lane 16,
 evaluates SiTU in fp32 in the reference's operation order, rounds to bf16 and stores h[pair, r] (workspace).
 
-Launch 2, `down` (w2 and the slot sum). Grid (L / rows_per_cta, T): CTA (tile, t) owns rows n of y[t] for all k
-slots, so the k terms are summed in one thread in slot order: deterministic, no atomics, no workspace for y. A
-team of TEAM = 4 lanes owns a row n; lane j of the team reads chunks j, j + 4, ... of row n of w2_e (I / 32 chunks:
-3 per lane at I = 384, 2 at 256). The k slots are unrolled and their loads run `down_stages` slots ahead in a
-register ring, so every ring index is static. Per slot: the team's dot products with h[pair] summed by a 2-step
-butterfly, rounded to bf16 (the reference's `act @ m2.t()`), times weights[t, slot] in fp32, added to y's sum.
+Launch 2, `down` (w2 and the slot sum). Grid (L / 8, T): CTA (tile, t) owns 8 rows n of y[t] for all k slots, so
+y is summed in one CTA in a fixed order: deterministic, no atomics, no workspace for y. Warp g of the CTA takes
+slots [g P, (g + 1) P), P = k / down_warps (4 of 16 by default), in order; a team of TEAM = 4 lanes owns a row n,
+lane j of the team reads chunks j, j + 4, ... of row n of w2_e (I / 32 chunks: 3 per lane at I = 384, 2 at 256).
+The slots are unrolled and their loads run `down_stages` slots ahead in a register ring, so every ring index is
+static (all 4 of a warp's slots at once by default: at batch 1 every byte of w2 the call needs is requested at
+once). Per slot: the team's dot products with h[pair] summed by a 2-step butterfly, rounded to bf16 (the
+reference's `act @ m2.t()`), times weights[t, slot] in fp32, added to the warp's sum; then thread r < 8 adds the
+warps' sums of row r in warp order from shared memory and stores y[t, n].
 
 Dequantization (`e2m1_values`, `scale_factor`: plain Python over primitives, so the tests run the code the kernel
 traces on numpy words). A 32-bit word of packed codes holds 8 E2M1 values, element i in nibble i (even index in
@@ -105,8 +108,8 @@ class ExpertsConfig:
 
     up_warps: int = 4  # warps per CTA of `up`
     up_rows: int = 2  # intermediate rows per warp of `up` (loads in flight: up_rows x L / 512 per thread)
-    down_warps: int = 2  # warps per CTA of `down` (rows per CTA: 8 per warp)
-    down_stages: int = 4  # slots of w2 loads in flight per thread in `down`
+    down_warps: int = 4  # warps per CTA of `down`, one per group of k / down_warps slots (the CTA's 8 rows each)
+    down_stages: int = 4  # slots of w2 loads in flight per thread in `down` (at most its k / down_warps)
 
     def __post_init__(self):
         if self.up_warps not in (1, 2, 4, 8) or self.down_warps not in (1, 2, 4, 8):
@@ -122,7 +125,7 @@ class ExpertsConfig:
 
     @property
     def down_rows_per_cta(self) -> int:
-        return self.down_warps * (32 // TEAM)
+        return 32 // TEAM
 
     def check(self, latent: int, inter: int, top_k: int) -> None:
         """ValueError where the dims do not fit this config's tiling."""
@@ -133,15 +136,15 @@ class ExpertsConfig:
         if inter <= 0 or inter % (TEAM * GROUP) or inter % self.up_rows_per_cta:
             raise ValueError(f"intermediate dim {inter}: a positive multiple of {TEAM * GROUP} and of "
                              f"{self.up_rows_per_cta} rows per `up` CTA")
-        if not 1 <= top_k <= MAX_TOP_K:
-            raise ValueError(f"top_k {top_k}: 1..{MAX_TOP_K}")
+        if not 1 <= top_k <= MAX_TOP_K or top_k % self.down_warps:
+            raise ValueError(f"top_k {top_k}: 1..{MAX_TOP_K} and a multiple of the {self.down_warps} slot groups")
 
     @staticmethod
     def for_shape(tokens: int, inter: int, num_sms: int = 132) -> ExpertsConfig:
-        """The heuristic: `up` with 4 warps of 2 rows (8 rows a CTA: 48 / 32 tiles a pair at I = 384 / 256, so
-        >= 512 CTAs from one token of 16 slots); `down` with 2 warps (16 rows a CTA: 224 CTAs a token) up to 4
-        tokens, 4 warps (112 a token) above, where the grid already covers the SMs several times."""
-        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=2 if tokens <= 4 else 4, down_stages=4)
+        """The heuristic, the same at every T <= 16: `up` with 4 warps of 2 rows (8 rows a CTA: 48 / 32 tiles a pair
+        at I = 384 / 256, so >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots, all 4
+        in flight (448 CTAs of 128 threads a token: every w2 byte of a batch-1 call is requested at once)."""
+        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4)
 
 
 if _IMPORT_ERROR is None:
@@ -291,34 +294,48 @@ if _IMPORT_ERROR is None:
         def down(self, mIds: cute.Tensor, mWeights: cute.Tensor, mW2: cute.Tensor, mS2: cute.Tensor, mH: cute.Tensor,
                  mY: cute.Tensor):
             c, In, k = self.cfg, self.i, self.k
-            J, D = In // (TEAM * GROUP), c.down_stages  # chunks per lane, slots in flight
+            G = c.down_warps  # slot groups, one warp each
+            P = k // G  # slots per group
+            J, D = In // (TEAM * GROUP), min(c.down_stages, P)  # chunks per lane, slots in flight
+            ROWS = c.down_rows_per_cta
             tidx, _, _ = cute.arch.thread_idx()
             tile, token, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
-            tl = lane % TEAM
-            n = tile * c.down_rows_per_cta + tidx // TEAM
+            warp = tidx // 32
+            tl, r = lane % TEAM, lane // TEAM
+            n = tile * ROWS + r
             ops = _DslOps()
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            experts = [self.expert_of(mIds, token, s) for s in range(k)]
+            smem = cutlass.memory.SmemAllocator()
+            sPart = smem.allocate_tensor(Float32, cute.make_layout((G, ROWS), stride=(ROWS, 1)), byte_alignment=16)
+            slots = [warp * P + m for m in range(P)]  # the warp's slots, in order
+            experts = [self.expert_of(mIds, token, slots[m]) for m in range(P)]
             ring = cute.make_rmem_tensor((CHUNK_WORDS, J, D), Uint32)
-            for s in cutlass.range_constexpr(min(D, k)):
-                self.load_w2(load, mW2, experts[s], n, tl, ring, s % D)
+            for m in cutlass.range_constexpr(D):
+                self.load_w2(load, mW2, experts[m], n, tl, ring, m % D)
             y = Float32(0.0)
-            for s in cutlass.range_constexpr(k):
+            for m in cutlass.range_constexpr(P):
                 acc = Float32(0.0)
                 for j in cutlass.range_constexpr(J):
                     chunk = tl + TEAM * j
-                    factor = scale_factor(Uint32(mS2[experts[s], n, chunk]), ops)
-                    acc = acc + self.chunk_dots([ring[None, j, s % D]], mH, token * k + s, chunk * GROUP)[0] * factor
-                if cutlass.const_expr(s + D < k):
-                    self.load_w2(load, mW2, experts[s + D], n, tl, ring, s % D)
+                    factor = scale_factor(Uint32(mS2[experts[m], n, chunk]), ops)
+                    acc = acc + self.chunk_dots([ring[None, j, m % D]], mH, token * k + slots[m],
+                                                chunk * GROUP)[0] * factor
+                if cutlass.const_expr(m + D < P):
+                    self.load_w2(load, mW2, experts[m + D], n, tl, ring, m % D)
                 for off in (2, 1):  # the team's sum
                     acc = acc + cute.arch.shuffle_sync_bfly(acc, offset=off)
-                h2 = acc.to(BFloat16).to(Float32)
-                y = y + mWeights[token, s] * h2
+                h2 = acc.to(BFloat16).to(Float32)  # the reference's bf16 `act @ m2.t()`
+                y = y + mWeights[token, slots[m]] * h2
             if tl == 0:
-                mY[token, n] = y
+                sPart[warp, r] = y
+            cute.arch.sync_threads()
+            if tidx < ROWS:  # the groups' sums in group order: deterministic
+                total = sPart[0, tidx]
+                for g in cutlass.range_constexpr(1, G):
+                    total = total + sPart[g, tidx]
+                mY[token, tile * ROWS + tidx] = total
 
         @cute.jit
         def load_w2(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, n: Int32, tl: Int32, ring: cute.Tensor,
@@ -371,4 +388,4 @@ def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, to
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
     return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
-                            dynamic_smem_bytes=0, **kw)
+                            dynamic_smem_bytes=cfg.down_warps * cfg.down_rows_per_cta * 4, **kw)
