@@ -12,6 +12,7 @@ inputs at the contract's benchmark points where the problem exists.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -28,7 +29,16 @@ from model.kimi_k3.ops.moe_experts import moe_experts
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.ops.situ_mlp import situ
 from model.kimi_k3.specialized.moe_experts import INTERMEDIATE, check_args, compile_keys, config_for
-from model.kimi_k3.specialized.moe_experts.kernel import CHUNK_WORDS, ExpertsConfig, e2m1_values, scale_factor
+from model.kimi_k3.specialized.moe_experts.kernel import (
+    BF16X2_2_126,
+    CHUNK_WORDS,
+    SUPER,
+    ExpertsConfig,
+    bf16x2_scale,
+    e2m1_bf16_pairs,
+    e2m1_values,
+    scale_factor,
+)
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_experts.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -92,6 +102,10 @@ class NumpyOps:
     def eq(v, n):
         return np.asarray(v, np.uint32) == n
 
+    @staticmethod
+    def select_u32(cond, a, b):
+        return np.where(cond, np.uint32(a), np.asarray(b, np.uint32)).astype(np.uint32)
+
 
 def kernel_dequantize(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """(packed uint8 [N, K/2], scale uint8 [N, K/32]) -> fp32 [N, K] by the kernel's functions, its words read as
@@ -136,6 +150,116 @@ def test_dequantize_quantized_matrices(seed):
     packed, scale = mxfp4.quantize(w.to(torch.bfloat16))
     want = mxfp4.dequantize(packed, scale, torch.float32).numpy()
     assert same_bits(kernel_dequantize(packed.numpy(), scale.numpy()), want)
+
+
+# --- the mma path's dequantization to bf16 pairs -------------------------------------------------------------
+
+def bf16x2_to_f32(words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low halves, high halves) of bf16x2 words as fp32."""
+    w = np.asarray(words, np.uint32)
+    return (w << np.uint32(16)).view(np.float32), (w & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round fp32 to bf16 (nearest even; NaN kept quiet) as 16-bit patterns in uint32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return np.where(np.isnan(x), (bits >> 16) | 0x40, rounded).astype(np.uint32)
+
+
+def mul_bf16x2(a: np.ndarray, b) -> np.ndarray:
+    """mul.rn.bf16x2 in numpy: each half's exact fp32 product (bf16 x bf16 fits fp32's significand), rounded."""
+    (alo, ahi), (blo, bhi) = bf16x2_to_f32(a), bf16x2_to_f32(np.broadcast_to(np.asarray(b, np.uint32), a.shape))
+    with np.errstate(over="ignore", invalid="ignore"):
+        lo, hi = (alo.astype(np.float64) * blo).astype(np.float32), (ahi.astype(np.float64) * bhi).astype(np.float32)
+    return f32_to_bf16_bits(lo) | (f32_to_bf16_bits(hi) << np.uint32(16))
+
+
+def mma_dequantize(packed: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """bf16 bits [N, K] by the mma path's functions: pairs x 2^126 x 2^(byte - 127), two rounded multiplies."""
+    n, half_k = packed.shape
+    words = np.ascontiguousarray(packed).view("<u4")  # [N, K/8]
+    factor = np.repeat(bf16x2_scale(scale.astype(np.uint32), NumpyOps()), 4, axis=1)  # per word
+    out = np.zeros((n, half_k // 4, 8), np.uint32)
+    for j, p in enumerate(e2m1_bf16_pairs(words, NumpyOps())):  # elements (j, j + 4)
+        v = mul_bf16x2(mul_bf16x2(p, BF16X2_2_126), factor)
+        out[:, :, j], out[:, :, j + 4] = v & np.uint32(0xFFFF), v >> np.uint32(16)
+    return out.reshape(n, 2 * half_k)
+
+
+def test_bf16_pairs_every_byte_and_scale_bit_for_bit():
+    """The mma path's bf16 weights equal mxfp4.dequantize(..., bf16) bit for bit: all 256 code bytes under all 256
+    scale bytes (NaN: any NaN)."""
+    codes = np.arange(256, dtype=np.uint8)
+    packed = np.tile(codes, (256, 1))
+    scale = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 16, axis=1)
+    want = mxfp4.dequantize(torch.from_numpy(packed), torch.from_numpy(scale), torch.bfloat16)
+    want_bits = want.view(torch.int16).numpy().astype(np.uint16).astype(np.uint32)
+    got = mma_dequantize(packed, scale)
+    nan = torch.isnan(want).numpy()
+    assert np.array_equal(nan, ((got & 0x7F80) == 0x7F80) & ((got & 0x7F) != 0))
+    assert np.array_equal(got[~nan], want_bits[~nan])
+
+
+def prmt(a, b, sel: int) -> np.uint32:
+    """prmt.b32 with the selectors up_mma uses: 0x5410 (low halves of a, b), 0x7632 (high halves)."""
+    a, b = int(a), int(b)
+    if sel == 0x5410:
+        return np.uint32((a & 0xFFFF) | ((b & 0xFFFF) << 16))
+    assert sel == 0x7632
+    return np.uint32((a >> 16) | ((b >> 16) << 16))
+
+
+def test_mma_fragment_mapping_on_a_numpy_warp():
+    """up_mma's data movement, transcribed lane by lane (its load offsets, pairings and MMA operand order) onto
+    PTX's m16n8k16 fragment layout, computes w1 z and w3 z for 8 rows: checks that A's and B's k orders agree."""
+    rng = np.random.default_rng(0)
+    latent, warps = 512, 2
+    w13 = rng.standard_normal((16, latent)).astype(np.float32)  # 8 w1 rows over 8 w3 rows
+    packed, scale = (t.numpy() for t in mxfp4.quantize(torch.from_numpy(w13).to(torch.bfloat16)))
+    z = torch.randn(latent).to(torch.bfloat16)
+    zw = z.view(torch.int32).numpy().view(np.uint32)  # bf16 pairs, element 2 i in the low half
+    words = packed.view("<u4")  # [16, latent / 8]
+    S = latent // SUPER // warps
+    acc = np.zeros((warps, 16))
+    for warp in range(warps):
+        d = np.zeros((16, 8))  # this warp's D
+        for u in range(S):
+            for s_ in range(CHUNK_WORDS):
+                # per lane (g, t): A and B registers as the kernel builds them
+                a_regs = np.zeros((2, 32, 4), np.uint32)
+                b_regs = np.zeros((2, 32, 2), np.uint32)
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    chunk = warp * S * 4 + t + 4 * u
+                    zv = zw[chunk * 16 + 4 * s_: chunk * 16 + 4 * s_ + 4]
+                    zp = [prmt(zv[0], zv[2], 0x5410), prmt(zv[0], zv[2], 0x7632),
+                          prmt(zv[1], zv[3], 0x5410), prmt(zv[1], zv[3], 0x7632)]
+                    wp = []
+                    for h, row in enumerate((g, 8 + g)):
+                        pairs = e2m1_bf16_pairs(np.uint32(words[row, chunk * 4 + s_]), NumpyOps())
+                        sc = bf16x2_scale(np.uint32(scale[row, chunk]), NumpyOps())
+                        wp.append([mul_bf16x2(mul_bf16x2(np.array([p], np.uint32), BF16X2_2_126), sc)[0]
+                                   for p in pairs])
+                    for m in range(2):
+                        a_regs[m, lane] = [wp[0][2 * m], wp[1][2 * m], wp[0][2 * m + 1], wp[1][2 * m + 1]]
+                        b_regs[m, lane] = [zp[2 * m], zp[2 * m + 1]]
+                for m in range(2):  # D += A B by PTX's fragment layout
+                    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+                    for lane in range(32):
+                        g, t = lane // 4, lane % 4
+                        a_slots = ((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))
+                        for reg, (row, k0) in enumerate(a_slots):
+                            lo, hi = bf16x2_to_f32(a_regs[m, lane, reg])
+                            A[row, k0], A[row, k0 + 1] = lo, hi
+                        for reg, k0 in enumerate((2 * t, 2 * t + 8)):
+                            lo, hi = bf16x2_to_f32(b_regs[m, lane, reg])
+                            B[k0, g], B[k0 + 1, g] = lo, hi
+                    d += A @ B
+        assert np.allclose(d, d[:, :1])  # every column is the token
+        acc[warp] = d[:, 0]
+    want = mxfp4.dequantize(torch.from_numpy(packed), torch.from_numpy(scale)).double() @ z.double()
+    assert np.allclose(acc.sum(0), want.numpy(), rtol=1e-9, atol=1e-9)
 
 
 # --- the two launches' math, modelled in torch ----------------------------------------------------------------
@@ -309,6 +433,28 @@ def test_compiles_for_sm90a_without_spills(tokens, inter):
     assert counts["ftz"] == 0 and counts["fmul"] >= 8 * (up_chunks + down_chunks) * CHUNK_WORDS
 
 
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("inter", [384, 256])
+def test_mma_path_compiles_for_sm90a_without_spills(inter):
+    cfg = dataclasses.replace(config_for(1, inter), up_path="mma")
+    report = _report(cfg, inter)
+    names = {k.name.split("_")[2]: k for k in report.kernels}
+    assert set(names) == {"up", "down"}, [k.name for k in report.kernels]  # kernel_cutlass_up_mma_...
+    for kind, k in names.items():
+        print(f"mma path I={inter} {kind}: {k.registers} registers, {k.spill_bytes} B spills")
+        assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 128
+    steps = L // SUPER // cfg.up_warps  # super-steps per warp
+    counts = ptx_instruction_counts(report.ptx, {
+        "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
+        "hmul2": r"\bmul\.rn\.bf16x2\b", "prmt": r"\bprmt\.b32\b",
+        "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b", "local": r"\b(?:ld|st)\.local\b"})
+    assert counts["mma"] == steps * CHUNK_WORDS * 2
+    assert counts["hmul2"] == steps * CHUNK_WORDS * 2 * 4 * 2  # 2 rows x 4 pairs x (2^126, then the scale)
+    assert counts["prmt"] == steps * CHUNK_WORDS * 4
+    assert counts["weights"] == 2 * steps + (K // cfg.down_warps) * inter // 128
+    assert counts["local"] == 0
+
+
 # --- GPU ------------------------------------------------------------------------------------------------------
 
 @functools.cache
@@ -328,16 +474,31 @@ def gpu_experts(e, inter, seed=0):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["fma", "mma"])
 @pytest.mark.parametrize("inter", [384, 256])
 @pytest.mark.parametrize("tokens", list(range(1, 17)))
-def test_matches_reference_small_e(tokens, inter):
+def test_matches_reference_small_e(tokens, inter, path):
     from model.kimi_k3.specialized.moe_experts import moe_experts_cute
 
     w13, w2 = gpu_experts(32, inter, seed=inter)
     z, ids, weights = random_routing(tokens, 32, K, L, seed=tokens, device=DEVICE)
-    got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN)
+    cfg = dataclasses.replace(config_for(tokens, inter), up_path=path)
+    got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg)
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
-    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN))  # deterministic
+    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg))  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", [384, 256])
+def test_up_paths_write_the_same_h(inter):
+    """Both `up` paths sum exact products in fp32 (in other orders): their y agree far inside the tolerance."""
+    from model.kimi_k3.specialized.moe_experts import moe_experts_cute
+
+    w13, w2 = gpu_experts(32, inter, seed=inter)
+    z, ids, weights = random_routing(4, 32, K, L, seed=11, device=DEVICE)
+    ys = [moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
+                           config=dataclasses.replace(config_for(4, inter), up_path=path)) for path in ("fma", "mma")]
+    check_close(ys[1], ys[0], CONTRACT.tolerance.model_copy(update={"atol": 1e-3, "rtol": 1e-3, "max_rel_l2": 1e-3}))
 
 
 @pytest.mark.gpu

@@ -102,6 +102,33 @@ def scale_factor(byte, ops):
     return ops.select(ops.eq(byte, 255), ops.f32(0x7F800000), out)
 
 
+PAIR_SIGNS = 0x80008000  # the sign bits of both bf16 halves
+PAIR_MAGS = 0x01C001C0  # bits 6..8 of both halves: the two lowest exponent bits and the first mantissa bit
+BF16X2_2_126 = 0x7E807E80  # 2^126 in both halves
+BF16X2_MIN = 0x00400040  # 2^-127 (subnormal) in both halves
+SUPER = 4 * GROUP  # elements of a k super-step of the mma path: a quad's 4 chunks (128)
+
+
+def e2m1_bf16_pairs(word, ops) -> list:
+    """The `mma` path's dequantization: a 32-bit word of 8 codes (element i in nibble i) -> 4 bf16x2 words holding
+    elements (0, 4), (1, 5), (2, 6), (3, 7), element i in the low half, each value x 2^-126 exactly (code 0.5 is
+    the bf16 subnormal 2^-127). Shifting the word left by 4 (3 - j) puts the codes of elements j and j + 4 in the top
+    nibbles of the two halves: their signs are already in place, their magnitudes go 6 bits down (Marlin's trick).
+    `ops`: shl, shr, and_, or_ (32-bit)."""
+    out = []
+    for j in range(4):
+        w = word if j == 3 else ops.shl(word, 4 * (3 - j))
+        out.append(ops.or_(ops.and_(w, PAIR_SIGNS), ops.and_(ops.shr(w, 6), PAIR_MAGS)))
+    return out
+
+
+def bf16x2_scale(byte, ops):
+    """2^(byte - 127) in both bf16 halves from an E8M0 byte: the exponent field is the byte (255: inf, as
+    mxfp4.dequantize); byte 0 is the subnormal 2^-127. `ops`: shl, or_, eq, select_u32."""
+    normal = ops.or_(ops.shl(byte, 7), ops.shl(byte, 23))
+    return ops.select_u32(ops.eq(byte, 0), BF16X2_MIN, normal)
+
+
 @dataclass(frozen=True)
 class ExpertsConfig:
     """Everything about the launches that changes the generated code besides the problem's dims (ExpertsKernel)."""
@@ -110,8 +137,13 @@ class ExpertsConfig:
     up_rows: int = 2  # intermediate rows per warp of `up` (loads in flight: up_rows x L / 512 per thread)
     down_warps: int = 4  # warps per CTA of `down`, one per group of k / down_warps slots (the CTA's 8 rows each)
     down_stages: int = 4  # slots of w2 loads in flight per thread in `down` (at most its k / down_warps)
+    # `up` on CUDA cores ("fma", v1, the default) or tensor cores ("mma": 16 MMA rows = 8 w1 rows over the same 8 w3
+    # rows, tokens on N, the CTA's up_warps warps splitting K; up_rows unused). "mma" has never run on a GPU.
+    up_path: str = "fma"
 
     def __post_init__(self):
+        if self.up_path not in ("fma", "mma"):
+            raise ValueError(f"up_path {self.up_path!r}: 'fma' or 'mma'")
         if self.up_warps not in (1, 2, 4, 8) or self.down_warps not in (1, 2, 4, 8):
             raise ValueError(f"warps {self.up_warps}, {self.down_warps}: 1, 2, 4 or 8")
         if self.up_rows not in (1, 2, 4):
@@ -121,7 +153,7 @@ class ExpertsConfig:
 
     @property
     def up_rows_per_cta(self) -> int:
-        return self.up_warps * self.up_rows
+        return 8 if self.up_path == "mma" else self.up_warps * self.up_rows
 
     @property
     def down_rows_per_cta(self) -> int:
@@ -133,6 +165,8 @@ class ExpertsConfig:
             raise ValueError(f"latent dim {latent}: a positive multiple of {HALF * GROUP}")
         if latent % self.down_rows_per_cta:
             raise ValueError(f"latent dim {latent}: a multiple of {self.down_rows_per_cta} rows per `down` CTA")
+        if self.up_path == "mma" and latent % (SUPER * self.up_warps):
+            raise ValueError(f"latent dim {latent}: the mma path needs a multiple of {SUPER * self.up_warps}")
         if inter <= 0 or inter % (TEAM * GROUP) or inter % self.up_rows_per_cta:
             raise ValueError(f"intermediate dim {inter}: a positive multiple of {TEAM * GROUP} and of "
                              f"{self.up_rows_per_cta} rows per `up` CTA")
@@ -193,6 +227,35 @@ if _IMPORT_ERROR is None:
         def eq(v, n):
             return Uint32(v) == Uint32(n)
 
+        @staticmethod
+        def select_u32(cond, a, b):
+            return Uint32(cutlass.select_(cond, Uint32(a), Uint32(b)))
+
+    def _asm_u32(text: str, *args):
+        return Uint32(llvm.inline_asm(_T.i32(), [Uint32(a).ir_value() for a in args], text,
+                                      "=r" + ",r" * len(args), has_side_effects=False, is_align_stack=False,
+                                      asm_dialect=llvm.AsmDialect.AD_ATT))
+
+    def _mul_bf16x2(a, b):
+        """mul.rn.bf16x2 (sm_90): both halves, round to nearest even, subnormals kept."""
+        return _asm_u32("mul.rn.bf16x2 $0, $1, $2;", a, b)
+
+    def _prmt(a, b, sel: int):
+        return _asm_u32(f"prmt.b32 $0, $1, $2, {sel:#x};", a, b)
+
+    def _mma_bf16(a: list, b: list, c: list) -> list:
+        """mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d = A B + c for one warp; a: 4 bf16x2 words, b: 2,
+        c: 4 fp32 (PTX's fragment layout: lane (g, t) holds A (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..);
+        B (2t..2t+1, g), (2t+8.., g); C (g, 2t..2t+1), (g+8, 2t..2t+1))."""
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([_T.f32()] * 4),
+            [Uint32(x).ir_value() for x in (*a, *b)] + [Float32(x).ir_value() for x in c],
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
+            "{$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [Float32(llvm.extractvalue(_T.f32(), res, [i])) for i in range(4)]
+
     class ExpertsKernel:
         """Both launches for one config and the problem's dims (E experts, L latent, I intermediate, k slots)
         baked in; the token count T is a runtime argument (the grids)."""
@@ -217,7 +280,11 @@ if _IMPORT_ERROR is None:
             mS2 = cute.make_tensor(pS2, cute.make_layout((E, L, In // GROUP), stride=(L * In // GROUP, In // GROUP, 1)))
             mH = cute.make_tensor(pH, cute.make_layout((tokens * k, In), stride=(In, 1)))
             mY = cute.make_tensor(pY, cute.make_layout((tokens, L), stride=(L, 1)))
-            self.up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
+            if cutlass.const_expr(c.up_path == "mma"):  # z as 32-bit words (bf16 pairs) for the mma path
+                mZ = cute.make_tensor(cute.recast_ptr(pZ, dtype=Uint32),
+                                      cute.make_layout((tokens, L // 2), stride=(L // 2, 1)))
+            up = self.up_mma if cutlass.const_expr(c.up_path == "mma") else self.up
+            up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
                 grid=[In // c.up_rows_per_cta, tokens * k, 1], block=[32 * c.up_warps, 1, 1], stream=stream)
             self.down(mIds, mWeights, mW2, mS2, mH, mY).launch(
                 grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
@@ -287,6 +354,75 @@ if _IMPORT_ERROR is None:
                 b = cute.arch.shuffle_sync(ab, 16)
                 if lane == 0:
                     mH[pair, row0 + r] = situ(ab, b, beta, beta_lin).to(BFloat16)
+
+        @cute.kernel
+        def up_mma(self, mZ: cute.Tensor, mIds: cute.Tensor, mW13: cute.Tensor, mS13: cute.Tensor, mH: cute.Tensor,
+                   beta: Float32, beta_lin: Float32):
+            """`up` on tensor cores. CTA (tile, pair): 8 rows r0..r0+7 of I; MMA row g is w1 row r0 + g, row g + 8 is
+            w3 row r0 + g, so lane (g, t)'s C fragment holds a (c0) and b (c2) of row r0 + g. Warp w takes k
+            super-steps [w S, (w + 1) S) of 128 elements, S = L / 128 / warps; in super-step u, lane (g, t) loads
+            chunk 4 u + t (16 bytes, one scale group) of both rows, all S super-steps' loads issued first. k-step s of
+            the super-step uses word s of each lane's chunk: its 4 bf16x2 pairs (elements (0,4), (1,5), (2,6),
+            (3,7)) x 2^126 x 2^(scale - 127) (exact: two mul.rn.bf16x2) are MMA 1's a0..a3 (pairs (0,4), (1,5)) and
+            MMA 2's (pairs (2,6), (3,7)); z's elements 128 u + 32 t + 8 s .. + 7, paired alike by PRMT, are B in
+            every column (all 8 columns are the pair's token; column 0 is read). The warps' column-0 sums meet in
+            shared memory and thread r < 8 adds them in warp order, rounds a and b to bf16, applies SiTU."""
+            c, L, In, k = self.cfg, self.l, self.i, self.k
+            W = c.up_warps
+            S = L // SUPER // W  # super-steps per warp
+            tidx, _, _ = cute.arch.thread_idx()
+            tile, pair, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+            g, t = lane // 4, lane % 4
+            token, slot = pair // k, pair % k
+            e = self.expert_of(mIds, token, slot)
+            r0 = tile * 8
+            rows = (r0 + g, In + r0 + g)  # MMA rows g (w1) and g + 8 (w3)
+            ops = _DslOps()
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            z_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, invariant=True)
+            smem = cutlass.memory.SmemAllocator()
+            sPart = smem.allocate_tensor(Float32, cute.make_layout((W, 16), stride=(16, 1)), byte_alignment=16)
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, S), Uint32)
+            chunk0 = warp * S * 4 + t  # chunk of super-step 0 of this warp, for this lane
+            for u in cutlass.range_constexpr(S):
+                for h in cutlass.range_constexpr(2):
+                    cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
+                              ring[None, h, u])
+            zrow = mZ[token, None]  # z as 32-bit words: elements 2 i, 2 i + 1 in word i
+            two126 = Uint32(BF16X2_2_126)
+            acc = [Float32(0.0) for _ in range(4)]
+            for u in cutlass.range_constexpr(S):
+                chunk = chunk0 + 4 * u
+                scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
+                for s_ in cutlass.range_constexpr(CHUNK_WORDS):
+                    zv = cute.make_rmem_tensor((4,), Uint32)  # z elements 32 chunk + 8 s_ .. + 7, as 4 pairs
+                    cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
+                    zp = [_prmt(zv[0], zv[2], 0x5410), _prmt(zv[0], zv[2], 0x7632),
+                          _prmt(zv[1], zv[3], 0x5410), _prmt(zv[1], zv[3], 0x7632)]  # (0,4), (1,5), (2,6), (3,7)
+                    wp = []
+                    for h in cutlass.range_constexpr(2):
+                        pairs = e2m1_bf16_pairs(ring[s_, h, u], ops)
+                        wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
+                    # MMA 1: pairs (0,4), (1,5); MMA 2: pairs (2,6), (3,7)
+                    for m in cutlass.range_constexpr(2):
+                        acc = _mma_bf16([wp[0][2 * m], wp[1][2 * m], wp[0][2 * m + 1], wp[1][2 * m + 1]],
+                                        [zp[2 * m], zp[2 * m + 1]], acc)
+            if t == 0:
+                sPart[warp, g] = acc[0]  # column 0: row g (w1) and row g + 8 (w3)
+                sPart[warp, 8 + g] = acc[2]
+            cute.arch.sync_threads()
+            if tidx < 8:  # the warps' K ranges in warp order: deterministic
+                a = sPart[0, tidx]
+                b = sPart[0, 8 + tidx]
+                for w in cutlass.range_constexpr(1, W):
+                    a = a + sPart[w, tidx]
+                    b = b + sPart[w, 8 + tidx]
+                a = a.to(BFloat16).to(Float32)
+                b = b.to(BFloat16).to(Float32)
+                mH[pair, r0 + tidx] = situ(a, b, beta, beta_lin).to(BFloat16)
 
         # --- launch 2: w2 and the sum over slots ----------------------------------------------------------------
 
@@ -388,4 +524,5 @@ def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, to
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
     return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
-                            dynamic_smem_bytes=cfg.down_warps * cfg.down_rows_per_cta * 4, **kw)
+                            dynamic_smem_bytes=max(cfg.down_warps * cfg.down_rows_per_cta * 4,
+                                                   cfg.up_warps * 16 * 4 if cfg.up_path == "mma" else 0), **kw)
