@@ -210,11 +210,13 @@ def prmt(a, b, sel: int) -> np.uint32:
     return np.uint32((a >> 16) | ((b >> 16) << 16))
 
 
-def test_mma_fragment_mapping_on_a_numpy_warp():
+@pytest.mark.parametrize("warps", [1, 2])
+def test_mma_fragment_mapping_on_a_numpy_warp(warps):
     """up_mma's data movement, transcribed lane by lane (its load offsets, pairings and MMA operand order) onto
-    PTX's m16n8k16 fragment layout, computes w1 z and w3 z for 8 rows: checks that A's and B's k orders agree."""
-    rng = np.random.default_rng(0)
-    latent, warps = 512, 2
+    PTX's m16n8k16 fragment layout, computes 16 rows' dot products with the activation: checks that A's and B's k
+    orders agree. warps = 1 is down_mma's mapping too (one warp over all of K: chunk 4 u + t; rows g, g + 8)."""
+    rng = np.random.default_rng(warps)
+    latent = 512
     w13 = rng.standard_normal((16, latent)).astype(np.float32)  # 8 w1 rows over 8 w3 rows
     packed, scale = (t.numpy() for t in mxfp4.quantize(torch.from_numpy(w13).to(torch.bfloat16)))
     z = torch.randn(latent).to(torch.bfloat16)
@@ -436,7 +438,7 @@ def test_compiles_for_sm90a_without_spills(tokens, inter):
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 @pytest.mark.parametrize("inter", [384, 256])
 def test_mma_path_compiles_for_sm90a_without_spills(inter):
-    cfg = dataclasses.replace(config_for(1, inter), up_path="mma")
+    cfg = dataclasses.replace(config_for(1, inter), up_path="mma", down_path="mma")
     report = _report(cfg, inter)
     names = {k.name.split("_")[2]: k for k in report.kernels}
     assert set(names) == {"up", "down"}, [k.name for k in report.kernels]  # kernel_cutlass_up_mma_...
@@ -448,10 +450,11 @@ def test_mma_path_compiles_for_sm90a_without_spills(inter):
         "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
         "hmul2": r"\bmul\.rn\.bf16x2\b", "prmt": r"\bprmt\.b32\b",
         "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b", "local": r"\b(?:ld|st)\.local\b"})
-    assert counts["mma"] == steps * CHUNK_WORDS * 2
-    assert counts["hmul2"] == steps * CHUNK_WORDS * 2 * 4 * 2  # 2 rows x 4 pairs x (2^126, then the scale)
-    assert counts["prmt"] == steps * CHUNK_WORDS * 4
-    assert counts["weights"] == 2 * steps + (K // cfg.down_warps) * inter // 128
+    down_steps = (K // cfg.down_warps) * (inter // SUPER)  # a warp's slots x super-steps of a w2 row
+    assert counts["mma"] == (steps + down_steps) * CHUNK_WORDS * 2
+    assert counts["hmul2"] == (steps + down_steps) * CHUNK_WORDS * 2 * 4 * 2  # 2 rows x 4 pairs x (2^126, scale)
+    assert counts["prmt"] == (steps + down_steps) * CHUNK_WORDS * 4
+    assert counts["weights"] == 2 * steps + 2 * down_steps
     assert counts["local"] == 0
 
 
@@ -473,16 +476,19 @@ def gpu_experts(e, inter, seed=0):
     return pair(2 * inter, L), pair(L, inter)
 
 
+PATHS = [("fma", "fma"), ("mma", "fma"), ("fma", "mma"), ("mma", "mma")]  # (up_path, down_path)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["fma", "mma"])
+@pytest.mark.parametrize("paths", PATHS, ids=lambda p: f"up_{p[0]}-down_{p[1]}")
 @pytest.mark.parametrize("inter", [384, 256])
 @pytest.mark.parametrize("tokens", list(range(1, 17)))
-def test_matches_reference_small_e(tokens, inter, path):
+def test_matches_reference_small_e(tokens, inter, paths):
     from model.kimi_k3.specialized.moe_experts import moe_experts_cute
 
     w13, w2 = gpu_experts(32, inter, seed=inter)
     z, ids, weights = random_routing(tokens, 32, K, L, seed=tokens, device=DEVICE)
-    cfg = dataclasses.replace(config_for(tokens, inter), up_path=path)
+    cfg = dataclasses.replace(config_for(tokens, inter), up_path=paths[0], down_path=paths[1])
     got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg)
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
     assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg))  # deterministic
@@ -490,15 +496,18 @@ def test_matches_reference_small_e(tokens, inter, path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("inter", [384, 256])
-def test_up_paths_write_the_same_h(inter):
-    """Both `up` paths sum exact products in fp32 (in other orders): their y agree far inside the tolerance."""
+def test_paths_agree(inter):
+    """All four path combinations sum exact products in fp32 (in other orders): their y agree far inside the
+    tolerance."""
     from model.kimi_k3.specialized.moe_experts import moe_experts_cute
 
     w13, w2 = gpu_experts(32, inter, seed=inter)
     z, ids, weights = random_routing(4, 32, K, L, seed=11, device=DEVICE)
     ys = [moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
-                           config=dataclasses.replace(config_for(4, inter), up_path=path)) for path in ("fma", "mma")]
-    check_close(ys[1], ys[0], CONTRACT.tolerance.model_copy(update={"atol": 1e-3, "rtol": 1e-3, "max_rel_l2": 1e-3}))
+                           config=dataclasses.replace(config_for(4, inter), up_path=up, down_path=down))
+          for up, down in PATHS]
+    for y in ys[1:]:
+        check_close(y, ys[0], CONTRACT.tolerance.model_copy(update={"atol": 1e-3, "rtol": 1e-3, "max_rel_l2": 1e-3}))
 
 
 @pytest.mark.gpu

@@ -140,10 +140,13 @@ class ExpertsConfig:
     # `up` on CUDA cores ("fma", v1, the default) or tensor cores ("mma": 16 MMA rows = 8 w1 rows over the same 8 w3
     # rows, tokens on N, the CTA's up_warps warps splitting K; up_rows unused). "mma" has never run on a GPU.
     up_path: str = "fma"
+    # `down` likewise: "mma" = 16 w2 rows a CTA on tensor cores (the CTA's warps still split the slots; its ring of
+    # down_stages slots holds 2 I / 128 loads a slot). Never run on a GPU.
+    down_path: str = "fma"
 
     def __post_init__(self):
-        if self.up_path not in ("fma", "mma"):
-            raise ValueError(f"up_path {self.up_path!r}: 'fma' or 'mma'")
+        if self.up_path not in ("fma", "mma") or self.down_path not in ("fma", "mma"):
+            raise ValueError(f"up_path {self.up_path!r}, down_path {self.down_path!r}: 'fma' or 'mma'")
         if self.up_warps not in (1, 2, 4, 8) or self.down_warps not in (1, 2, 4, 8):
             raise ValueError(f"warps {self.up_warps}, {self.down_warps}: 1, 2, 4 or 8")
         if self.up_rows not in (1, 2, 4):
@@ -157,7 +160,7 @@ class ExpertsConfig:
 
     @property
     def down_rows_per_cta(self) -> int:
-        return 32 // TEAM
+        return 16 if self.down_path == "mma" else 32 // TEAM
 
     def check(self, latent: int, inter: int, top_k: int) -> None:
         """ValueError where the dims do not fit this config's tiling."""
@@ -167,7 +170,8 @@ class ExpertsConfig:
             raise ValueError(f"latent dim {latent}: a multiple of {self.down_rows_per_cta} rows per `down` CTA")
         if self.up_path == "mma" and latent % (SUPER * self.up_warps):
             raise ValueError(f"latent dim {latent}: the mma path needs a multiple of {SUPER * self.up_warps}")
-        if inter <= 0 or inter % (TEAM * GROUP) or inter % self.up_rows_per_cta:
+        if inter <= 0 or inter % (TEAM * GROUP) or inter % self.up_rows_per_cta or \
+                (self.down_path == "mma" and inter % SUPER):
             raise ValueError(f"intermediate dim {inter}: a positive multiple of {TEAM * GROUP} and of "
                              f"{self.up_rows_per_cta} rows per `up` CTA")
         if not 1 <= top_k <= MAX_TOP_K or top_k % self.down_warps:
@@ -286,7 +290,12 @@ if _IMPORT_ERROR is None:
             up = self.up_mma if cutlass.const_expr(c.up_path == "mma") else self.up
             up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
                 grid=[In // c.up_rows_per_cta, tokens * k, 1], block=[32 * c.up_warps, 1, 1], stream=stream)
-            self.down(mIds, mWeights, mW2, mS2, mH, mY).launch(
+            down = self.down
+            if cutlass.const_expr(c.down_path == "mma"):  # h as 32-bit words (bf16 pairs) for the mma path
+                mH = cute.make_tensor(cute.recast_ptr(pH, dtype=Uint32),
+                                      cute.make_layout((tokens * k, In // 2), stride=(In // 2, 1)))
+                down = self.down_mma
+            down(mIds, mWeights, mW2, mS2, mH, mY).launch(
                 grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
 
         # --- shared pieces -----------------------------------------------------------------------------------
@@ -472,6 +481,82 @@ if _IMPORT_ERROR is None:
                 for g in cutlass.range_constexpr(1, G):
                     total = total + sPart[g, tidx]
                 mY[token, tile * ROWS + tidx] = total
+
+        @cute.kernel
+        def down_mma(self, mIds: cute.Tensor, mWeights: cute.Tensor, mW2: cute.Tensor, mS2: cute.Tensor,
+                     mH: cute.Tensor, mY: cute.Tensor):
+            """`down` on tensor cores. CTA (tile, t): 16 rows n0 + g, n0 + g + 8 of y[t]; warp w takes slots
+            [w P, (w + 1) P) in order. Per slot, up_mma's k mapping over K = I (super-step u: lane (g, t) holds chunk
+            4 u + t of both rows; k-step s: word s, pairs (0,4)..(3,7) x 2^126 x scale as A, h's matching elements
+            paired by PRMT as B in all 8 columns), a fresh fp32 accumulator; then every lane holds rows g, g + 8 of
+            w2_e h (columns are copies): rounded to bf16, times the slot's weight, added to the lane's y in slot
+            order. The warps' sums meet in shared memory; thread r < 16 adds them in warp order and stores."""
+            c, In, k = self.cfg, self.i, self.k
+            G = c.down_warps
+            P = k // G
+            SI = In // SUPER  # super-steps of a w2 row
+            D = min(c.down_stages, P)
+            tidx, _, _ = cute.arch.thread_idx()
+            tile, token, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+            g, t = lane // 4, lane % 4
+            n0 = tile * 16
+            rows = (n0 + g, n0 + g + 8)
+            ops = _DslOps()
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            h_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, invariant=True)
+            smem = cutlass.memory.SmemAllocator()
+            sPart = smem.allocate_tensor(Float32, cute.make_layout((G, 16), stride=(16, 1)), byte_alignment=16)
+            slots = [warp * P + m for m in range(P)]
+            experts = [self.expert_of(mIds, token, slots[m]) for m in range(P)]
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, SI, D), Uint32)
+            for m in cutlass.range_constexpr(D):
+                self.load_w2_mma(load, mW2, experts[m], rows, t, ring, m % D)
+            two126 = Uint32(BF16X2_2_126)
+            y = [Float32(0.0), Float32(0.0)]  # rows g, g + 8
+            for m in cutlass.range_constexpr(P):
+                hrow = mH[token * k + slots[m], None]
+                acc = [Float32(0.0) for _ in range(4)]
+                for u in cutlass.range_constexpr(SI):
+                    chunk = 4 * u + t
+                    scales = [bf16x2_scale(Uint32(mS2[experts[m], rows[h], chunk]), ops) for h in range(2)]
+                    for s_ in cutlass.range_constexpr(CHUNK_WORDS):
+                        hv = cute.make_rmem_tensor((4,), Uint32)
+                        cute.copy(h_load, cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
+                        hp = [_prmt(hv[0], hv[2], 0x5410), _prmt(hv[0], hv[2], 0x7632),
+                              _prmt(hv[1], hv[3], 0x5410), _prmt(hv[1], hv[3], 0x7632)]
+                        wp = []
+                        for h in cutlass.range_constexpr(2):
+                            pairs = e2m1_bf16_pairs(ring[s_, h, u, m % D], ops)
+                            wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
+                        for q in cutlass.range_constexpr(2):
+                            acc = _mma_bf16([wp[0][2 * q], wp[1][2 * q], wp[0][2 * q + 1], wp[1][2 * q + 1]],
+                                            [hp[2 * q], hp[2 * q + 1]], acc)
+                if cutlass.const_expr(m + D < P):
+                    self.load_w2_mma(load, mW2, experts[m + D], rows, t, ring, m % D)
+                weight = mWeights[token, slots[m]]
+                y[0] = y[0] + weight * acc[0].to(BFloat16).to(Float32)  # the reference's bf16 `act @ m2.t()`
+                y[1] = y[1] + weight * acc[2].to(BFloat16).to(Float32)
+            if t == 0:
+                sPart[warp, g] = y[0]
+                sPart[warp, 8 + g] = y[1]
+            cute.arch.sync_threads()
+            if tidx < 16:  # the slot groups' sums in group order: deterministic
+                total = sPart[0, tidx]
+                for w in cutlass.range_constexpr(1, G):
+                    total = total + sPart[w, tidx]
+                mY[token, n0 + tidx] = total
+
+        @cute.jit
+        def load_w2_mma(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, rows: tuple, t: Int32,
+                        ring: cute.Tensor, slot: cutlass.Constexpr):
+            """ring[:, h, u, slot] = chunk 4 u + t of row rows[h] of w2_e, for every super-step u."""
+            for h in cutlass.range_constexpr(2):
+                wrow = mW2[e, rows[h], None]
+                for u in cutlass.range_constexpr(self.i // SUPER):
+                    cute.copy(load, cute.local_tile(wrow, (CHUNK_WORDS,), (4 * u + t,)), ring[None, h, u, slot])
 
         @cute.jit
         def load_w2(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, n: Int32, tl: Int32, ring: cute.Tensor,
