@@ -35,6 +35,16 @@ once by 2^(byte - 127)
 and by 1/2 in one factor, 2^(byte - 128) (the float with exponent field byte - 1; bytes 0, 1 and 255 by selects).
 Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order.
 
+Tensor-core paths (opt-in: ExpertsConfig.up_path / down_path = "mma"; never run on a GPU). `up_mma` puts 8 w1
+rows over the same 8 w3 rows as the 16 rows of mma.sync.m16n8k16 (bf16 in, fp32 accumulators), the pair's token in
+all 8 columns, the CTA's warps splitting K and meeting in shared memory in warp order; `down_mma` puts 16 w2 rows
+on the MMA's rows with h[pair] as B, a fresh accumulator per slot (rounded to bf16, weighted, summed in slot
+order). Lane (g, t) holds chunk 4 u + t of its two rows in k super-step u; k-step s uses word s, turned into 4
+bf16x2 pairs (elements (0,4), (1,5), (2,6), (3,7): `e2m1_bf16_pairs`, Marlin's shift / LOP3 trick, value x
+2^-126) and multiplied by 2^126 and by the group's `bf16x2_scale` (two mul.rn.bf16x2: exactly
+mxfp4.dequantize's bf16); the activations' matching elements are paired alike by PRMT. ~4.4 / 3.7 SASS per weight
+(up / down) instead of ~8.
+
 Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
 tokens is read once per pair (rare at T <= 16 of 896 experts); each weight costs ~6 instructions on CUDA cores
 (shifts, LOP3, FMUL, the activation's bf16 -> fp32, FFMA), which may make batch 1 issue-bound above the floor
