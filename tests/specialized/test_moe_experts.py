@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from gates.core.trees import clone, leaves
 from gates.problems import ProblemError, bench_point, load_problem
 from kernels.contract import load_contract
 from kernels.cute import cutlass_available, ptx_instruction_counts
+from kernels.trees import clone, leaves
 from model.kimi_k3 import mxfp4
 from model.kimi_k3.ops.moe_experts import moe_experts
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
