@@ -129,6 +129,12 @@ def run_new(args) -> int:
         print(f"wrote {path.relative_to(args.root)}")
     for path in kept:
         print(f"kept {path.relative_to(args.root)} (already there)")
+    problem = Path(args.root, "gates", "problems", f"{args.op}.py")
+    if not problem.is_file():
+        print(f"note: no {problem.relative_to(args.root)}: without the op's problem (its input generator, checker and "
+              "cost) the numerics, benchmarks and evals gates cannot judge the kernel. It is judge code, outside "
+              "every task's scope: ask the maintainers for it (or propose one in a commit of its own for them to "
+              "adopt); gates/problems/moe_route.py is a model.")
     print(f"next: read {TASKS_DIR}/{task.name}.md, write the kernel, run its test, `k3forge contract check`, then "
           f"`make gate` on a GPU of the envelope; commit with trailers Task: {task.name}, Assisted-by: and "
           "Signed-off-by: (git commit -s), then `k3forge task check`")

@@ -31,6 +31,8 @@ BACKENDS = {"cutedsl": "cute", "triton": "triton", "torch": "fused"}  # backend:
 DEFAULT_TOLERANCE = {"atol": 1e-3, "rtol": 1.6e-2, "max_rel_l2": 1e-2, "min_close_fraction": 0.99999}
 # Operand dtypes K3 keeps (SPEC.md §3, §4): the fp32 SSM state, the bf16 MLA latent cache.
 STATE_DTYPES = {"ssm_state": "fp32", "kv_cache": "bf16"}
+# Weights as the checkpoint stores them (SPEC.md §10): the routed experts MXFP4, every other weight bf16.
+WEIGHT_DTYPES = {"moe_experts": "mxfp4"}
 
 
 class ScaffoldError(Exception):
@@ -81,6 +83,7 @@ def scaffold(task: Task, op: str, backend: str, owner: str, adopt: str | None = 
         reference_doc=inspect.getdoc(registered.reference) or "",
         devices={arch: _devices(arch) for arch in task.envelope.archs},
         state_dtypes={k: v for k, v in STATE_DTYPES.items() if k in registered.dtypes},
+        weights=WEIGHT_DTYPES.get(op, "bf16"),
         shapes=shapes, points=_bench_points(task, shapes), tolerance={**DEFAULT_TOLERANCE, **bounds},
         required_speedup=min((s.min for s in task.success.speedup), default=1.0),
     )

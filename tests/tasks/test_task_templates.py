@@ -43,6 +43,7 @@ def test_every_template_scaffolds_its_registered_ops(task, op):
     assert contract["hardware"] == {"validated": [], "declared": [
         {"arch": a, "devices": [{"sm_90": "NVIDIA H200", "sm_100": "NVIDIA GB300"}[a]]} for a in task.envelope.archs]}
     assert contract["owners"] == [OWNER]
+    assert contract["dtypes"]["weights"] == ("mxfp4" if op == "moe_experts" else "bf16")  # as the checkpoint has them
     assert sorted({p["batch"] for p in contract["benchmark"]["points"]}) == [s.batch for s in task.success.speedup]
 
 
@@ -123,8 +124,9 @@ def tasks_root(tmp_path):
 def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
     args = ["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root)]
     assert main(args) == 0
-    written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines()
-               if line.startswith("wrote ")]
+    out = capsys.readouterr().out
+    written = [line.removeprefix("wrote ") for line in out.splitlines() if line.startswith("wrote ")]
+    assert "note: no gates/problems/moe_route.py" in out  # this root has no problem for the op: the gates say so
     assert written == ["contracts/moe_route.yaml", "model/kimi_k3/specialized/moe_route/__init__.py",
                        "model/kimi_k3/specialized/moe_route/kernel.py", "tests/specialized/test_moe_route.py"]
     spec = importlib.util.spec_from_file_location("scaffolded", tasks_root / written[2])
