@@ -54,17 +54,19 @@ def random_model(cfg: KimiK3Config, seed: int, device: torch.device, dtype: torc
     decoder layers (and so its caches) at the rank's shapes, its embedding and lm_head the whole model's. A
     stand-in for what one GPU of the group computes, not the TP model: the other ranks' shares of every
     all-reduce are missing, so it is the same function for the reference and the candidate paths, not K3's."""
-    def build(group: TP) -> KimiK3Model:
+    def build(cfg: KimiK3Config, group: TP) -> KimiK3Model:
         with torch.device(device):
             model = KimiK3Model(cfg, group, dtype)
         load_weights(model, RandomSource(checkpoint_tensors(cfg), seed, device),
                      origin=f"random weights (seed {seed})")
         return model
 
-    model = build(TP())
-    if tp > 1:
-        rank = build(RankOfTP(size=tp))
-        model.layers, model.tp = rank.layers, rank.tp  # model.vocab keeps the whole vocabulary
+    if tp == 1:
+        return build(cfg, TP()).eval()
+    model = build(cfg, RankOfTP(size=tp))
+    # the whole vocabulary, from a one-layer TP1 model: weights are drawn by name, so its embedding and lm_head are
+    # the whole model's, and the rank's layers are never drawn at the whole model's shapes (57 GB at K3's four)
+    model.vocab = build(first_layers(cfg, 1), TP()).vocab
     return model.eval()
 
 
