@@ -10,9 +10,9 @@
 # A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
 # contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
-# verbose logs. COMMIT is the hash of the working tree's commit, taken on the machine that sends the call: the
-# runner's copy of the tree can sit on another commit, so `git rev-parse HEAD` there would label the bundle
-# wrongly. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
+# verbose logs; TEST_GROUPS=route,experts (names in run_tests) runs only those. COMMIT is the hash of the
+# working tree's commit, taken on the machine that sends the call: the runner's copy of the tree can sit on
+# another commit, so `git rev-parse HEAD` there would label the bundle wrongly. `gate COMMIT` and `evals` start a background job that outlives the call (the gate's
 # benchmarks need the GPU to themselves, so start nothing else until it is done) and wait while the call has
 # time; `collect` waits for the jobs still running and copies what they wrote to $OUT: the bundles as
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
@@ -43,9 +43,14 @@ CALL_LIMIT=${CALL_LIMIT:-570}  # seconds of this device call to use before retur
 left() { echo $((CALL_LIMIT - ($(date +%s) - CALL_START))); }
 
 run_tests() {
-  # group name, seconds, pytest targets
+  # group name, seconds, pytest targets; TEST_GROUPS=route,experts runs only those groups (a kernel's first GPU
+  # tests compile every config they cover: each kernel has its own group, so one slow compile costs its group only)
   local groups=(
-    "kernel 210 tests/specialized tests/kernels"
+    "kda 150 tests/specialized/test_kda_*.py"
+    "linear 150 tests/specialized/test_linear.py"
+    "route 240 tests/specialized/test_moe_route.py"
+    "experts 240 tests/specialized/test_moe_experts.py"
+    "kernels 60 tests/kernels"
     "adversarial 120 tests/adversarial tests/gates/checks/test_benchmarks.py"
     "dispatch 90 tests/model/test_dispatch.py"
     "evals 150 tests/evals/test_gpu.py"
@@ -54,6 +59,7 @@ run_tests() {
     set -- $g
     local name=$1 limit=$2
     shift 2
+    case ",${TEST_GROUPS:-$name}," in *",$name,"*) ;; *) continue ;; esac
     echo "== $name (${limit} s)"
     timeout -s INT "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu --durations=5 "$@" \
       > "$OUT/pytest_$name.log" 2>&1
