@@ -61,15 +61,39 @@ class LatentMoE(Weighted):
         self.suffixes = tuple(t[0] for t in w13_tensors)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
+        # The shared experts depend on x alone: on a GPU they run on a side stream (forked from and joined to the
+        # current one, so a CUDA graph captures both branches) while the router and the routed experts run.
+        side = side_stream(x.device)
+        if side is None:
+            shared = ops.call("situ_mlp", x, self.shared_gate_up, self.shared_down, self.beta, self.beta_lin)
+        else:
+            main = torch.cuda.current_stream(x.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                shared = ops.call("situ_mlp", x, self.shared_gate_up, self.shared_down, self.beta, self.beta_lin)
         ids, weights = ops.call("moe_route", x, self.gate, self.e_bias, self.top_k, self.renormalize, self.scaling)
         z = ops.call("linear", x, self.down_proj)
         w13 = tuple(getattr(self, f"w13_{t}") for t in self.suffixes)
         w2 = tuple(getattr(self, f"w2_{t}") for t in self.suffixes)
         y = ops.call("moe_experts", z, ids, weights, w13, w2, self.beta, self.beta_lin)
         y = ops.call("rms_norm", self.tp.all_reduce(y), self.latent_norm, self.eps).to(x.dtype)  # partials summed first
-        shared = self.tp.all_reduce(ops.call("situ_mlp", x, self.shared_gate_up, self.shared_down, self.beta,
-                                             self.beta_lin))
-        return ops.call("linear", y, self.up_proj) + shared
+        if side is not None:
+            main.wait_stream(side)
+            shared.record_stream(main)  # made on the side stream, freed after the main stream's use of it
+        return ops.call("linear", y, self.up_proj) + self.tp.all_reduce(shared)
+
+
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """The stream the shared experts overlap on (one per device), or None off a GPU."""
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(index)
+    return _SIDE_STREAMS[index]
 
 
 class DenseMLP(Weighted):

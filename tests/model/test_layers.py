@@ -1,6 +1,7 @@
 """MLA absorbed decode and prefill vs materialized attention, the MoE block vs a per-token loop, AttnRes by
 hand."""
 
+import copy
 import math
 
 import pytest
@@ -83,6 +84,29 @@ def test_moe_equals_per_token_loop(tiny_model):
             a, b = (w13 @ z[t]).chunk(2)
             expect += weights[t, k] * (w2 @ situ(a, b, 4.0, 25.0))
         torch.testing.assert_close(got[t], expect, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_shared_experts_on_their_side_stream_change_nothing_eager_or_captured(tiny_model, monkeypatch):
+    """The MoE block with its shared experts on the side stream equals it with them inline, bit for bit, run eagerly
+    and replayed from a CUDA graph (the fork and the join are captured)."""
+    from kernels.timing import capture_graph
+    from model.kimi_k3 import moe as moe_module
+
+    moe = copy.deepcopy(tiny_model.layers[1].ffn).cuda()
+    ops = copy.deepcopy(tiny_model.ops)
+    ops.begin_step(StepBatch((0, 1, 2), (1, 1, 1), (4, 4, 4)))
+    x = torch.randn(3, tiny_model.cfg.hidden_size, generator=torch.Generator().manual_seed(5)).cuda()
+    monkeypatch.setattr(moe_module, "side_stream", lambda device: None)
+    inline = moe(x, ops)
+    monkeypatch.undo()
+    assert moe_module.side_stream(x.device) is not None
+    torch.testing.assert_close(moe(x, ops), inline, atol=0, rtol=0)
+    held = {}
+    graph = capture_graph(lambda: held.update(out=moe(x, ops)))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(held["out"], inline, atol=0, rtol=0)
 
 
 def test_router_chooses_by_biased_score_but_weighs_by_raw_score():
