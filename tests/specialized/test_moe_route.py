@@ -11,6 +11,7 @@ T = 0, repeated launches and CUDA-graph replays (the arrival counters must come 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,8 @@ def test_route_config_refusals():
         RouteConfig(gemv, experts=900)
     with pytest.raises(ValueError, match="top_k"):
         RouteConfig(gemv, top_k=33)
+    with pytest.raises(ValueError, match="stop_after"):
+        RouteConfig(gemv, stop_after="ids")
 
 
 def test_check_args_refuses_bad_input_on_cpu():
@@ -176,6 +179,20 @@ def test_compiles_for_sm90a_without_gpu(t):
     assert counts["redux"] == TOP_K and counts["ballot"] == TOP_K and counts["ld.cg"] == E // 32
     assert counts["atom"] == 2 and counts["acquire"] == 1 and counts["local"] == 0
     assert (counts["mma"] > 0) == (t > 8)
+
+
+@needs_cutlass
+def test_the_probes_stages_compile_without_the_later_phases():
+    """probe.py's time split: "arrive" keeps the fence, the tickets and the wait but no selection; "gemv" keeps
+    neither."""
+    from model.kimi_k3.specialized.moe_route import compile as compile_key
+
+    patterns = {"atom": r"\batom\.global\.acq_rel\.add", "redux": r"\bredux\.sync\.max\.u32"}
+    expected = {"arrive": {"atom": 2, "redux": 0}, "gemv": {"atom": 0, "redux": 0}}
+    for stage, counts in expected.items():
+        report = compile_key((replace(route_config(1, E, K, TOP_K), stop_after=stage), 1, K), "sm_90a")
+        assert report.ok(max_registers=255), report.kernels
+        assert ptx_instruction_counts(report.ptx, patterns) == counts, stage
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------

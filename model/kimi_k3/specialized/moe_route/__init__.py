@@ -93,9 +93,11 @@ def _sync(device: torch.device) -> torch.Tensor:
 
 
 def moe_route_cute(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
-                   scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   scaling: float, *, config: RouteConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's math in one launch: (expert ids [T, top_k] int64 in decreasing key order, ties to the lower
-    id; weights [T, top_k] fp32, the un-biased sigmoid scores, renormalized when asked, times scaling)."""
+    id; weights [T, top_k] fp32, the un-biased sigmoid scores, renormalized when asked, times scaling). `config`
+    overrides route_config's (probe.py times the kernel's stages with it; a stage short of "select" leaves the
+    outputs unwritten)."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
     t, e, k = check_args(x, gate_w, bias, top_k)
@@ -103,7 +105,8 @@ def moe_route_cute(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, to
     weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
     if t == 0:
         return ids, weights
-    cfg = route_config(t, e, k, top_k, _num_sms(x.device.index))
+    cfg = config or route_config(t, e, k, top_k, _num_sms(x.device.index))
+    cfg.check(t, k)
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
     _compiled(cfg, t, k)(*launch_args(
         x.data_ptr(), gate_w.data_ptr(), bias.data_ptr(), logits.data_ptr(), ids.data_ptr(), weights.data_ptr(),

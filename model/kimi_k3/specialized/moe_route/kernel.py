@@ -48,6 +48,7 @@ if _IMPORT_ERROR is None:
 
 WARP = 32
 MAX_TOP_K = WARP  # lane r keeps the r-th choice
+STAGES = ("select", "arrive", "gemv")  # RouteConfig.stop_after
 DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
 
 
@@ -59,8 +60,13 @@ class RouteConfig:
     gemv: LinearConfig
     experts: int = 896
     top_k: int = 16
+    # how far the kernel goes: "select" (the router); "arrive" (the GEMV, then every CTA's fence and ticket and
+    # the last ones' wait, no selection) and "gemv" (the GEMV alone) exist for probe.py's time split only
+    stop_after: str = "select"
 
     def __post_init__(self):
+        if self.stop_after not in STAGES:
+            raise ValueError(f"stop_after {self.stop_after!r}: one of {', '.join(STAGES)}")
         if self.gemv.out_dtype != "float32":
             raise ValueError("the router's logits are fp32: gemv.out_dtype must be 'float32'")
         if self.experts <= 0 or self.experts % WARP:
@@ -200,11 +206,17 @@ if _IMPORT_ERROR is None:
         def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mLogits: cute.Tensor, n: Int32, mBias: cute.Tensor,
                    mIds: cute.Tensor, mWeights: cute.Tensor, mSync: cute.Tensor, renormalize: Int32,
                    scaling: Float32):
+            _linear_body(self, mX, mW, mLogits, n)
+            if cutlass.const_expr(self.route.stop_after != "gemv"):
+                self.arrive_and_select(mLogits, mBias, mIds, mWeights, mSync, renormalize, scaling)
+
+        @cute.jit
+        def arrive_and_select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor,
+                              mWeights: cute.Tensor, mSync: cute.Tensor, renormalize: Int32, scaling: Float32):
+            """Phase 2 (module doc): the arrival, and the selection by the last CTAs to arrive."""
             c, M = self.cfg, self.m
             ctas = c.ctas(self.route.experts)
             selectors = self.route.selectors(M)
-            _linear_body(self, mX, mW, mLogits, n)
-
             tidx, _, _ = cute.arch.thread_idx()
             arrived, done = mSync.iterator, mSync.iterator + 1
             smem = cutlass.memory.SmemAllocator()
@@ -225,8 +237,9 @@ if _IMPORT_ERROR is None:
                         cute.arch.store(done, Int32(0), sem="relaxed", scope="gpu")
                 cute.arch.sync_threads()
                 token = (ticket - first) * c.warps + cute.arch.warp_idx()
-                if token < M:
-                    self.select(mLogits, mBias, mIds, mWeights, token, renormalize, scaling)
+                if cutlass.const_expr(self.route.stop_after == "select"):
+                    if token < M:
+                        self.select(mLogits, mBias, mIds, mWeights, token, renormalize, scaling)
 
         @cute.jit
         def select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, mWeights: cute.Tensor,
