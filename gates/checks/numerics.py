@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegative
 
 from gates.core.compare import TensorCheck, digest
 from gates.core.registry import Gate, GateContext, arg_names
-from gates.core.sandbox import Sandbox, SandboxError, tree_state, tree_writes
+from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
 from gates.core.sources import REPO_ROOT
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
@@ -371,7 +371,7 @@ def check_production(ctx: GateContext, point: Point, names: list[str], cases: li
     with tempfile.TemporaryDirectory(prefix="k3forge-replay-") as tmp:
         request_path, result_path = Path(tmp, "request.pt"), Path(tmp, "result.json")
         torch.save(request, request_path)
-        before = tree_state()
+        guard = TreeGuard()
         try:
             proc = subprocess.run([sys.executable, "-m", "model.kimi_k3.replay", str(request_path), str(result_path)],
                                   cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S)
@@ -381,9 +381,10 @@ def check_production(ctx: GateContext, point: Point, names: list[str], cases: li
             result = {"error": f"no result within {REPLAY_TIMEOUT_S:.0f} s"}
         except (OSError, ValueError) as e:  # an unreadable result file: whatever the process left there
             result = {"error": f"its result could not be read ({type(e).__name__}: {e})"}
-        writes = tree_writes(before, tree_state())
+        writes = guard.writes()
+        guard.restore()
     if writes:
-        findings.add("production", f"{where}: the process wrote to the repository: {', '.join(writes[:5])}")
+        findings.add("production", f"{where}: the process wrote to the repository (undone): {', '.join(writes[:5])}")
     if "error" in result:
         findings.add("production", f"{where}: {result['error'].strip().splitlines()[-1]}")
         return {"run": False, "why": result["error"].strip().splitlines()[-1]}

@@ -6,11 +6,12 @@ that dies, hangs or sends something else is an error of the candidate, never a p
 
 The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
 gate's own code or its bytecode for the next run. The gate has parsed and imported all it judges by before any
-child starts (gates.core.runner), and the sandbox takes the tree's state (every file's size and modification
-time, prose outside evidence/ aside) when the child starts and compares it after every reply: a file the child's
-lifetime added, changed or removed is a TamperError, a finding against the candidate. New bytecode files, and
-rewrites of bytecode that was stale, are what imports do and are not counted (the child itself compiles nothing
-into the tree).
+child starts (gates.core.runner), and the sandbox keeps the tree as it was (every file's size and modification
+time and, bytecode aside, its bytes; prose outside evidence/ aside) when the child starts and compares it after
+every reply: a file the child's lifetime added, changed or removed is a TamperError, a finding against the
+candidate, and is undone at once (and again when the sandbox closes), so nothing the candidate writes survives
+into the tree or the judge of a later run. New bytecode files, and rewrites of bytecode that was stale, are what
+imports do and are not counted (the child itself compiles nothing into the tree).
 """
 
 from __future__ import annotations
@@ -96,9 +97,38 @@ def tree_writes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
     return out
 
 
+class TreeGuard:
+    """The tree as it was before candidate code ran: every file's state and, bytecode aside, its bytes, so that
+    what a candidate's process wrote is found (`writes`) and undone (`restore`): nothing it writes survives into
+    the tree or a later run's judge."""
+
+    def __init__(self, root: Path = REPO_ROOT):
+        self.root = root
+        self.state = tree_state(root)
+        self.contents = {rel: (root / rel).read_bytes() for rel, st in self.state.items() if st[2] is None}
+
+    def writes(self) -> list[str]:
+        return tree_writes(self.state, tree_state(self.root))
+
+    def restore(self) -> None:
+        """Put back every file the writes changed or removed (with its modification time) and remove the ones
+        they added; rewritten bytecode is removed (the next import compiles it again)."""
+        now = tree_state(self.root)
+        for rel in set(self.state) | set(now):
+            if self.state.get(rel) == now.get(rel):
+                continue
+            path = self.root / rel
+            if rel in self.contents:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(self.contents[rel])
+                os.utime(path, ns=(self.state[rel][1], self.state[rel][1]))
+            else:
+                path.unlink(missing_ok=True)
+
+
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self._tree = tree_state()
+        self._tree = TreeGuard()
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -136,9 +166,10 @@ class Sandbox:
         if reply.get("tampered"):
             raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
                               "its process cannot be trusted")
-        if writes := tree_writes(self._tree, tree_state()):
+        if writes := self._tree.writes():
+            self._tree.restore()
             raise TamperError(f"the candidate's process wrote to the repository: {', '.join(writes[:5])}"
-                              + (f" and {len(writes) - 5} more" if len(writes) > 5 else ""))
+                              + (f" and {len(writes) - 5} more" if len(writes) > 5 else "") + " (undone)")
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply
@@ -167,6 +198,8 @@ class Sandbox:
                 self._proc.join(KILL_WAIT_S)
         self._conn.close()
         Path(self._stacks).unlink(missing_ok=True)
+        if self._tree.writes():  # written after its last reply, e.g. by a thread it left running
+            self._tree.restore()
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -138,6 +138,7 @@ def test_a_candidate_that_writes_into_the_tree_is_caught():
         result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.writes_tree:kda_decode"))
         assert result.status is Status.ERROR
         assert "wrote to the repository: tests/adversarial/_written_by_a_candidate.py (added)" in result.reason
+        assert "(undone)" in result.reason and not mark.exists()  # nothing it writes survives into the tree
     finally:
         mark.unlink(missing_ok=True)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gates.core.sandbox import Sandbox, SandboxError
+from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
 
 
 def test_a_hung_candidate_is_reported_with_its_stack():
@@ -13,3 +13,22 @@ def test_a_hung_candidate_is_reported_with_its_stack():
     message = str(err.value)
     assert message.startswith("probe: no reply from the candidate's process within 5 s; it was at:")
     assert "hangs.py" in message and "_wait_forever" in message
+
+
+def test_the_tree_guard_undoes_every_write(tmp_path):
+    """A changed file gets its bytes and modification time back, an added one goes, a removed one returns; prose
+    outside evidence/ is not guarded (people edit it while a gate runs)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "judge.py").write_text("STRICT = True\n")
+    (tmp_path / "pkg" / "problem.py").write_text("TOLERANCE = 1e-3\n")
+    guard = TreeGuard(tmp_path)
+    (tmp_path / "pkg" / "judge.py").write_text("STRICT = False  # longer\n")
+    (tmp_path / "pkg" / "problem.py").unlink()
+    (tmp_path / "pkg" / "planted.py").write_text("x = 1\n")
+    (tmp_path / "NOTES.md").write_text("prose\n")
+    assert sorted(guard.writes()) == ["pkg/judge.py (changed)", "pkg/planted.py (added)", "pkg/problem.py (removed)"]
+    guard.restore()
+    assert guard.writes() == []
+    assert (tmp_path / "pkg" / "judge.py").read_text() == "STRICT = True\n"
+    assert (tmp_path / "pkg" / "problem.py").read_text() == "TOLERANCE = 1e-3\n"
+    assert not (tmp_path / "pkg" / "planted.py").exists() and (tmp_path / "NOTES.md").exists()
