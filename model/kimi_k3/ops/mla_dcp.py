@@ -19,9 +19,12 @@ the full attention's latent output: the merge is exact in real arithmetic for an
 into disjoint sets, round-robin or not; in floating point only the summation order differs from `mla_decode`.
 `merge` subtracts the largest lse_r before exponentiating (each weight is then <= 1, at least one is 1). The
 merge happens in the latent space (C = 512) before W_UV: out = W_UV o is linear in o, so projecting after the
-merge equals merging projected outputs, and each rank ships C + 1 floats per head instead of V + 1 and projects
-once. A rank sends its [B, H, C] partial and [B, H] lse in one all-gather of a [B, H, C + 1] fp32 tensor; every
-rank merges the same gathered tensor in rank order, so every rank returns the same bits.
+merge equals merging projected outputs (the merge weights sum to 1). Each rank projects once either way; the
+latent form ships C + 1 = 513 floats per head where projecting first would ship V + 1 = 129 (K3), in exchange
+for keeping the split where an absorbed decode kernel's output ends (the latent) and W_UV after the merge,
+where it can fuse with it. A rank sends its [B, H, C] partial and [B, H] lse in one all-gather of a
+[B, H, C + 1] fp32 tensor; every rank merges the same gathered tensor in rank order, so every rank returns the
+same bits.
 
 The -inf rule. A rank with no valid entry for a query (a sequence shorter than c) reports lse_r = -inf and
 o_r = 0, computed without a 0 / 0 or an exp(-inf - -inf): its merge weight exp(-inf - lse) is exactly 0. A
