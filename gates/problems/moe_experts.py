@@ -98,7 +98,7 @@ def generate_input(point: Point, seed: int, dist: str) -> Case:
 
 
 def cost(point: Point) -> Cost:
-    """The mean over the two seed parities: a point's input sets alternate TP8's and TP16's intermediate dim, so
-    the benchmark's per-call time is the mean of both kinds of call."""
+    """The mean over the two seed parities: a point's input sets are drawn at TP8's or TP16's intermediate dim by
+    their seeds' parity, so the benchmark's per-call time is a mix of both kinds of call (about half each)."""
     costs = [OP.cost_of(*generate_input(point, parity, "normal").args) for parity in (0, 1)]
     return Cost(bytes=sum(c.bytes for c in costs) / 2, flops=sum(c.flops for c in costs) / 2)
