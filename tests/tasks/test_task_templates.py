@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import re
 import shutil
 
 import pytest
@@ -39,6 +40,10 @@ def test_every_template_scaffolds_its_registered_ops(task, op):
     for path, text in files.items():
         if path.endswith(".py"):
             compile(text, path, "exec")
+            for module, names in re.findall(r"^from ([\w.]+) import ([\w, ]+)$", text, re.M):
+                if not module.startswith("."):  # what the scaffold imports from the repository exists
+                    imported = importlib.import_module(module)
+                    assert all(hasattr(imported, n.strip()) for n in names.split(",")), (path, module, names)
     contract = yaml.safe_load(files[f"contracts/{op}.yaml"])
     assert contract["hardware"] == {"validated": [], "declared": [
         {"arch": a, "devices": [{"sm_90": "NVIDIA H200", "sm_100": "NVIDIA GB300"}[a]]} for a in task.envelope.archs]}
