@@ -27,8 +27,8 @@ from kernels.cute import CompileCache, current_cute_arch
 from ..linear import _num_sms, available
 from .kernel import _IMPORT_ERROR, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
 
-__all__ = ["MlaConfig", "available", "check_args", "compile", "compile_keys", "config_for", "mla_decode_cute",
-           "prepare", "split_plan"]
+__all__ = ["MlaConfig", "attention_core", "available", "check_args", "compile", "compile_keys", "config_for",
+           "mla_decode_cute", "prepare", "split_plan"]
 
 MAX_BATCH = 64
 _CACHE = CompileCache("mla_decode")
@@ -117,17 +117,27 @@ def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Te
     cfg = config or config_for(h)
     if config is not None:
         config.check(h, c, r)
-    splits, chunk = split_plan(b, max_len, _num_sms(q_nope.device.index), cfg)
     q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float())  # the reference's absorption, fp32
     query = torch.cat([q_lat, q_pe.float()], dim=-1).contiguous()  # [B, H, C + R]
-    part = torch.empty(b, splits, h, c, dtype=torch.float32, device=q_nope.device)
-    lse = torch.empty(b, splits, h, dtype=torch.float32, device=q_nope.device)
-    latent = torch.empty(b, h, c, dtype=torch.float32, device=q_nope.device)
-    _compiled(cfg, h, c, r)(*launch_args(
+    latent = attention_core(query, kv_cache, slots, lengths, scale, cfg, c)
+    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
+
+
+def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                   scale: float, cfg: MlaConfig, latent_dim: int) -> torch.Tensor:
+    """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous):
+    latent [B, H, C] fp32. For the benchmark's kernel-only timing."""
+    b, h, _ = query.shape
+    c, max_len = latent_dim, kv_cache.shape[1]
+    splits, chunk = split_plan(b, max_len, _num_sms(query.device.index), cfg)
+    part = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
+    lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
+    latent = torch.empty(b, h, c, dtype=torch.float32, device=query.device)
+    _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
         query.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(), lengths.data_ptr(), part.data_ptr(), lse.data_ptr(),
         latent.data_ptr(), b, max_len, kv_cache.shape[0], splits, chunk, float(scale),
-        torch.cuda.current_stream(q_nope.device).cuda_stream))
-    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
+        torch.cuda.current_stream(query.device).cuda_stream))
+    return latent
 
 
 def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:
