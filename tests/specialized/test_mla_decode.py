@@ -207,11 +207,15 @@ def test_check_args_refuses_envelope():
                       w_uk[..., :256].contiguous(), w_uv[..., :256].contiguous(), scale)
 
 
-def test_check_args_refuses_a_cache_past_int32_indexing():
-    big = torch.empty(2**31 // (C + R) + 1, 1, C + R, dtype=torch.bfloat16, device="meta")
+def test_check_args_bounds_a_slot_not_the_whole_cache():
+    """The slot's base is 64-bit in the kernel: a cache past 2^31 elements is fine, a slot past it is not."""
     q_nope, q_pe, _, slots, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
-    with pytest.raises(ValueError, match="2\\^31"):
+    big = torch.empty(2**31 // (C + R) + 1, 1, C + R, dtype=torch.bfloat16, device="meta")  # many short slots
+    with pytest.raises(ValueError, match="CUDA tensors"):  # passes every check before the device's
         mk.check_args(q_nope, q_pe, big, slots, lengths, w_uk, w_uv, scale)
+    long = torch.empty(1, 2**31 // (C + R) + 1, C + R, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="2\\^31"):
+        mk.check_args(q_nope, q_pe, long, slots, lengths, w_uk, w_uv, scale)
 
 
 # --- the split plan ------------------------------------------------------------------------------------------------

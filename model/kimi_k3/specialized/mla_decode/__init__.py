@@ -10,10 +10,11 @@ them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query 
 launches (split-KV partials, then their log-sum-exp merge).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (2 latent columns a thread of
-256); C + R a multiple of 64; L >= 1; bf16 cache and weights, slots and lengths int64; the cache contiguous with fewer
-than 2^31 elements; all on one CUDA device. Anything else raises ValueError before anything is launched. Slots and
-lengths are read on the device (no host synchronisation): a slot outside [0, slots) is clamped into range and a length
-clamped into [0, L] rather than checked; a length of 0 gives a zero latent (decode always has >= 1).
+256); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may be larger); bf16 cache and weights,
+slots and lengths int64; every tensor contiguous, the cache 16-byte aligned; all on one CUDA device. Anything else
+raises ValueError before anything is launched. Slots and lengths are read on the device (no host synchronisation):
+a slot outside [0, slots) is clamped into range and a length clamped into [0, L] rather than checked; a length of 0
+gives a zero latent (decode always has >= 1).
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale) -> tup
         MlaConfig().check(h, c, r)
     except ValueError as err:
         raise ValueError(f"dims outside the kernel's mapping: {err}") from None
-    if kv_cache.numel() >= _INT32_LIMIT:
-        raise ValueError(f"kv_cache has {kv_cache.numel()} elements: the kernel's 32-bit row index needs < 2^31")
+    if max_len * width >= _INT32_LIMIT:
+        raise ValueError(f"a slot of kv_cache holds {max_len * width} elements: the kernel's offsets need < 2^31")
     if not all(t.is_contiguous() for t in tensors):
         raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be contiguous")
     if kv_cache.data_ptr() % 16:

@@ -29,8 +29,8 @@ split is empty), w_s = exp(lse_s - top), latent = sum_s w_s o_s / sum_s w_s (div
 ascending order: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
 
 Known gaps of v1 (NOTES.md): one tile in flight per CTA (load, sync, compute, sync: the next tile is not prefetched);
-scores on CUDA cores with a butterfly per (row, head); the cache is indexed with 32-bit offsets (check_args refuses a
-cache of 2^31 elements or more).
+scores on CUDA cores with a butterfly per (row, head). The slot's base address is 64-bit, offsets inside a slot
+32-bit (check_args refuses L x W >= 2^31).
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ if _IMPORT_ERROR is None:
                      num_slots: Int32, splits: Int32, chunk: Int32, scale: Float32, stream: cuda.CUstream):
             H, C, W = self.h, self.c, self.w
             mQ = cute.make_tensor(pQ, cute.make_layout((batch, H * W), stride=(H * W, 1)))
-            # rows of every slot, [slots L, W]: a static row stride keeps the 16-byte alignment visible
-            mKV = cute.make_tensor(pKV, cute.make_layout((num_slots * max_len, W), stride=(W, 1)))
+            # slot 0's rows [L, W]; `partial` moves the base to its slot with 64-bit arithmetic
+            mKV = cute.make_tensor(pKV, cute.make_layout((max_len, W), stride=(W, 1)))
             mSlots = cute.make_tensor(pSlots, cute.make_layout((batch,)))
             mLens = cute.make_tensor(pLens, cute.make_layout((batch,)))
             mPart = cute.make_tensor(pPart, cute.make_layout((batch, splits, H, C),
@@ -195,7 +195,11 @@ if _IMPORT_ERROR is None:
 
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            slot_row = slot * max_len  # the sequence's row 0 in mKV (32-bit: check_args bounds the cache)
+            # the sequence's rows: base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets
+            # inside a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible
+            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
+            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
+                                  cute.make_layout((max_len, W), stride=(W, 1)))
             c0 = 2 * tidx
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
@@ -204,8 +208,7 @@ if _IMPORT_ERROR is None:
                 for i in cutlass.range_constexpr(LOADS):
                     idx = tidx + i * NT
                     row = cutlass.min(base + idx // CHUNKS, stop - 1)  # clamped to the split's last valid row
-                    cute.copy(load, cute.local_tile(mKV[slot_row + row, None], (VEC,), (idx % CHUNKS,)),
-                              ring[None, i])
+                    cute.copy(load, cute.local_tile(kv[row, None], (VEC,), (idx % CHUNKS,)), ring[None, i])
                 for i in cutlass.range_constexpr(LOADS):
                     idx = tidx + i * NT
                     cute.local_tile(sRow[idx // CHUNKS, None], (VEC,), (idx % CHUNKS,)).store(ring[None, i].load())
