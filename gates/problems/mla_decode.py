@@ -1,0 +1,81 @@
+"""MLA decode attention over the latent cache, weight-absorbed (SPEC.md §4). PROPOSAL for the maintainers.
+
+    out = mla_decode(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)     # [B, H, 128] fp32
+
+Shapes from the contract: `heads` (rank-local H), `kv_lora_rank` (C), `rope_dim` (R); N = V = 128, scale =
+192^-1/2 (K3's). The context is not a contract shape, so the seed picks the cache's max_len from CONTEXTS (seed 0,
+which `cost` and the benchmarks use: 4K; the task also wants 32K bench points, which need a context key in the
+benchmark schema: for the maintainers). Lengths differ across the batch, drawn in [1, max_len], with one sequence
+at 1 and one at max_len (a single sequence alternates between the two by seed). Slots are a random permutation
+of a cache with SPARE_SLOTS more slots than sequences (gathered, never in order). Rows past each length hold
+POISON, finite so that the reference's masked softmax stays exact, large so that a kernel reading them into the
+softmax is visibly wrong. The cache and q follow the distribution; weights are drawn like trained ones.
+
+The reference is the op's math in float64 (per sequence, over its valid rows only), returned as fp32: the
+checker (compare.check_tensor) then measures the candidate against exact attention, not against another fp32
+summation order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gates.core.compare import check_tensor
+from gates.problems import Case, Cost, Point, sample
+from model.kimi_k3.ops.mla_decode import OP
+
+SHAPE_KEYS = ("heads", "kv_lora_rank", "rope_dim")
+NOPE = VALUE = 128
+SCALE = 192 ** -0.5
+CONTEXTS = (4096, 1000, 32768)
+SPARE_SLOTS = 2
+POISON = 256.0
+
+check = check_tensor
+
+
+def reference(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
+    """The op in float64 over each sequence's valid rows; [B, H, V] fp32."""
+    c = w_uk.shape[-1]
+    outs = []
+    for i in range(q_nope.shape[0]):
+        entries = kv_cache[slots[i], : int(lengths[i])].double()  # [n, C + R]
+        q_lat = torch.einsum("hn,hnc->hc", q_nope[i].double(), w_uk.double())
+        query = torch.cat([q_lat, q_pe[i].double()], dim=-1)
+        probs = torch.softmax(query @ entries.T * scale, dim=-1)  # [H, n]
+        outs.append(torch.einsum("hc,hvc->hv", probs @ entries[:, :c], w_uv.double()))
+    return torch.stack(outs).float()
+
+
+def _lengths(b: int, max_len: int, seed: int, gen: torch.Generator) -> torch.Tensor:
+    if b == 1:
+        return torch.tensor([1 if seed % 2 else max_len], dtype=torch.int64)
+    lengths = torch.randint(1, max_len + 1, (b,), generator=gen, dtype=torch.int64)
+    lengths[0], lengths[1] = 1, max_len
+    return lengths[torch.randperm(b, generator=gen)]
+
+
+def generate_input(point: Point, seed: int, dist: str) -> Case:
+    h, c, r = point["heads"], point["kv_lora_rank"], point["rope_dim"]
+    b = point.batch * (1 + point.spec_tokens)
+    dtype = point.torch_dtype
+    gen = torch.Generator().manual_seed(seed)
+    max_len = CONTEXTS[seed % len(CONTEXTS)]
+    num_slots = b + SPARE_SLOTS
+    q_nope = sample((b, h, NOPE), dist, gen, dtype)
+    q_pe = sample((b, h, r), dist, gen, dtype)
+    if dist == "normal":  # the big tensor drawn in bf16 directly (a 32K cache is ~1.2 G elements)
+        kv_cache = torch.randn(num_slots, max_len, c + r, generator=gen, dtype=torch.bfloat16).to(dtype)
+    else:
+        kv_cache = sample((num_slots, max_len, c + r), dist, gen, dtype)
+    slots = torch.randperm(num_slots, generator=gen)[:b].to(torch.int64)
+    lengths = _lengths(b, max_len, seed, gen)
+    for i in range(b):
+        kv_cache[slots[i], int(lengths[i]):] = POISON
+    w_uk = (torch.randn(h, NOPE, c, generator=gen) * NOPE ** -0.5).to(dtype)
+    w_uv = (torch.randn(h, VALUE, c, generator=gen) * c ** -0.5).to(dtype)
+    return Case(args=(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, SCALE))
+
+
+def cost(point: Point) -> Cost:
+    return OP.cost_of(*generate_input(point, 0, "normal").args)

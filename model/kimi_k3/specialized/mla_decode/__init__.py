@@ -1,0 +1,155 @@
+"""K3's weight-absorbed MLA decode attention over the latent cache, the attention core in CuTe DSL (sm_90). Entry point:
+`mla_decode_cute`, the signature of the reference (model/kimi_k3/ops/mla_decode.py).
+
+    >>> out = mla_decode_cute(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
+    ... # q_nope [B, H, N] bf16, q_pe [B, H, R] bf16, kv_cache [slots, L, C + R] bf16, slots / lengths [B] int64,
+    ... # w_uk [H, N, C] bf16, w_uv [H, V, C] bf16 -> out [B, H, V] fp32
+
+v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T in fp32, as the reference computes
+them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
+launches (split-KV partials, then their log-sum-exp merge).
+
+Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (2 latent columns a thread of
+256); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may be larger); bf16 cache and weights,
+slots and lengths int64; every tensor contiguous, the cache 16-byte aligned; all on one CUDA device. Anything else
+raises ValueError before anything is launched. Slots and lengths are read on the device (no host synchronisation):
+a slot outside [0, slots) is clamped into range and a length clamped into [0, L] rather than checked; a length of 0
+gives a zero latent (decode always has >= 1).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.cute import CompileCache, current_cute_arch
+
+from ..linear import _num_sms, available
+from .kernel import _IMPORT_ERROR, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
+
+__all__ = ["MlaConfig", "attention_core", "available", "check_args", "compile", "compile_keys", "config_for",
+           "mla_decode_cute", "prepare", "split_plan"]
+
+MAX_BATCH = 64
+_CACHE = CompileCache("mla_decode")
+_INT32_LIMIT = 2**31
+
+
+def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale) -> tuple[int, int, int, int, int, int, int]:
+    """Validate a call; return (B, H, N, C, R, V, L). Raises ValueError with one line, device last, so that every other
+    check runs on CPU tensors."""
+    tensors = (q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be tensors")
+    if not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale must be a positive Python number, got {scale!r}")
+    if any(t.dtype != torch.bfloat16 for t in (q_nope, q_pe, kv_cache, w_uk, w_uv)):
+        raise ValueError(f"q_nope, q_pe, kv_cache, w_uk and w_uv must be bf16, got {q_nope.dtype}, {q_pe.dtype}, "
+                         f"{kv_cache.dtype}, {w_uk.dtype}, {w_uv.dtype}")
+    if slots.dtype != torch.int64 or lengths.dtype != torch.int64:
+        raise ValueError(f"slots and lengths must be int64, got {slots.dtype}, {lengths.dtype}")
+    if q_nope.dim() != 3 or q_pe.dim() != 3 or kv_cache.dim() != 3 or w_uk.dim() != 3 or w_uv.dim() != 3:
+        raise ValueError("q_nope, q_pe must be [B, H, *], kv_cache [slots, L, C + R], w_uk [H, N, C], w_uv [H, V, C]")
+    if slots.dim() != 1 or lengths.dim() != 1:
+        raise ValueError(f"slots and lengths must be [B], got {tuple(slots.shape)}, {tuple(lengths.shape)}")
+    b, h, n = q_nope.shape
+    r = q_pe.shape[-1]
+    c = w_uk.shape[-1]
+    v = w_uv.shape[1]
+    num_slots, max_len, width = kv_cache.shape
+    if tuple(q_pe.shape[:2]) != (b, h) or tuple(slots.shape) != (b,) or tuple(lengths.shape) != (b,):
+        raise ValueError(f"q_pe {tuple(q_pe.shape)}, slots {tuple(slots.shape)}, lengths {tuple(lengths.shape)} must "
+                         f"match q_nope's B={b}, H={h}")
+    if tuple(w_uk.shape) != (h, n, c) or tuple(w_uv.shape) != (h, v, c):
+        raise ValueError(f"w_uk {tuple(w_uk.shape)} must be [H={h}, N={n}, C], w_uv {tuple(w_uv.shape)} [H, V, C={c}]")
+    if width != c + r:
+        raise ValueError(f"kv_cache entries are {width} wide: C + R = {c} + {r} expected")
+    if b > MAX_BATCH:
+        raise ValueError(f"B={b} sequences: at most {MAX_BATCH}")
+    if h > MAX_HEADS:
+        raise ValueError(f"H={h} heads: at most {MAX_HEADS}")
+    if num_slots < 1 or max_len < 1:
+        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} must have at least one slot and one row")
+    try:
+        MlaConfig().check(h, c, r)
+    except ValueError as err:
+        raise ValueError(f"dims outside the kernel's mapping: {err}") from None
+    if max_len * width >= _INT32_LIMIT:
+        raise ValueError(f"a slot of kv_cache holds {max_len * width} elements: the kernel's offsets need < 2^31")
+    if not all(t.is_contiguous() for t in tensors):
+        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be contiguous")
+    if kv_cache.data_ptr() % 16:
+        raise ValueError("kv_cache must be 16-byte aligned")
+    if not all(t.is_cuda for t in tensors) or len({t.device for t in tensors}) != 1:
+        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be CUDA tensors on one device")
+    return b, h, n, c, r, v, max_len
+
+
+@functools.cache
+def config_for(heads: int) -> MlaConfig:
+    """The config mla_decode_cute uses (no measured table yet: the defaults at every head count)."""
+    return MlaConfig()
+
+
+def _compiled(cfg: MlaConfig, heads: int, latent: int, rope: int):
+    return _CACHE.get((cfg, heads, latent, rope, current_cute_arch()), lambda: compile_kernel(cfg, heads, latent, rope))
+
+
+def prepare(heads: int, latent: int = 512, rope: int = 64) -> MlaConfig:
+    """Compile (once per process) the kernels a call of this shape runs, without launching, and return the config:
+    for warming up outside CUDA-graph capture and timed regions."""
+    cfg = config_for(heads)
+    _compiled(cfg, heads, latent, rope)
+    return cfg
+
+
+def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+                    lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float, *,
+                    config: MlaConfig | None = None) -> torch.Tensor:
+    """The reference's result, out [B, H, V] fp32: torch for the absorptions, two launches for the attention core on
+    the current stream (kernel.py's module doc); deterministic. `config` overrides the heuristic (for tuning). Raises
+    ValueError before launching anything on input outside the envelope (module doc)."""
+    if _IMPORT_ERROR is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    b, h, _, c, r, v, max_len = check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
+    if b == 0:
+        return torch.empty(0, h, v, dtype=torch.float32, device=q_nope.device)
+    cfg = config or config_for(h)
+    if config is not None:
+        config.check(h, c, r)
+    q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float())  # the reference's absorption, fp32
+    query = torch.cat([q_lat, q_pe.float()], dim=-1).contiguous()  # [B, H, C + R]
+    latent = attention_core(query, kv_cache, slots, lengths, scale, cfg, c)
+    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
+
+
+def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                   scale: float, cfg: MlaConfig, latent_dim: int) -> torch.Tensor:
+    """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous):
+    latent [B, H, C] fp32. For the benchmark's kernel-only timing."""
+    b, h, _ = query.shape
+    c, max_len = latent_dim, kv_cache.shape[1]
+    splits, chunk = split_plan(b, max_len, _num_sms(query.device.index), cfg)
+    part = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
+    lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
+    latent = torch.empty(b, h, c, dtype=torch.float32, device=query.device)
+    _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
+        query.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(), lengths.data_ptr(), part.data_ptr(), lse.data_ptr(),
+        latent.data_ptr(), b, max_len, kv_cache.shape[0], splits, chunk, float(scale),
+        torch.cuda.current_stream(query.device).cuda_stream))
+    return latent
+
+
+def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:
+    """The gate's compile protocol: the (config, H, C, R) the entry point compiles at every head count / latent / rope
+    dim the contract admits. B, L, the split plan and the scale are runtime arguments."""
+    keys = {(config_for(h), h, c, r) for h in contract.shapes["heads"] for c in contract.shapes["kv_lora_rank"]
+            for r in contract.shapes["rope_dim"]}
+    return sorted(keys, key=lambda key: (key[1], key[2], key[3]))
+
+
+def compile(key: tuple[MlaConfig, int, int, int], target: str):  # noqa: A001 - the gate's protocol's name
+    """Compile one (config, H, C, R) for a target ('sm_90a') without a GPU: a CompileReport."""
+    cfg, h, c, r = key
+    return compile_report(cfg, h, c, r, arch=target)

@@ -1,0 +1,100 @@
+"""Benchmark (GPU; never run yet): mla_decode_cute end to end, its attention core alone, and the standard, in CUDA
+graphs, per (B, L, H), every sequence at the full length L (the floor's case).
+
+Method. Per point one CUDA graph per implementation, replayed by kernels.timing.time_graphs with the L2 flushed
+before each replay (flush='l2'); the median is reported. Cache bytes = B L 1152; the floor is all bytes / 4.3 TB/s
+(NOTES.md's table); TB/s is the cache bytes over the core's time. Each point is first checked against a float64
+reference (the core's latent through W_UV), a failure prints FAIL and the point is not timed.
+
+    python -m model.kimi_k3.specialized.mla_decode.bench                       # the NOTES points, 12 and 6 heads
+    python -m model.kimi_k3.specialized.mla_decode.bench --points 1x4096 64x32768 --heads 12
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+HBM_BYTES_PER_S = 4.3e12
+POINTS = ("1x1024", "1x4096", "1x32768", "16x4096", "16x8192", "64x4096", "64x32768")
+N, V, C, R = 128, 128, 512, 64
+SCALE = 192 ** -0.5
+
+
+def inputs(b: int, max_len: int, h: int, seed: int = 0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    kv = torch.randn(b, max_len, C + R, generator=gen, device="cuda", dtype=torch.bfloat16)
+    slots = torch.randperm(b, generator=gen, device="cuda")
+    lengths = torch.full((b,), max_len, dtype=torch.int64, device="cuda")
+    q_nope = torch.randn(b, h, N, generator=gen, device="cuda", dtype=torch.bfloat16)
+    q_pe = torch.randn(b, h, R, generator=gen, device="cuda", dtype=torch.bfloat16)
+    w_uk = (torch.randn(h, N, C, generator=gen, device="cuda") * N ** -0.5).to(torch.bfloat16)
+    w_uv = (torch.randn(h, V, C, generator=gen, device="cuda") * C ** -0.5).to(torch.bfloat16)
+    return q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, SCALE
+
+
+def reference64(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
+    outs = []
+    for i in range(q_nope.shape[0]):
+        ent = kv[slots[i], : int(lengths[i])].double()
+        query = torch.cat([torch.einsum("hn,hnc->hc", q_nope[i].double(), w_uk.double()), q_pe[i].double()], -1)
+        p = torch.softmax(query @ ent.T * scale, dim=-1)
+        outs.append(torch.einsum("hc,hvc->hv", p @ ent[:, :C], w_uv.double()))
+    return torch.stack(outs)
+
+
+def capture(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def bench_point(b: int, max_len: int, h: int, iters: int) -> None:
+    from kernels.timing import time_graphs
+    from model.kimi_k3.ops.mla_decode_standard import mla_decode_standard
+    from model.kimi_k3.specialized import mla_decode as mk
+
+    args = inputs(b, max_len, h)
+    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = args
+    cfg = mk.prepare(h)
+    got = mk.mla_decode_cute(*args)
+    want = reference64(*args)
+    err = float((got.double() - want).norm() / want.norm())
+    label = f"B={b:3d} L={max_len:6d} H={h:2d}"
+    if not torch.isfinite(got).all() or err > 1e-2:
+        print(f"FAIL {label}: rel_l2 {err:.3g}")
+        return
+    query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], -1).contiguous()
+    graphs = {"cute": capture(lambda: mk.mla_decode_cute(*args)),
+              "core": capture(lambda: mk.attention_core(query, kv, slots, lengths, scale, cfg, C)),
+              "standard": capture(lambda: mla_decode_standard(*args))}
+    us = {name: time_graphs([g], iters=iters, flush="l2").median_us for name, g in graphs.items()}
+    cache = b * max_len * (C + R) * 2
+    floor = (cache + 2 * h * N * C * 2) / HBM_BYTES_PER_S * 1e6
+    print(f"{label}: cute {us['cute']:8.2f} us  core {us['core']:8.2f} us ({cache / us['core'] / 1e6:5.2f} TB/s)  "
+          f"standard {us['standard']:8.2f} us  floor {floor:7.2f} us  speedup {us['standard'] / us['cute']:5.2f}x  "
+          f"rel_l2 {err:.2e}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", nargs="*", default=list(POINTS), help="BxL")
+    parser.add_argument("--heads", nargs="*", type=int, default=[12, 6])
+    parser.add_argument("--iters", type=int, default=100)
+    a = parser.parse_args(argv)
+    for point in a.points:
+        b, max_len = (int(x) for x in point.split("x"))
+        for h in a.heads:
+            bench_point(b, max_len, h, a.iters)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

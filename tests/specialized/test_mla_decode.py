@@ -1,0 +1,385 @@
+"""mla_decode: the CuTe DSL kernel (model/kimi_k3/specialized/mla_decode).
+
+CPU: argument checks, the split plan, compiling for sm_90a without a GPU, and an emulation of the kernel's arithmetic
+(tiles, butterflies, online softmax, split partials, merge) in its order against an fp64 reference. GPU (marked):
+against the reference over batches, lengths and head counts, CUDA-graph replay with changed lengths, determinism.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from gates.problems import ProblemError, bench_point, load_problem
+from kernels.contract import load_contract
+from model.kimi_k3.ops import mla_dcp
+from model.kimi_k3.ops.mla_decode import mla_decode
+from model.kimi_k3.ops.registry import import_entry_point, registry_problems
+from model.kimi_k3.specialized import mla_decode as mk
+from model.kimi_k3.specialized.mla_decode.kernel import _IMPORT_ERROR, TILE, MlaConfig, split_plan
+
+CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "mla_decode.yaml"
+CONTRACT = load_contract(CONTRACT_FILE)
+DEVICE = "cuda"
+N, C, R, V = 128, 512, 64, 128
+SCALE = 192 ** -0.5
+needs_dsl = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+
+
+def make_inputs(b: int, h: int, max_len: int, lengths: list[int], num_slots: int | None = None, seed: int = 0,
+                device: str = "cpu"):
+    """Random bf16 inputs; slots a permutation (gathered, not in order); padding rows past every length are NaN so
+    that reading them into the softmax would show."""
+    g = torch.Generator().manual_seed(seed)
+    num_slots = num_slots or b + 1
+    kv = torch.randn(num_slots, max_len, C + R, generator=g).to(torch.bfloat16)
+    slots = torch.randperm(num_slots, generator=g)[:b].to(torch.int64)
+    for i in range(b):
+        kv[slots[i], lengths[i]:] = float("nan")
+    args = (torch.randn(b, h, N, generator=g).to(torch.bfloat16), torch.randn(b, h, R, generator=g).to(torch.bfloat16),
+            kv, slots, torch.tensor(lengths, dtype=torch.int64),
+            (torch.randn(h, N, C, generator=g) / N ** 0.5).to(torch.bfloat16),
+            (torch.randn(h, V, C, generator=g) / C ** 0.5).to(torch.bfloat16), SCALE)
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def reference64(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
+    """The op's math in fp64 (the masked softmax over each sequence's valid rows only)."""
+    out = []
+    for i in range(q_nope.shape[0]):
+        ent = kv[slots[i], : int(lengths[i])].double()
+        q_lat = torch.einsum("hn,hnc->hc", q_nope[i].double(), w_uk.double())
+        query = torch.cat([q_lat, q_pe[i].double()], dim=-1)
+        p = torch.softmax(query @ ent.T * scale, dim=-1)
+        out.append(torch.einsum("hc,hvc->hv", p @ ent[:, :C], w_uv.double()))
+    return torch.stack(out)
+
+
+def butterfly_sum(x: torch.Tensor) -> torch.Tensor:
+    """shuffle_sync_bfly sums over the last dim (32 lanes), offsets 16, 8, 4, 2, 1: every lane ends with the sum."""
+    lanes = torch.arange(32)
+    for off in (16, 8, 4, 2, 1):
+        x = x + x[..., lanes ^ off]
+    return x
+
+
+def butterfly_max(x: torch.Tensor) -> torch.Tensor:
+    lanes = torch.arange(32)
+    for off in (16, 8, 4, 2, 1):
+        x = torch.maximum(x, x[..., lanes ^ off])
+    return x
+
+
+def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: int, start: int, chunk: int,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One `partial` CTA in fp32, the kernel's order: (o [H, C], lse [H]). query [H, W] fp32."""
+    h, w = query.shape
+    max_len = kv.shape[1]
+    length = min(max(length, 0), max_len)
+    stop = min(start + chunk, length)
+    rows = max(stop - start, 0)
+    m = torch.full((h,), -math.inf)
+    total = torch.zeros(h)
+    acc = torch.zeros(h, C)
+    lanes = torch.arange(32)
+    pairs = lanes[:, None] + 32 * torch.arange(w // 64)[None, :]  # [32, J]: lane l's pairs l + 32 j
+    for it in range(-(-rows // TILE)):
+        base = start + it * TILE
+        idx = torch.clamp(base + torch.arange(TILE), max=stop - 1)  # clamped rows: finite, probability 0
+        tile = kv[slot, idx].float()  # [T, W]
+        x0, x1 = tile[:, 2 * pairs], tile[:, 2 * pairs + 1]  # [T, 32, J]
+        q0, q1 = query[:, 2 * pairs], query[:, 2 * pairs + 1]  # [H, 32, J]
+        dots = torch.zeros(h, TILE, 32)
+        for j in range(w // 64):  # the lane's FMAs, j ascending, element 2p then 2p + 1
+            dots = dots + q0[:, None, :, j] * x0[None, :, :, j]
+            dots = dots + q1[:, None, :, j] * x1[None, :, :, j]
+        s = butterfly_sum(dots)[..., 0] * scale  # [H, T]
+        s = torch.where((base + torch.arange(TILE) < stop)[None, :], s, torch.tensor(-math.inf))
+        m_new = torch.maximum(m, butterfly_max(s)[:, 0])
+        p = torch.exp(s - m_new[:, None])
+        alpha = torch.exp(m - m_new)
+        total = total * alpha + butterfly_sum(p)[:, 0]
+        m = m_new
+        acc = acc * alpha[:, None]
+        for t in range(TILE):
+            acc = acc + p[:, t : t + 1] * tile[t, :C][None, :]
+    inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total))
+    lse = torch.where(total > 0, m + torch.log(torch.where(total > 0, total, torch.ones_like(total))),
+                      torch.tensor(-math.inf))
+    return acc * inv[:, None], lse
+
+
+def emulate_merge(parts: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
+    """`merge` for one (b, h): parts [S, C], lses [S]; splits in ascending order."""
+    top = lses.max()
+    top = top if top > -math.inf else torch.tensor(0.0)
+    out, total = torch.zeros(parts.shape[1]), torch.tensor(0.0)
+    for s in range(lses.shape[0]):
+        wgt = torch.exp(lses[s] - top)
+        total = total + wgt
+        out = out + wgt * parts[s]
+    return out / (total if total > 0 else 1.0)
+
+
+def emulate(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale, num_sms=132, cfg=MlaConfig()):
+    """The entry point with the kernel's launches emulated: out [B, H, V] fp32, and the partials' lses."""
+    b, h = q_nope.shape[:2]
+    splits, chunk = split_plan(b, kv.shape[1], num_sms, cfg)
+    query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], dim=-1)
+    latent = torch.zeros(b, h, C)
+    all_lse = torch.zeros(b, splits, h)
+    for i in range(b):
+        parts = [emulate_partial(query[i], kv, int(slots[i]), int(lengths[i]), s * chunk, chunk, scale)
+                 for s in range(splits)]
+        ps, ls = torch.stack([p for p, _ in parts]), torch.stack([lse for _, lse in parts])  # [S, H, C], [S, H]
+        all_lse[i] = ls
+        for hh in range(h):
+            latent[i, hh] = emulate_merge(ps[:, hh], ls[:, hh])
+        merged, _ = mla_dcp.merge(ps.unsqueeze(1), ls.unsqueeze(1))  # the module the kernel follows
+        torch.testing.assert_close(latent[i], merged[0], rtol=1e-6, atol=1e-6)
+    return torch.einsum("bhc,hvc->bhv", latent, w_uv.float()), all_lse
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    tol = CONTRACT.tolerance
+    assert torch.isfinite(got).all()
+    err = (got.double() - want.double()).abs()
+    assert (err <= tol.atol + tol.rtol * want.double().abs()).double().mean() >= tol.min_close_fraction
+    assert err.norm() / want.double().norm() <= tol.max_rel_l2
+
+
+# --- contract and arguments --------------------------------------------------------------------------------------
+
+
+def test_contract_names_this_kernel():
+    assert CONTRACT.implementation == "model.kimi_k3.specialized.mla_decode:mla_decode_cute"
+    assert registry_problems(CONTRACT, str(CONTRACT_FILE), imports=False) == []
+
+
+def _valid(**over):
+    args = list(make_inputs(2, 12, 64, [1, 64]))
+    names = ["q_nope", "q_pe", "kv_cache", "slots", "lengths", "w_uk", "w_uv", "scale"]
+    for k, val in over.items():
+        args[names.index(k)] = val
+    return args
+
+
+def test_check_args_accepts_valid_cpu_inputs_up_to_the_device_check():
+    with pytest.raises(ValueError, match="CUDA tensors on one device"):
+        mk.check_args(*_valid())
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(q_nope=torch.zeros(2, 12, N)), "must be bf16"),
+    (dict(kv_cache=torch.zeros(3, 64, C + R, dtype=torch.float16)), "must be bf16"),
+    (dict(slots=torch.tensor([0, 1], dtype=torch.int32)), "must be int64"),
+    (dict(lengths=torch.tensor([1, 2], dtype=torch.int32)), "must be int64"),
+    (dict(scale=0.0), "positive"),
+    (dict(scale=torch.tensor(0.1)), "positive"),
+    (dict(q_pe=torch.zeros(2, 12, R, 1, dtype=torch.bfloat16)), r"\[B, H, \*\]"),
+    (dict(slots=torch.zeros(2, 1, dtype=torch.int64)), r"must be \[B\]"),
+    (dict(lengths=torch.zeros(3, dtype=torch.int64)), "must match"),
+    (dict(w_uv=torch.zeros(11, V, C, dtype=torch.bfloat16)), "w_uv"),
+    (dict(kv_cache=torch.zeros(3, 64, C + 2 * R, dtype=torch.bfloat16)), "wide"),
+    (dict(kv_cache=torch.zeros(3, 0, C + R, dtype=torch.bfloat16)), "at least one"),
+    (dict(kv_cache=torch.zeros(3, 128, C + R, dtype=torch.bfloat16)[:, ::2]), "contiguous"),
+])
+def test_check_args_refuses(over, message):
+    with pytest.raises(ValueError, match=message) as err:
+        mk.check_args(*_valid(**over))
+    assert "\n" not in str(err.value)
+
+
+def test_check_args_refuses_envelope():
+    b, h = 65, 12
+    args = make_inputs(b, h, 1, [1] * b)
+    with pytest.raises(ValueError, match="at most 64"):
+        mk.check_args(*args)
+    args = make_inputs(1, 17, 1, [1])
+    with pytest.raises(ValueError, match="at most 16"):
+        mk.check_args(*args)
+    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
+    with pytest.raises(ValueError, match="mapping"):  # C = 256: not 2 columns a thread of 256
+        mk.check_args(q_nope, q_pe[..., :R], kv[..., : 256 + R].contiguous(), slots, lengths,
+                      w_uk[..., :256].contiguous(), w_uv[..., :256].contiguous(), scale)
+
+
+def test_check_args_bounds_a_slot_not_the_whole_cache():
+    """The slot's base is 64-bit in the kernel: a cache past 2^31 elements is fine, a slot past it is not."""
+    q_nope, q_pe, _, slots, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
+    big = torch.empty(2**31 // (C + R) + 1, 1, C + R, dtype=torch.bfloat16, device="meta")  # many short slots
+    with pytest.raises(ValueError, match="CUDA tensors"):  # passes every check before the device's
+        mk.check_args(q_nope, q_pe, big, slots, lengths, w_uk, w_uv, scale)
+    long = torch.empty(1, 2**31 // (C + R) + 1, C + R, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="2\\^31"):
+        mk.check_args(q_nope, q_pe, long, slots, lengths, w_uk, w_uv, scale)
+
+
+# --- the split plan ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("b", [1, 2, 4, 16, 33, 64])
+@pytest.mark.parametrize("max_len", [1, 17, 31, 32, 33, 128, 1000, 1024, 4096, 8192, 32768, 131072])
+def test_split_plan_covers_every_row_once(b, max_len):
+    cfg = MlaConfig()
+    splits, chunk = split_plan(b, max_len, 132, cfg)
+    assert chunk % TILE == 0 and chunk >= TILE
+    assert splits * chunk >= max_len and (splits - 1) * chunk < max_len  # every split starts inside the cache
+    assert splits == 1 or chunk >= cfg.min_split_rows
+    assert b * splits <= max(b, cfg.ctas_per_sm * 132 + b)
+
+
+def test_split_plan_values():
+    assert split_plan(1, 1024) == (8, 128)
+    assert split_plan(1, 32768) == (256, 128)  # 264 wanted; 128-row chunks cut the count
+    assert split_plan(1, 131072) == (256, 512)  # 497 rows rounded up to a tile multiple
+    assert split_plan(16, 8192) == (16, 512)
+    assert split_plan(16, 32768) == (17, 1952)
+    assert split_plan(64, 32768) == (5, 6560)
+    assert split_plan(64, 1) == (1, 32)
+    with pytest.raises(ValueError):
+        split_plan(0, 10)
+
+
+# --- compile for sm_90a without a GPU --------------------------------------------------------------------------------
+
+
+def test_compile_keys_cover_the_contract():
+    keys = mk.compile_keys(CONTRACT)
+    assert [(h, c, r) for _, h, c, r in keys] == [(6, 512, 64), (12, 512, 64)]
+
+
+@needs_dsl
+@pytest.mark.parametrize("key", mk.compile_keys(CONTRACT), ids=lambda k: f"H{k[1]}")
+def test_compiles_for_sm90a_without_spills(key):
+    rep = mk.compile(key, "sm_90a")
+    names = sorted(k.name for k in rep.kernels)
+    assert len(names) == 2 and any("partial" in n for n in names) and any("merge" in n for n in names)
+    assert rep.ok(max_registers=128), [(k.name, k.registers, k.spill_bytes) for k in rep.kernels]  # 2 CTAs / SM
+    cfg, h, c, r = key
+    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // 2
+
+
+# --- the kernel's arithmetic, emulated -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("b, h, max_len, lengths, num_sms", [
+    (1, 12, 1, [1], 132),  # one row
+    (3, 6, 17, [1, 17, 5], 132),  # a length shorter than a tile; clamped rows
+    (4, 12, 300, [1, 300, 40, 129], 132),  # several splits (128 rows), empty ones for the short sequences
+    (2, 6, 300, [300, 31], 1),  # one split, several tiles (online softmax across tiles)
+    (2, 12, 97, [33, 97], 132),  # a tile boundary inside a split
+])
+def test_emulation_matches_fp64_reference(b, h, max_len, lengths, num_sms):
+    args = make_inputs(b, h, max_len, lengths, seed=b + h + max_len)
+    got, lses = emulate(*args, num_sms=num_sms)
+    want = reference64(*args)
+    close(got, want)
+    splits, chunk = split_plan(b, max_len, num_sms)
+    for i, n in enumerate(lengths):  # empty splits report -inf, the others a finite lse
+        for s in range(splits):
+            assert torch.isfinite(lses[i, s]).all() == (s * chunk < n)
+
+
+def test_emulation_agrees_with_the_fp32_reference():
+    args = make_inputs(2, 12, 200, [200, 7], seed=3)
+    got, _ = emulate(*args)
+    clean = list(args)
+    clean[2] = torch.nan_to_num(args[2])  # the reference masks after scoring: padding must be finite there
+    torch.testing.assert_close(got, mla_decode(*clean), rtol=1e-4, atol=1e-4)
+
+
+def test_emulated_empty_sequence_gives_zero_not_nan():
+    q_nope, q_pe, kv, slots, _, w_uk, w_uv, scale = make_inputs(1, 6, 64, [64])
+    query = torch.cat([torch.einsum("hn,hnc->hc", q_nope[0].float(), w_uk.float()), q_pe[0].float()], dim=-1)
+    o, lse = emulate_partial(query, kv, int(slots[0]), 0, 0, 64, scale)
+    assert (o == 0).all() and (lse == -math.inf).all()
+    assert (emulate_merge(o[None, :1].expand(2, 1, C)[:, 0], torch.full((2,), -math.inf)) == 0).all()
+
+
+# --- GPU --------------------------------------------------------------------------------------------------------------
+
+
+def _gpu_inputs(b, h, max_len, seed):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (b,), generator=g).tolist()
+    lengths[0] = 1
+    lengths[-1] = max_len
+    return make_inputs(b, h, max_len, lengths, seed=seed, device=DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h", [12, 6])
+@pytest.mark.parametrize("max_len", [1, 17, 1024, 8192])
+@pytest.mark.parametrize("b", [1, 4, 16, 64])
+def test_gpu_matches_reference(b, h, max_len):
+    args = _gpu_inputs(b, h, max_len, seed=b * 7 + max_len + h)
+    got = mk.mla_decode_cute(*args)
+    assert got.shape == (b, h, V) and got.dtype == torch.float32
+    close(got.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic():
+    args = _gpu_inputs(16, 12, 1024, seed=5)
+    first = mk.mla_decode_cute(*args)
+    for _ in range(3):
+        assert torch.equal(mk.mla_decode_cute(*args), first)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replay_with_changed_lengths():
+    b, h, max_len = 4, 12, 1024
+    args = list(_gpu_inputs(b, h, max_len, seed=11))
+    mk.prepare(h)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mk.mla_decode_cute(*args)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mk.mla_decode_cute(*args)
+    for new in ([1, 2, 3, 4], [1024, 1, 500, 77], [33, 33, 1024, 1]):
+        args[4].copy_(torch.tensor(new, dtype=torch.int64))
+        for i, n in enumerate(new):  # refill so the padding past the new lengths stays NaN and the rest finite
+            args[2][args[3][i], :n] = torch.nan_to_num(args[2][args[3][i], :n], nan=0.5)
+        graph.replay()
+        torch.cuda.synchronize()
+        close(out.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+
+
+def _to(args, device):
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def test_emulation_passes_the_problem_checker_on_a_problem_case():
+    """The kernel's arithmetic on the proposed gate problem's input (ragged lengths, poison past them)."""
+    try:
+        problem = load_problem("mla_decode")
+    except ProblemError as e:
+        pytest.skip(f"the gate has no problem for mla_decode yet: {e}")
+    point = bench_point(CONTRACT, problem, CONTRACT.benchmark.points[1])  # 6 heads
+    case = problem.generate_input(type(point)(2, 0, point.shape, point.dtype), 7, "mixed")  # 1000 rows, B = 2
+    got, _ = emulate(*case.args)
+    result = problem.check("out", got, problem.reference(*case.args), CONTRACT.tolerance)
+    assert result.passed, result.problems
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "large", "mixed"])
+@pytest.mark.parametrize("point", CONTRACT.benchmark.points,
+                         ids=lambda p: "-".join([f"batch{p.batch}", *(f"{k}{v}" for k, v in p.shape.items())]))
+def test_matches_reference(point, dist):
+    try:
+        problem = load_problem("mla_decode")
+    except ProblemError as e:
+        pytest.skip(f"the gate has no problem for mla_decode yet: {e}")
+    case = problem.generate_input(bench_point(CONTRACT, problem, point), 0, dist)
+    kernel = import_entry_point(CONTRACT.implementation)
+    got = kernel(*_to(case.args, DEVICE))
+    result = problem.check("out", got, problem.reference(*_to(case.args, DEVICE)), CONTRACT.tolerance)
+    assert result.passed, result.problems
