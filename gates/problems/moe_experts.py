@@ -3,9 +3,9 @@
     y = moe_experts(z, ids, weights, w13, w2, beta, beta_lin)    # z [T, L] bf16, ids / weights [T, k] -> y [T, L] fp32
 
 Shapes from the contract: `experts`, `top_k`, `latent_dim`; T = batch * (1 + spec_tokens) tokens. The rank-local
-intermediate dim is not a contract shape (the op's dims are E, k, L): input sets alternate between TP8's I = 384
-(even seeds) and TP16's I = 256 holding 192 real rows, zero-padded as the loader pads them (odd seeds), so a
-kernel is checked at both TP sizes the contracts name.
+intermediate dim is not a contract shape (the op's dims are E, k, L): "normal" inputs (every benchmark set) are
+TP8's I = 384; the other distributions alternate between it (even seeds) and TP16's I = 256 holding 192 real
+rows, zero-padded as the loader pads them (odd seeds), so a kernel is checked at both TP sizes the contracts name.
 
 Weights: valid MXFP4 drawn directly (uniform random E2M1 codes, E8M0 scales in a narrow band around the trained
 magnitude: std ~ 1/sqrt(fan-in)) rather than quantized from bf16, which at E = 896 would cost minutes per input
@@ -93,12 +93,11 @@ def generate_input(point: Point, seed: int, dist: str) -> Case:
     gen = torch.Generator().manual_seed(seed)
     z = sample((tokens, latent), dist, gen, point.torch_dtype)
     ids, weights = routing(tokens, e, k, gen, SCALINGS[(seed // 2) % len(SCALINGS)])
-    w13, w2 = experts(e, latent, seed % 2)
+    # the benchmarks draw every set "normal": those sets are all TP8's, so a point's timing and its floor describe
+    # one kind of call; the other distributions alternate TP8 and TP16 by seed parity
+    w13, w2 = experts(e, latent, 0 if dist == "normal" else seed % 2)
     return Case(args=(z, ids, weights, w13, w2, BETA, BETA_LIN))
 
 
 def cost(point: Point) -> Cost:
-    """The mean over the two seed parities: a point's input sets are drawn at TP8's or TP16's intermediate dim by
-    their seeds' parity, so the benchmark's per-call time is a mix of both kinds of call (about half each)."""
-    costs = [OP.cost_of(*generate_input(point, parity, "normal").args) for parity in (0, 1)]
-    return Cost(bytes=sum(c.bytes for c in costs) / 2, flops=sum(c.flops for c in costs) / 2)
+    return OP.cost_of(*generate_input(point, 0, "normal").args)
