@@ -84,8 +84,8 @@ def tree_state(root: Path = REPO_ROOT) -> dict[str, tuple]:
     return state
 
 
-def tree_writes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
-    """`path (added|changed|removed)` for each difference that is not an import compiling bytecode."""
+def written(before: dict[str, tuple], after: dict[str, tuple]) -> list[tuple[str, str]]:
+    """(path, added|changed|removed) for each difference that is not an import compiling bytecode."""
     out = []
     for rel in sorted(set(before) | set(after)):
         was, now = before.get(rel), after.get(rel)
@@ -93,7 +93,7 @@ def tree_writes(before: dict[str, tuple], after: dict[str, tuple]) -> list[str]:
             continue
         if rel.endswith(".pyc") and (was is None or not was[2]):  # new, or replacing stale bytecode: an import
             continue
-        out.append(f"{rel} ({'added' if was is None else 'removed' if now is None else 'changed'})")
+        out.append((rel, "added" if was is None else "removed" if now is None else "changed"))
     return out
 
 
@@ -108,15 +108,13 @@ class TreeGuard:
         self.contents = {rel: (root / rel).read_bytes() for rel, st in self.state.items() if st[2] is None}
 
     def writes(self) -> list[str]:
-        return tree_writes(self.state, tree_state(self.root))
+        """`path (added|changed|removed)` for each write since the guard was made."""
+        return [f"{rel} ({kind})" for rel, kind in written(self.state, tree_state(self.root))]
 
     def restore(self) -> None:
-        """Put back every file the writes changed or removed (with its modification time) and remove the ones
-        they added; rewritten bytecode is removed (the next import compiles it again)."""
-        now = tree_state(self.root)
-        for rel in set(self.state) | set(now):
-            if self.state.get(rel) == now.get(rel):
-                continue
+        """Undo exactly what `writes` reports: put back every file it changed or removed (with its modification
+        time) and remove the ones it added; fresh bytecode it rewrote is removed (the next import compiles it)."""
+        for rel, _ in written(self.state, tree_state(self.root)):
             path = self.root / rel
             if rel in self.contents:
                 path.parent.mkdir(parents=True, exist_ok=True)
