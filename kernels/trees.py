@@ -29,6 +29,13 @@ def leaves(obj: Any, name: str) -> Iterator[tuple[str, Any]]:
             yield from leaves(getattr(obj, f.name), f"{name}.{f.name}")
 
 
+def state_leaves(args: tuple, state: tuple[int, ...], names: list[str]) -> Iterator[tuple[str, Any]]:
+    """(path, tensor) of a call's state arguments (positions `state`), each under its parameter's name: how the
+    gate's worker, its checks and the production replay all name the state a call updates."""
+    for i in state:
+        yield from leaves(args[i], names[i])
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """The same structure with every tensor replaced by fn(tensor)."""
     if isinstance(obj, torch.Tensor):

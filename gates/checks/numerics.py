@@ -44,7 +44,7 @@ from gates.problems import (
     seed_for,
 )
 from kernels.contract import Contract, Tolerance
-from kernels.trees import clone, leaves
+from kernels.trees import clone, leaves, state_leaves
 from kernels.validation import problem_lines
 
 NAME, TITLE = "numerics", "Numerics"
@@ -77,7 +77,7 @@ def reference_run(problem: Problem, case: Case, names: list[str], device: str) -
     args = clone(case.args, device)
     out = problem.reference(*args)
     return Expected(outputs=[(n, t.cpu()) for n, t in leaves(out, "out")],
-                    states=[(n, t.cpu()) for i in case.state for n, t in leaves(args[i], names[i])])
+                    states=[(n, t.cpu()) for n, t in state_leaves(args, case.state, names)])
 
 
 def _nonfinite_reference(expected: Expected) -> str | None:
@@ -285,7 +285,7 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             if i not in first.state:
                 ref_args[i] = clone(a, device)
         expected.append([(n, t.cpu()) for n, t in leaves(problem.reference(*ref_args), "out")])
-    final = [(n, t.cpu()) for i in first.state for n, t in leaves(ref_args[i], names[i])]
+    final = [(n, t.cpu()) for n, t in state_leaves(ref_args, first.state, names)]
     steps = [tuple(None if i in first.state else a for i, a in enumerate(case.args)) for case in inputs]
     reply = box.request("trajectory", candidate=ctx.contract.implementation, device=device, names=names,
                         initial=first.args, state=first.state, steps=steps)

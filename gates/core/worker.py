@@ -29,7 +29,7 @@ from gates.core.compare import digest as _tensor_digest
 from gates.core.sources import in_repository, repository_path
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
-from kernels.trees import clone, copy_into, leaves
+from kernels.trees import clone, copy_into, leaves, state_leaves
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -193,7 +193,7 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
     record = plain_copy if full else _digest
     result = {
         "outputs": [(n, v) for n, t in leaves(out, "out") if (v := record(n, t, device, problems)) is not None],
-        "states": [(n, v) for i in state for n, t in leaves(args[i], names[i])
+        "states": [(n, v) for n, t in state_leaves(args, state, names)
                    if (v := record(n, t, device, problems)) is not None],
         "problems": problems,
         "input_storage": inputs,
@@ -261,7 +261,7 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
             break
         keep.clear()
     problems: list[str] = []
-    final = [(n, plain_copy(n, t, device, problems)) for i in state for n, t in leaves(args[i], names[i])]
+    final = [(n, plain_copy(n, t, device, problems)) for n, t in state_leaves(args, state, names)]
     return {"steps": outputs, "final_state": final, "problems": problems}
 
 
@@ -406,8 +406,8 @@ class BenchSession:
                 recheck[name].append({
                     "outputs": [(n, c) for n, t in leaves(out, "out")
                                 if (c := plain_copy(n, t, "cuda", problems)) is not None],
-                    "states": [(n, plain_copy(n, t, "cuda", problems)) for i in self.state
-                               for n, t in leaves(buffer[i], self.names[i])],
+                    "states": [(n, plain_copy(n, t, "cuda", problems))
+                               for n, t in state_leaves(buffer, self.state, self.names)],
                     "problems": problems})
         kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name][0]: fn(*args))
                    for name, fn in self.fns.items()}

@@ -29,7 +29,7 @@ import torch
 
 from kernels.contract import Contract
 from kernels.timing import capture_graph
-from kernels.trees import clone, copy_into, digest, leaves
+from kernels.trees import clone, copy_into, digest, leaves, state_leaves
 
 from .batch import StepBatch
 from .dispatch import Dispatcher, Target, detect, judged_here
@@ -55,9 +55,7 @@ def decode_step(batch: int, spec_tokens: int) -> StepBatch:
 
 def named_digests(out, args, state: tuple[int, ...], names: list[str]) -> dict[str, str]:
     """{name: digest} of a call's outputs and updated state, named as gates.core.worker.call names them."""
-    got = [(n, t) for n, t in leaves(out, "out")]
-    got += [(n, t) for i in state for n, t in leaves(args[i], names[i])]
-    return {n: digest(t) for n, t in got}
+    return {n: digest(t) for n, t in (*leaves(out, "out"), *state_leaves(args, state, names))}
 
 
 def replay(request: dict) -> dict:
