@@ -18,6 +18,9 @@
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
+# `train MINUTES` starts the mini-K3's training as a background job (the GPU tests may share the GPU with it, the
+# gate and the probes may not); `collect` brings back $OUT/mini_k3 and $OUT/triton_cache.tar. `probes` runs the
+# kernels' timing probes (moe_experts path pairs, mla_decode points, the router's stages).
 #   decode bundle (after a change to code it covers):  bash kernels/gpu_session.sh decode COMMIT, repeated
 #                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
 #
@@ -50,6 +53,7 @@ run_tests() {
     "linear 150 tests/specialized/test_linear.py"
     "route 240 tests/specialized/test_moe_route.py"
     "experts 240 tests/specialized/test_moe_experts.py"
+    "mla 240 tests/specialized/test_mla_decode.py"
     "kernels 60 tests/kernels"
     "adversarial 120 tests/adversarial tests/gates/checks/test_benchmarks.py"
     "dispatch 90 tests/model/test_dispatch.py"
@@ -120,6 +124,13 @@ run_decode() {
   tar -C "$RUN" -cf "$OUT/decode.tar" evidence/decode decode
 }
 
+run_probes() {
+  # the kernels' own timing probes (each NOTES.md says what they answer); the GPU must be otherwise idle
+  run_limited probe_moe_experts 200 python3 -m model.kimi_k3.specialized.moe_experts.probe
+  run_limited bench_mla_decode 150 python3 -m model.kimi_k3.specialized.mla_decode.bench
+  run_limited probe_moe_route 100 python3 -m model.kimi_k3.specialized.moe_route.probe
+}
+
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 start_job() {
@@ -136,7 +147,7 @@ start_job() {
 }
 
 collect() {
-  local jobs=(gate evals)
+  local jobs=(gate evals train)
   while [ "$(left)" -gt 15 ]; do
     local running=0
     for j in "${jobs[@]}"; do alive "$j" && running=1; done
@@ -156,6 +167,9 @@ collect() {
   # the device tool brings back no folder three levels deep (evidence/<op>/<arch>): the bundles travel as a tar
   [ -d "$RUN/evidence" ] && ! alive gate && tar -C "$RUN" -cf "$OUT/evidence.tar" evidence
   [ -s "$RUN/evals.json" ] && ! alive evals && cp -r "$RUN/evals.json" "$RUN/evals_report" "$OUT/"
+  # the checkpoint, and Triton's cache with FLA's autotuning in it (carry it as .triton_cache/cache.tar next time)
+  [ -s "$RUN/mini_k3/model.safetensors" ] && ! alive train && cp -r "$RUN/mini_k3" "$RUN/train.json" "$OUT/" &&
+    tar -C "$TRITON_CACHE_DIR" -cf "$OUT/triton_cache.tar" .
   return 0
 }
 
@@ -170,10 +184,17 @@ while [ $# -gt 0 ]; do
       if alive gate; then echo "== evals not started: the gate is still timing"; shift; continue; fi
       start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report"
       collect; shift ;;
+    train)
+      # the mini-K3 (model/kimi_k3/train/NOTES.md) in the background for $2 minutes: FLA's first compile counts
+      rm -rf "$RUN/mini_k3"
+      start_job train "$RUN/train.json" python3 -m model.kimi_k3.train --out "$RUN/mini_k3" --seed 0 \
+        --minutes "$2" --device cuda
+      shift 2 ;;
+    probes) run_probes; shift ;;
     collect) collect; shift ;;
     decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done

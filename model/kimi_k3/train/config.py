@@ -40,9 +40,9 @@ class Recipe:
     lengths: tuple[int, ...] = (256, 512, 1024)
     recall_fraction: float = 0.5  # rows of one long recall sample; the others pack the short tasks
     # data version 2 (data.py): rows of one recency or one windowed-count sample each, taken from the packed rows'
-    # share (0 and 0: version 1's rows exactly); by default version 1's tasks keep three quarters of a step
-    recency_fraction: float = 0.125
-    window_fraction: float = 0.125
+    # share (0 and 0: version 1's rows exactly); by default version 1's tasks keep 65 % of a step
+    recency_fraction: float = 0.15
+    window_fraction: float = 0.2
     lr: float = 2e-3
     min_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
     warmup_steps: int = 100

@@ -1,0 +1,65 @@
+"""Which (up_path, down_path) pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call times
+of moe_experts_cute with each of the four path pairs and of the standard, at K3's shape (896 experts, latent 3584,
+top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16; 8 distinct expert sets per graph (together far beyond
+the L2), random routing without repeats per token. Each pair is first checked against the reference on one set.
+The floor is the distinct experts' bytes over 4.3 TB/s.   python -m model.kimi_k3.specialized.moe_experts.probe
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from kernels.timing import time_pipeline
+from model.kimi_k3.ops.moe_experts import moe_experts
+from model.kimi_k3.ops.moe_experts_standard import moe_experts_standard
+
+from . import config_for, moe_experts_cute
+
+E, L, K, SETS = 896, 3584, 16, 8
+BETA, BETA_LIN = 4.0, 25.0
+PAIRS = (("fma", "fma"), ("mma", "fma"), ("fma", "mma"), ("mma", "mma"))
+HBM_BYTES_PER_S = 4.3e12
+
+
+def random_experts(inter: int, gen: torch.Generator):
+    """Valid MXFP4 experts from random codes and scales near 2^-8 (quantizing 2 GB of bf16 per set would
+    dominate the probe)."""
+    def pair(rows: int, cols: int):
+        codes = torch.randint(0, 256, (E, rows, cols // 2), generator=gen, device="cuda", dtype=torch.uint8)
+        return codes, torch.randint(117, 121, (E, rows, cols // 32), generator=gen, device="cuda",
+                                    dtype=torch.uint8)
+    return pair(2 * inter, L), pair(L, inter)
+
+
+def main() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for inter in (384, 256):
+        sets = [random_experts(inter, gen) for _ in range(SETS)]
+        for t in (1, 4, 16):
+            z = torch.randn(t, L, device="cuda", dtype=torch.bfloat16, generator=gen)
+            ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(t)])
+            weights = torch.rand(t, K, device="cuda", generator=gen) / K
+            distinct = ids.unique().numel()
+            floor_us = distinct * 3 * inter * L * 17 / 32 / HBM_BYTES_PER_S * 1e6  # codes + scales per weight
+            want = moe_experts(z, ids, weights, *sets[0], BETA, BETA_LIN)
+            runs = {f"up {up} down {down}": [
+                lambda w13=w13, w2=w2, cfg=replace(config_for(t, inter), up_path=up, down_path=down):
+                    moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg) for w13, w2 in sets]
+                for up, down in PAIRS}
+            runs["standard"] = [lambda w13=w13, w2=w2: moe_experts_standard(z, ids, weights, w13, w2, BETA, BETA_LIN)
+                                for w13, w2 in sets]
+            print(f"I={inter} T={t:2d}: {distinct} distinct experts, floor {floor_us:.2f} us", flush=True)
+            for name, fns in runs.items():
+                got = fns[0]()  # compiles, and the check
+                err = ((got - want).norm() / want.norm()).item()
+                for fn in fns[1:]:
+                    fn()
+                r = time_pipeline(fns, iters=30)
+                print(f"  {name:18s} {r.median_us:8.2f} us  (iqr {r.iqr_us:.2f})  {floor_us / r.median_us:5.1%} "
+                      f"of floor  rel_l2 {err:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
