@@ -24,9 +24,9 @@ fi
 export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import cutlass, fla; print('cutlass', cutlass.__version__, 'fla', fla.__version__)" 2>&1 | tail -1
 # Triton's cache, with autotuning results (FLA's chunked KDA autotunes for ~6 minutes on a fresh machine): in
-# /root (kept between back-to-back calls); a carried .triton_cache/cache.tar (a previous call's
-# $OUT/triton_cache.tar, same Triton and GPU) seeds an empty one
+# /root (kept between back-to-back calls); a carried .triton_cache/ (a previous call's `gpu_session.sh cache`
+# parts, same Triton and GPU) seeds an empty one
 export TRITON_CACHE_DIR=/root/triton-cache TRITON_CACHE_AUTOTUNING=1
-if [ -s .triton_cache/cache.tar ] && [ ! -d "$TRITON_CACHE_DIR" ]; then
-  mkdir -p "$TRITON_CACHE_DIR" && tar -C "$TRITON_CACHE_DIR" -xf .triton_cache/cache.tar
+if ls .triton_cache/triton_cache.tgz.part* >/dev/null 2>&1 && [ ! -d "$TRITON_CACHE_DIR" ]; then
+  mkdir -p "$TRITON_CACHE_DIR" && cat .triton_cache/triton_cache.tgz.part* | tar -C "$TRITON_CACHE_DIR" -xz
 fi

@@ -19,8 +19,9 @@
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
 # `train MINUTES` starts the mini-K3's training as a background job (the GPU tests may share the GPU with it, the
-# gate and the probes may not); `collect` brings back $OUT/mini_k3 and $OUT/triton_cache.tar. `probes` runs the
-# kernels' timing probes (moe_experts path pairs, mla_decode points, the router's stages).
+# gate and the probes may not: alongside other GPU work it ran at a tenth of its speed); `collect` brings back
+# $OUT/mini_k3. `probes` runs the kernels' timing probes (moe_experts path pairs, mla_decode points, the router's
+# stages). `cache` brings back Triton's cache in parts (see device_install.sh).
 #   decode bundle (after a change to code it covers):  bash kernels/gpu_session.sh decode COMMIT, repeated
 #                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
 #
@@ -167,9 +168,7 @@ collect() {
   # the device tool brings back no folder three levels deep (evidence/<op>/<arch>): the bundles travel as a tar
   [ -d "$RUN/evidence" ] && ! alive gate && tar -C "$RUN" -cf "$OUT/evidence.tar" evidence
   [ -s "$RUN/evals.json" ] && ! alive evals && cp -r "$RUN/evals.json" "$RUN/evals_report" "$OUT/"
-  # the checkpoint, and Triton's cache with FLA's autotuning in it (carry it as .triton_cache/cache.tar next time)
-  [ -s "$RUN/mini_k3/model.safetensors" ] && ! alive train && cp -r "$RUN/mini_k3" "$RUN/train.json" "$OUT/" &&
-    tar -C "$TRITON_CACHE_DIR" -cf "$OUT/triton_cache.tar" .
+  [ -s "$RUN/mini_k3/model.safetensors" ] && ! alive train && cp -r "$RUN/mini_k3" "$RUN/train.json" "$OUT/"
   return 0
 }
 
@@ -191,10 +190,16 @@ while [ $# -gt 0 ]; do
         --minutes "$2" --device cuda
       shift 2 ;;
     probes) run_probes; shift ;;
+    cache)
+      # Triton's cache with FLA's autotuning in it, compressed, in parts a call brings back (16 MiB a file, 8
+      # files): put them in .triton_cache/ here and carry that folder, so a fresh machine skips the ~6 minutes
+      tar -C "$TRITON_CACHE_DIR" -czf "$RUN/triton_cache.tgz" . && split -b 15M -d "$RUN/triton_cache.tgz" \
+        "$OUT/triton_cache.tgz.part" && ls -la "$OUT"
+      shift ;;
     collect) collect; shift ;;
     decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done

@@ -1,13 +1,15 @@
 """The accuracy eval bites (issue 25): on the trained mini-K3 the contracted kernels pass and every known-bad
 kernel of broken_decode.py fails on accuracy, the reference's own score minus the calibrated margin.
 
-CPU, the checkpoint's short CPU budget in fp32: latency_specialized passes; the off-by-one expert fails. The three
-KDA variants do not fail on the committed checkpoint (trained on data version 1): its KDA gates sit near zero
-log-decay, so a decay error, a skipped update or fp16 rounding moves no score by more than 2e-4 on the CPU budget
-(model/kimi_k3/train/NOTES.md, run 1); they are expected failures until a checkpoint trained on tasks that need
-the state's dynamics replaces it, and strict, so the day they fail (here or on the H200's longer budget) the
-expectation has to be updated. `model/kimi_k3/train/gpu_run.sh` makes the checkpoint and runs the same judgement
-as one command (`python -m gates.evals.accuracy`); these tests skip while the tree has none.
+CPU, the checkpoint's short CPU budget in fp32: latency_specialized passes; the off-by-one expert fails, and so
+does the KDA state update skipped every 64 steps (recency and JSON accuracy; the committed checkpoint is trained on
+data version 2, whose recency task needs the state's overwrites). The decay scaled by 1.01 and the fp16 state still
+move no score past its margin (largest drops 3e-4 and 7e-5 nats of window-count NLL against a 0.01 floor:
+model/kimi_k3/train/NOTES.md, run 2): the windowed count, the task meant to need an exact decay, is learned to
+only 35 % accuracy. They are expected failures, strict, so the day a better-trained checkpoint (or the H200's
+longer budget) makes them fail, the expectation has to be updated. `model/kimi_k3/train/gpu_run.sh` makes the
+checkpoint and runs the same judgement as one command (`python -m gates.evals.accuracy`); these tests skip while
+the tree has none.
 """
 
 from __future__ import annotations
@@ -62,20 +64,24 @@ def test_an_expert_id_off_fails_on_cpu():
 
 
 # the broken kernels the committed checkpoint cannot see (see the module doc)
-UNSEEN = pytest.mark.xfail(strict=True, reason="data-version-1 checkpoint: its KDA state barely decays, so this "
-                                               "variant moves no score (train/NOTES.md, run 1)")
-
-
+UNSEEN = pytest.mark.xfail(strict=True, reason="the checkpoint's windowed count is learned to 35 %: a 1 % decay "
+                                               "error or fp16 state rounding moves no score past its margin "
+                                               "(train/NOTES.md, run 2)")
 KDA_VARIANTS = sorted(n for n, (op, _) in BROKEN.items() if op == "kda_decode")
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=UNSEEN) for n in KDA_VARIANTS])
+def expected(names) -> list:
+    """The broken kernels as parameters, the two the checkpoint cannot see marked UNSEEN."""
+    return [pytest.param(n, marks=UNSEEN if n in ("decay_x1.01", "fp16_state") else ()) for n in names]
+
+
+@pytest.mark.parametrize("name", expected(KDA_VARIANTS))
 def test_the_kda_variants_on_cpu(name):
     assert judged("cpu", broken(name))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [pytest.param(n, marks=UNSEEN if n in KDA_VARIANTS else ()) for n in sorted(BROKEN)])
+@pytest.mark.parametrize("name", expected(sorted(BROKEN)))
 def test_every_broken_kernel_fails_on_gpu(name):
     assert judged("cuda", broken(name))
 

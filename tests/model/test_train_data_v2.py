@@ -135,12 +135,12 @@ def test_version_1_eval_items_are_unchanged(tasks, device, seed):
     assert len(v2.window) == budget.window_prompts and len(v2.dynamics) <= accuracy.MAX_BATCH
 
 
-def test_the_committed_checkpoint_is_version_1(tmp_path):
+def test_the_version_comes_from_the_checkpoints_record(tmp_path):
     if accuracy.default_ckpt() is None:
         pytest.skip("no committed checkpoint")
-    assert accuracy.config_for(accuracy.TRAINED_CKPT, torch.device("cpu"), 0).data_version == 1
-    (tmp_path / "training.json").write_text(json.dumps({"data_version": 2}))
-    assert accuracy.config_for(tmp_path, torch.device("cpu"), 0).data_version == 2
+    assert accuracy.config_for(accuracy.TRAINED_CKPT, torch.device("cpu"), 0).data_version == 2  # run 2's
+    (tmp_path / "training.json").write_text(json.dumps({"data_version": 1}))
+    assert accuracy.config_for(tmp_path, torch.device("cpu"), 0).data_version == 1
     assert accuracy.config_for(None, torch.device("cpu"), 0).data_version == 1
 
 

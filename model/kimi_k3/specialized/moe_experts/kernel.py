@@ -35,7 +35,8 @@ once by 2^(byte - 127)
 and by 1/2 in one factor, 2^(byte - 128) (the float with exponent field byte - 1; bytes 0, 1 and 255 by selects).
 Scaling a group's sum by a power of two is exact, so the result is the reference's sum in another fp32 order.
 
-Tensor-core paths (opt-in: ExpertsConfig.up_path / down_path = "mma"; never run on a GPU). `up_mma` puts 8 w1
+Tensor-core paths (ExpertsConfig.up_path / down_path = "mma", the default: faster than the CUDA-core paths at
+every T and I the H200 timed, NOTES.md). `up_mma` puts 8 w1
 rows over the same 8 w3 rows as the 16 rows of mma.sync.m16n8k16 (bf16 in, fp32 accumulators), the pair's token in
 all 8 columns, the CTA's warps splitting K and meeting in shared memory in warp order; `down_mma` puts 16 w2 rows
 on the MMA's rows with h[pair] as B, a fresh accumulator per slot (rounded to bf16, weighted, summed in slot
@@ -147,12 +148,12 @@ class ExpertsConfig:
     up_rows: int = 2  # intermediate rows per warp of `up` (loads in flight: up_rows x L / 512 per thread)
     down_warps: int = 4  # warps per CTA of `down`, one per group of k / down_warps slots (the CTA's 8 rows each)
     down_stages: int = 4  # slots of w2 loads in flight per thread in `down` (at most its k / down_warps)
-    # `up` on CUDA cores ("fma", v1, the default) or tensor cores ("mma": 16 MMA rows = 8 w1 rows over the same 8 w3
-    # rows, tokens on N, the CTA's up_warps warps splitting K; up_rows unused). "mma" has never run on a GPU.
-    up_path: str = "fma"
+    # `up` on tensor cores ("mma": 16 MMA rows = 8 w1 rows over the same 8 w3 rows, tokens on N, the CTA's up_warps
+    # warps splitting K; up_rows unused) or on CUDA cores ("fma", v1, up_rows rows a warp)
+    up_path: str = "mma"
     # `down` likewise: "mma" = 16 w2 rows a CTA on tensor cores (the CTA's warps still split the slots; its ring of
-    # down_stages slots holds 2 I / 128 loads a slot). Never run on a GPU.
-    down_path: str = "fma"
+    # down_stages slots holds 2 I / 128 loads a slot), "fma" = 8 rows a CTA on CUDA cores
+    down_path: str = "mma"
 
     def __post_init__(self):
         if self.up_path not in ("fma", "mma") or self.down_path not in ("fma", "mma"):
@@ -189,9 +190,9 @@ class ExpertsConfig:
 
     @staticmethod
     def for_shape(tokens: int, inter: int, num_sms: int = 132) -> ExpertsConfig:
-        """The heuristic, the same at every T <= 16: `up` with 4 warps of 2 rows (8 rows a CTA: 48 / 32 tiles a pair
-        at I = 384 / 256, so >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots, all 4
-        in flight (448 CTAs of 128 threads a token: every w2 byte of a batch-1 call is requested at once)."""
+        """The heuristic, the same at every T <= 16: both tensor-core paths (1.3-1.6x the CUDA-core pair on the
+        H200, NOTES.md); `up` with 4 warps splitting K over 8 rows a CTA (48 / 32 tiles a pair at I = 384 / 256, so
+        >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots, all 4 in flight."""
         return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4)
 
 

@@ -78,6 +78,12 @@ class RouteConfig:
     def per_lane(self) -> int:
         return self.experts // WARP
 
+    @property
+    def load_width(self) -> int:
+        """Floats per vector load of a lane's logits and biases: 4 (16 B) where its P experts allow, else 2 or 1
+        (a lane's run starts at P floats: 16-byte aligned when P is a multiple of 4)."""
+        return 4 if self.per_lane % 4 == 0 else 2 if self.per_lane % 2 == 0 else 1
+
     def selectors(self, m: int) -> int:
         """CTAs that select (one token per warp): the last ones to arrive."""
         return -(-m // self.gemv.warps)
@@ -246,16 +252,23 @@ if _IMPORT_ERROR is None:
                    token: Int32, renormalize: Int32, scaling: Float32):
             """One warp: token's top-k ids and weights (module doc)."""
             P, k = self.route.per_lane, self.route.top_k
+            V = self.route.load_width
             lane = cute.arch.lane_idx()
-            e0 = lane * P
-            row = mLogits.iterator + token * self.route.experts + e0
+            # every load of the lane's P logits and biases is issued before the first is used: one L2 round trip,
+            # not P of them one after another (the selection's fixed cost, NOTES.md run 2). The logits .cg: from L2,
+            # never a line this SM's L1 may hold from before the other CTAs' stores.
+            logit_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=32 * V,
+                                             load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
+            logits = cute.make_rmem_tensor((V, P // V), Float32)
+            row = mLogits[token, None]
+            for j in cutlass.range_constexpr(P // V):
+                cute.copy(logit_load, cute.local_tile(row, (V,), (lane * (P // V) + j,)), logits[None, j])
+            biases = [mBias[lane * P + i] for i in range(P)]  # one float a load: the caller's bias is 4-byte aligned
             keys, scores = [], []
             for i in cutlass.range_constexpr(P):
-                # .cg: L2, never a line this SM's L1 may hold from before the other CTAs' stores
-                logit = cute.arch.load(row + i, Float32, cop="cg")
-                s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit))
+                s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logits[i % V, i // V]))
                 scores.append(s)
-                keys.append(ordered_key(s + mBias[e0 + i]))
+                keys.append(ordered_key(s + biases[i]))
             expert, score = warp_top_k(keys, scores, lane, k, _DslWarpOps())
             total = score
             for off in (16, 8, 4, 2, 1):
