@@ -52,6 +52,17 @@ def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
     assert '"valid_with": 0.91' in render_markdown(bundle)
 
 
+def test_a_gate_that_raised_renders_its_traceback_not_its_template(gpu_like_bundle):
+    """A gate that raised carries only the traceback (gates/core/runner.py): its own template's fields are
+    absent, and the report still renders, with the traceback."""
+    raised = GateResult(gate="compile", title="Compile", status=Status.ERROR, reason="RuntimeError: boom",
+                        summary="the gate raised", details={"traceback": "Traceback ...\nRuntimeError: boom"})
+    gates = [raised if g.gate == "compile" else g for g in gpu_like_bundle.gates]
+    bundle = rejudged(gpu_like_bundle, gates)
+    assert bundle.verdict is Status.ERROR
+    assert "RuntimeError: boom" in render_markdown(bundle) and "RuntimeError: boom" in render_html(bundle)
+
+
 def test_evals_render_as_checks_tables_and_plots(gpu_like_bundle):
     drift = Plot(title="max logit drift from the reference", x_label="context tokens", y_label="max |dlogit|",
                  categories=["4096", "131072"], series={"candidate": [2.37, float("nan")], "standard": [2.30, 2.21]},
