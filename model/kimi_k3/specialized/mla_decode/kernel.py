@@ -43,8 +43,12 @@ from kernels.cute import import_cutlass
 try:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
-    from cutlass import BFloat16, Float32, Int32, Int64
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass._mlir.dialects import llvm
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+    from cutlass.cutlass_dsl import T as _T
+
+    from ..moe_experts.kernel import _mma_bf16
 
     _IMPORT_ERROR = None
 except Exception as _e:  # cutlass not installed or broken: the module stays importable
@@ -55,6 +59,10 @@ TILE = 32  # rows per tile = lanes per warp (the softmax step maps row t to lane
 VEC = 8  # bf16 per 16-byte load
 MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
+PATHS = ("fma", "mma")
+MMA_K = 16  # k of mma.sync m16n8k16
+MMA_N = 8  # n of mma.sync m16n8k16
+ROW_PAD = 8  # bf16 past each shared row of the mma path: a 16-byte shift per row keeps ldmatrix conflict-free
 
 
 @dataclass(frozen=True)
@@ -66,8 +74,12 @@ class MlaConfig:
     ctas_per_sm: int = 2  # the split heuristic aims at ctas_per_sm x SMs CTAs
     min_split_rows: int = 128  # ... but gives no split fewer rows than this (the partials' own traffic)
     score_rows: int = 2  # rows whose elements a lane holds at once in the score step (registers: 18 per row)
+    # "fma": the per-tile math on CUDA cores (v1); "mma": on tensor cores (mma.sync m16n8k16 bf16, heads on M)
+    path: str = "fma"
 
     def __post_init__(self):
+        if self.path not in PATHS:
+            raise ValueError(f"path {self.path!r}: one of {PATHS}")
         if self.score_rows not in (1, 2, 4):
             raise ValueError(f"score_rows {self.score_rows}: 1, 2 or 4")
         if self.threads not in (128, 256, 512):
@@ -80,13 +92,22 @@ class MlaConfig:
     def warps(self) -> int:
         return self.threads // 32
 
+    @property
+    def score_parts(self) -> int:
+        """mma path: the warps split the scores into 4 row tiles of 8 x this many k ranges."""
+        return self.warps // 4
+
     def check(self, heads: int, latent: int, rope: int) -> None:
         """ValueError where the dims do not fit this config's mapping."""
         width = latent + rope
         if not 1 <= heads <= MAX_HEADS or heads > 2 * self.warps:
             raise ValueError(f"heads {heads}: 1..{min(MAX_HEADS, 2 * self.warps)}")
-        if latent != 2 * self.threads:
+        if self.path == "fma" and latent != 2 * self.threads:
             raise ValueError(f"latent dim {latent}: 2 columns a thread, {2 * self.threads} at {self.threads} threads")
+        if self.path == "mma" and latent % (MMA_N * self.warps):
+            raise ValueError(f"latent dim {latent}: {self.warps} warps x n-tiles of {MMA_N} columns")
+        if self.path == "mma" and width % (2 * MMA_K * self.score_parts):
+            raise ValueError(f"latent + rope = {width}: {self.score_parts} k ranges of ldmatrix.x4 pairs of k-steps")
         if latent % (MERGE_COLS * 32):
             raise ValueError(f"latent dim {latent}: a multiple of {MERGE_COLS * 32}")
         if rope < 0 or width % 64:
@@ -97,9 +118,15 @@ class MlaConfig:
             raise ValueError(f"{TILE} rows a tile over {self.warps} warps, {self.score_rows} at a time")
 
     def smem_bytes(self, heads: int, latent: int, rope: int) -> int:
-        """sQ (fp32) + sRow (bf16) + sP (fp32) + the softmax state (3 x 16 fp32), as allocated, with alignment."""
+        """The shared memory `partial` allocates, with alignment. fma: sQ (fp32) + sRow (bf16) + sP (fp32) + the
+        softmax state (3 x 16 fp32). mma: sQf (the hi and lo A fragments, 2 x 2 bytes an element of 16 rows) +
+        sRow (padded rows) + sS (fp32, a k range each) + sPb (bf16, padded rows) + the state."""
         width = latent + rope
-        return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + 3 * MAX_HEADS * 4 + 4 * 128
+        state = 3 * MAX_HEADS * 4 + 4 * 128
+        if self.path == "fma":
+            return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + state
+        return (2 * MAX_HEADS * width * 2 + TILE * (width + ROW_PAD) * 2 + self.score_parts * MAX_HEADS * TILE * 4
+                + MAX_HEADS * (TILE + ROW_PAD) * 2 + state + 3 * 128)
 
 
 def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = MlaConfig()) -> tuple[int, int]:
@@ -117,6 +144,34 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
 
 
 if _IMPORT_ERROR is None:
+
+    def _asm_u32(text: str, *args):
+        return Uint32(llvm.inline_asm(_T.i32(), [a.ir_value() for a in args], text, "=r" + ",f" * len(args),
+                                      has_side_effects=False, is_align_stack=False,
+                                      asm_dialect=llvm.AsmDialect.AD_ATT))
+
+    def _pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
+        """cvt.rn.bf16x2.f32: bf16(lo) in the low half (the lower k index of an MMA operand pair), bf16(hi) high."""
+        return _asm_u32("cvt.rn.bf16x2.f32 $0, $1, $2;", Float32(hi), Float32(lo))
+
+    def _bf16_lo(pair: Uint32) -> Float32:
+        """The low bf16 of a pair as fp32 (exact)."""
+        return Float32(llvm.bitcast(_T.f32(), (pair << Uint32(16)).ir_value()))
+
+    def _bf16_hi(pair: Uint32) -> Float32:
+        """The high bf16 of a pair as fp32 (exact)."""
+        return Float32(llvm.bitcast(_T.f32(), (pair & Uint32(0xFFFF0000)).ir_value()))
+
+    def _ldmatrix_x4(addr: Int32, trans: bool) -> list:
+        """ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices, lane l giving the shared
+        address of row l % 8 of matrix l // 8 (16 contiguous bytes). Word i of lane (g, t) is matrix i's (row g,
+        columns 2t, 2t + 1), or with .trans its (rows 2t, 2t + 1, column g): an A / B fragment register. Marked
+        with side effects so it stays between the barriers that order the shared memory it reads."""
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([_T.i32()] * 4), [Int32(addr).ir_value()],
+            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+            "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [Uint32(llvm.extractvalue(_T.i32(), res, [i])) for i in range(4)]
 
     class MlaDecodeKernel:
         """Both launches for one config and (H, C, R) baked in; B, L, the slot count, the split plan and the scale are
@@ -141,10 +196,102 @@ if _IMPORT_ERROR is None:
                                                              stride=(splits * H * C, H * C, C, 1)))
             mLse = cute.make_tensor(pLse, cute.make_layout((batch, splits, H), stride=(splits * H, H, 1)))
             mLat = cute.make_tensor(pLat, cute.make_layout((batch, H, C), stride=(H * C, C, 1)))
-            self.partial(mQ, mKV, mSlots, mLens, mPart, mLse, max_len, num_slots, chunk, scale).launch(
+            partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
+            partial(mQ, mKV, mSlots, mLens, mPart, mLse, max_len, num_slots, chunk, scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
             self.merge(mPart, mLse, mLat, splits).launch(grid=[H, batch, 1], block=[C // MERGE_COLS, 1, 1],
                                                          stream=stream)
+
+        # --- pieces both `partial` paths share ------------------------------------------------------------------
+
+        @cute.jit
+        def split_rows(self, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor, max_len: Int32,
+                       num_slots: Int32, chunk: Int32):
+            """(kv, start, stop, ntiles): the CTA's sequence's rows [L, W] and its split's rows [start, stop) in
+            ntiles tiles (none for an empty split). Slot and length are clamped into range, never trusted. The
+            slot's base is base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets inside
+            a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible."""
+            W = self.w
+            split, b, _ = cute.arch.block_idx()
+            slot = cutlass.min(cutlass.max(Int32(mSlots[b]), Int32(0)), num_slots - 1)
+            length = cutlass.min(cutlass.max(Int32(mLens[b]), Int32(0)), max_len)
+            start = split * chunk
+            stop = cutlass.min(start + chunk, length)
+            rows = cutlass.max(stop - start, Int32(0))
+            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
+            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
+                                  cute.make_layout((max_len, W), stride=(W, 1)))
+            return kv, start, stop, (rows + (TILE - 1)) // TILE
+
+        @cute.jit
+        def load_tile(self, kv: cute.Tensor, sRow: cute.Tensor, base: Int32, stop: Int32):
+            """Rows base .. base + TILE - 1 of kv into sRow (any row stride keeping 16-byte chunks aligned): every
+            thread's 16-byte loads first (L1 no-allocate: each byte is read once), then its stores. Rows past the
+            split's end are clamped to its last valid row, so no padding byte is ever read; their p is 0."""
+            NT, W = self.cfg.threads, self.w
+            LOADS = TILE * W // VEC // NT  # 16-byte loads per thread per tile
+            CHUNKS = W // VEC  # 16-byte chunks per row
+            tidx, _, _ = cute.arch.thread_idx()
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            ring = cute.make_rmem_tensor((VEC, LOADS), BFloat16)
+            for i in cutlass.range_constexpr(LOADS):
+                idx = tidx + i * NT
+                row = cutlass.min(base + idx // CHUNKS, stop - 1)
+                cute.copy(load, cute.local_tile(kv[row, None], (VEC,), (idx % CHUNKS,)), ring[None, i])
+            for i in cutlass.range_constexpr(LOADS):
+                idx = tidx + i * NT
+                cute.local_tile(sRow[idx // CHUNKS, None], (VEC,), (idx % CHUNKS,)).store(ring[None, i].load())
+
+        @cute.jit
+        def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
+            """One warp, head h, lane t the tile's (scaled, masked) score s of row t: p_t = exp(s_t - m') with
+            m' = max(m, max_t s) (finite: a tile has at least one valid row); lane 0 sets alpha = exp(m - m')
+            (0 on the first tile, m = -inf), l' = l alpha + sum_t p_t (fp32, butterfly order) and m'."""
+            lane = cute.arch.lane_idx()
+            top = s
+            for off in (16, 8, 4, 2, 1):
+                top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
+            m_old = sM[h]
+            m_new = cutlass.max(m_old, top)
+            p = cute.math.exp(s - m_new)
+            total = p
+            for off in (16, 8, 4, 2, 1):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
+            if lane == 0:
+                alpha = cute.math.exp(m_old - m_new)
+                sA[h] = alpha
+                sL[h] = sL[h] * alpha + total
+                sM[h] = m_new
+            return p
+
+        @cute.jit
+        def init_state(self, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
+            """m = -inf, l = 0, alpha = 0 for all MAX_HEADS rows (the mma path reads rows up to 15)."""
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx < MAX_HEADS:
+                sM[tidx] = Float32(-math.inf)
+                sL[tidx] = Float32(0.0)
+                sA[tidx] = Float32(0.0)
+
+        @staticmethod
+        @cute.jit
+        def normalizer(total: Float32) -> Float32:
+            """1 / l, or 0 for an empty split (l = 0): its o is 0, not 0 / 0."""
+            return cutlass.select_(total > Float32(0.0), Float32(1.0) / total, Float32(0.0))
+
+        @cute.jit
+        def store_lse(self, mLse: cute.Tensor, sM: cute.Tensor, sL: cute.Tensor):
+            """lse = m + log l per head; -inf for an empty split (mla_dcp.partial_attention's convention)."""
+            tidx, _, _ = cute.arch.thread_idx()
+            split, b, _ = cute.arch.block_idx()
+            if tidx < self.h:
+                total = sL[tidx]
+                safe = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
+                mLse[b, split, tidx] = cutlass.select_(total > Float32(0.0), sM[tidx] + cute.math.log(safe),
+                                                       Float32(-math.inf))
+
+        # --- launch 1 on CUDA cores ---------------------------------------------------------------------------
 
         @cute.kernel
         def partial(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
@@ -155,20 +302,12 @@ if _IMPORT_ERROR is None:
             RW = TILE // NW  # rows per warp in the score step
             RG = min(c.score_rows, RW)  # of which this many at a time
             J = W // 64  # bf16 pairs per lane per row
-            LOADS = TILE * W // VEC // NT  # 16-byte loads per thread per tile
-            CHUNKS = W // VEC  # 16-byte chunks per row
             tidx, _, _ = cute.arch.thread_idx()
             split, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             neg_inf = Float32(-math.inf)
-
-            slot = cutlass.min(cutlass.max(Int32(mSlots[b]), Int32(0)), num_slots - 1)  # clamped: never out of bounds
-            length = cutlass.min(cutlass.max(Int32(mLens[b]), Int32(0)), max_len)
-            start = split * chunk
-            stop = cutlass.min(start + chunk, length)
-            rows = cutlass.max(stop - start, Int32(0))
-            ntiles = (rows + (TILE - 1)) // TILE
+            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
 
             smem = cutlass.memory.SmemAllocator()
             sQ = smem.allocate_tensor(Float32, cute.make_layout((H, W), stride=(W, 1)), byte_alignment=16)
@@ -183,35 +322,18 @@ if _IMPORT_ERROR is None:
                 idx = tidx + i * NT
                 if idx < H * W:
                     sQ[idx // W, idx % W] = mQ[b, idx]
-            if tidx < H:
-                sM[tidx] = neg_inf
-                sL[tidx] = Float32(0.0)
-                sA[tidx] = Float32(0.0)
+            self.init_state(sM, sL, sA)
             acc = cute.make_rmem_tensor((H, 2), Float32)
             for h in cutlass.range_constexpr(H):
                 acc[h, 0] = Float32(0.0)
                 acc[h, 1] = Float32(0.0)
             cute.arch.sync_threads()
 
-            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
-                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            # the sequence's rows: base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets
-            # inside a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible
-            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
-            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
-                                  cute.make_layout((max_len, W), stride=(W, 1)))
             c0 = 2 * tidx
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory: all loads first, then all stores
-                ring = cute.make_rmem_tensor((VEC, LOADS), BFloat16)
-                for i in cutlass.range_constexpr(LOADS):
-                    idx = tidx + i * NT
-                    row = cutlass.min(base + idx // CHUNKS, stop - 1)  # clamped to the split's last valid row
-                    cute.copy(load, cute.local_tile(kv[row, None], (VEC,), (idx % CHUNKS,)), ring[None, i])
-                for i in cutlass.range_constexpr(LOADS):
-                    idx = tidx + i * NT
-                    cute.local_tile(sRow[idx // CHUNKS, None], (VEC,), (idx % CHUNKS,)).store(ring[None, i].load())
+                # 1. the tile into shared memory
+                self.load_tile(kv, sRow, base, stop)
                 cute.arch.sync_threads()
                 # 2. scores of the warp's rows for every head, RG rows at a time (their elements in registers)
                 for g0 in cutlass.range(RW // RG, unroll=1):  # not unrolled: q is re-read per group
@@ -242,23 +364,7 @@ if _IMPORT_ERROR is None:
                 for g in cutlass.range_constexpr(2):
                     h = warp + g * NW
                     if h < H:
-                        s = sP[h, lane]
-                        top = s
-                        for off in (16, 8, 4, 2, 1):
-                            top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
-                        m_old = sM[h]
-                        m_new = cutlass.max(m_old, top)  # finite: a tile has at least one valid row
-                        p = cute.math.exp(s - m_new)
-                        total = p
-                        for off in (16, 8, 4, 2, 1):
-                            total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
-                        sP[h, lane] = p
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            alpha = cute.math.exp(m_old - m_new)
-                            sA[h] = alpha
-                            sL[h] = sL[h] * alpha + total
-                            sM[h] = m_new
+                        sP[h, lane] = self.online_softmax(sP[h, lane], h, sM, sL, sA)
                 cute.arch.sync_threads()
                 # 4. accumulate the thread's two latent columns of every head
                 for h in cutlass.range_constexpr(H):
@@ -275,14 +381,133 @@ if _IMPORT_ERROR is None:
                 cute.arch.sync_threads()
             # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
             for h in cutlass.range_constexpr(H):
-                total = sL[h]
-                inv = cutlass.select_(total > Float32(0.0), Float32(1.0) / total, Float32(0.0))
+                inv = self.normalizer(sL[h])
                 mPart[b, split, h, c0] = acc[h, 0] * inv
                 mPart[b, split, h, c0 + 1] = acc[h, 1] * inv
-            if tidx < H:
-                total = sL[tidx]
-                safe = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
-                mLse[b, split, tidx] = cutlass.select_(total > Float32(0.0), sM[tidx] + cute.math.log(safe), neg_inf)
+            self.store_lse(mLse, sM, sL)
+
+        # --- launch 1 on tensor cores -------------------------------------------------------------------------
+
+        @cute.kernel
+        def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
+                        mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
+                        scale: Float32):
+            """`partial` with the per-tile math on tensor cores (module doc, "mma path"). Lane (g, t) = (lane // 4,
+            lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
+            c, H, C, W = self.cfg, self.h, self.c, self.w
+            NT, NW = c.threads, c.warps
+            PARTS = c.score_parts
+            KS = W // MMA_K // PARTS  # k-steps of a score part
+            NTW = C // MMA_N // NW  # P.V n-tiles of 8 latent columns per warp
+            RS = W + ROW_PAD  # sRow's row stride (elements)
+            PS = TILE + ROW_PAD  # sPb's row stride
+            QWORDS = (W // MMA_K) * 32 * 4  # 32-bit words of one A operand (hi or lo) over all k-steps
+            tidx, _, _ = cute.arch.thread_idx()
+            split, b, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+            g, t = lane // 4, lane % 4
+            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
+
+            smem = cutlass.memory.SmemAllocator()
+            # k-step ks, lane, words 0..3 the hi A fragment, 4..7 the lo one: one lane's 32 contiguous bytes
+            sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 32, 8), stride=(256, 8, 1)),
+                                       byte_alignment=16)
+            sRow = smem.allocate_tensor(BFloat16, cute.make_layout((TILE, W), stride=(RS, 1)), byte_alignment=16)
+            sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
+                                                                stride=(MAX_HEADS * TILE, TILE, 1)), byte_alignment=16)
+            sPb = smem.allocate_tensor(BFloat16, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
+                                       byte_alignment=16)
+            sM = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+            sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+            sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+
+            # Q as A fragments: word j of lane (g', t') at k-step ks holds elements (e, e + 1), e = 16 ks + 2 t' +
+            # 8 (j // 2), of head g' + 8 (j % 2) (0 past H); hi = bf16(q), lo = bf16(q - hi): hi + lo carries ~16
+            # significant bits, so the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md)
+            for i in cutlass.range_constexpr(-(-QWORDS // NT)):
+                idx = tidx + i * NT
+                if idx < QWORDS:
+                    ks, qlane, j = idx // 128, (idx // 4) % 32, idx % 4
+                    head = qlane // 4 + 8 * (j % 2)
+                    e = MMA_K * ks + 2 * (qlane % 4) + 8 * (j // 2)
+                    src = cutlass.min(head, H - 1) * W + e
+                    x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0))
+                    x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0))
+                    hi = _pack_bf16x2(x0, x1)
+                    sQf[ks, qlane, j] = hi
+                    sQf[ks, qlane, 4 + j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
+            for i in cutlass.range_constexpr(-(-MAX_HEADS * PS // NT)):  # rows past H stay 0
+                idx = tidx + i * NT
+                if idx < MAX_HEADS * PS:
+                    sPb[idx // PS, idx % PS] = BFloat16(0.0)
+            self.init_state(sM, sL, sA)
+            acc = cute.make_rmem_tensor((NTW, 4), Float32)  # C fragments: (head g, 2t..2t+1), (g + 8, 2t..)
+            for j in cutlass.range_constexpr(NTW):
+                for v in cutlass.range_constexpr(4):
+                    acc[j, v] = Float32(0.0)
+            cute.arch.sync_threads()
+
+            # ldmatrix row addresses (shared window, bytes): lane l points at row l % 8 of 8 x 8 matrix l // 8
+            row_base = sRow.iterator.toint()
+            part, rtile = warp // 4, warp % 4  # score step: the warp's k range and 8-row n-tile
+            score_addr = row_base + ((8 * rtile + lane % 8) * RS + part * KS * MMA_K + 8 * (lane // 8)) * 2
+            p_addr = sPb.iterator.toint() + ((lane % 8 + 8 * ((lane // 8) % 2)) * PS + 8 * (lane // 16)) * 2
+            col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
+            v_addr = row_base + (lane * RS + col0) * 2
+            for it in cutlass.range(ntiles):
+                base = start + it * TILE
+                # 1. the tile into shared memory
+                self.load_tile(kv, sRow, base, stop)
+                cute.arch.sync_threads()
+                # 2. scores S[16 heads, rows 8 rtile ..] over the part's KS k-steps: ldmatrix.x4 gives B of two
+                # k-steps (matrices: 8 columns each), each k-step hi then lo
+                s_acc = [Float32(0.0) for _ in range(4)]
+                for kp in cutlass.range_constexpr(KS // 2):
+                    kvb = _ldmatrix_x4(score_addr + kp * 2 * MMA_K * 2, trans=False)
+                    for s2 in cutlass.range_constexpr(2):
+                        qf = sQf[part * KS + 2 * kp + s2, lane, None].load()
+                        for half in cutlass.range_constexpr(2):
+                            s_acc = _mma_bf16([qf[4 * half + v] for v in range(4)], [kvb[2 * s2], kvb[2 * s2 + 1]],
+                                              s_acc)
+                for v in cutlass.range_constexpr(4):
+                    sS[part, g + 8 * (v // 2), 8 * rtile + 2 * t + v % 2] = s_acc[v]
+                cute.arch.sync_threads()
+                # 3. online softmax: warp w takes heads w and w + NW, lane l row l; the parts in order; p as bf16
+                for hg in cutlass.range_constexpr(2):
+                    h = warp + hg * NW
+                    if h < H:
+                        s = sS[0, h, lane]
+                        for pp in cutlass.range_constexpr(1, PARTS):
+                            s = s + sS[pp, h, lane]
+                        s = cutlass.select_(base + lane < stop, s * scale, Float32(-math.inf))
+                        sPb[h, lane] = self.online_softmax(s, h, sM, sL, sA).to(BFloat16)
+                cute.arch.sync_threads()
+                # 4. O[16 heads, the warp's columns] = O alpha + P[16, 32] V[32, columns]: A = P (ldmatrix.x4 of
+                # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns)
+                alpha = (sA[g], sA[g + 8])
+                for j in cutlass.range_constexpr(NTW):
+                    for v in cutlass.range_constexpr(4):
+                        acc[j, v] = acc[j, v] * alpha[v // 2]
+                pa = [_ldmatrix_x4(p_addr + ks * MMA_K * 2, trans=False) for ks in range(TILE // MMA_K)]
+                for j in cutlass.range_constexpr(NTW):
+                    vb = _ldmatrix_x4(v_addr + j * MMA_N * 2, trans=True)
+                    out = [acc[j, v] for v in range(4)]
+                    for ks in cutlass.range_constexpr(TILE // MMA_K):
+                        out = _mma_bf16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out)
+                    for v in cutlass.range_constexpr(4):
+                        acc[j, v] = out[v]
+                cute.arch.sync_threads()
+            # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
+            for r in cutlass.range_constexpr(2):
+                head = g + 8 * r
+                inv = self.normalizer(sL[head])
+                if head < H:
+                    for j in cutlass.range_constexpr(NTW):
+                        col = col0 + j * MMA_N + 2 * t
+                        mPart[b, split, head, col] = acc[j, 2 * r] * inv
+                        mPart[b, split, head, col + 1] = acc[j, 2 * r + 1] * inv
+            self.store_lse(mLse, sM, sL)
 
         @cute.kernel
         def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mLat: cute.Tensor, splits: Int32):
