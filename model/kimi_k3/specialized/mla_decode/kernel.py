@@ -112,8 +112,9 @@ class MlaConfig:
             raise ValueError(f"latent dim {latent}: a multiple of {MERGE_COLS * 32}")
         if rope < 0 or width % 64:
             raise ValueError(f"latent + rope = {width}: a multiple of 64 (bf16 pairs over 32 lanes)")
-        if (TILE * width // VEC) % self.threads:
-            raise ValueError(f"a tile's {TILE * width // VEC} 16-byte loads do not divide over {self.threads} threads")
+        if TILE % self.warps or (width // VEC) % (32 * self.warps // TILE):
+            raise ValueError(f"a row's {width // VEC} 16-byte chunks do not divide over {32 * self.warps // TILE} "
+                             f"lanes ({TILE} rows over {self.warps} warps)")
         if TILE % self.warps or (TILE // self.warps) % min(self.score_rows, TILE // self.warps):
             raise ValueError(f"{TILE} rows a tile over {self.warps} warps, {self.score_rows} at a time")
 
@@ -225,23 +226,28 @@ if _IMPORT_ERROR is None:
 
         @cute.jit
         def load_tile(self, kv: cute.Tensor, sRow: cute.Tensor, base: Int32, stop: Int32):
-            """Rows base .. base + TILE - 1 of kv into sRow (any row stride keeping 16-byte chunks aligned): every
-            thread's 16-byte loads first (L1 no-allocate: each byte is read once), then its stores. Rows past the
-            split's end are clamped to its last valid row, so no padding byte is ever read; their p is 0."""
-            NT, W = self.cfg.threads, self.w
-            LOADS = TILE * W // VEC // NT  # 16-byte loads per thread per tile
-            CHUNKS = W // VEC  # 16-byte chunks per row
+            """Rows base .. base + TILE - 1 of kv into sRow (any row stride keeping 16-byte chunks aligned). Warp w
+            owns rows w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a row; lane l reads the 16-byte
+            chunks l % LANES + LANES i of its row (one load instruction covers 128 contiguous bytes of each of the R
+            rows), so a thread's loads differ by constant offsets from one address. All loads first (L1
+            no-allocate: each byte is read once), then the stores. Rows past the split's end are clamped to its last
+            valid row, so no padding byte is ever read; their p is 0."""
+            NW, W = self.cfg.warps, self.w
+            R = TILE // NW
+            LANES = 32 // R
+            PER = W // VEC // LANES  # 16-byte loads per thread per tile
             tidx, _, _ = cute.arch.thread_idx()
+            lane = cute.arch.lane_idx()
+            row = (tidx // 32) * R + lane // LANES
+            src = kv[cutlass.min(base + row, stop - 1), None]
+            dst = sRow[row, None]
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            ring = cute.make_rmem_tensor((VEC, LOADS), BFloat16)
-            for i in cutlass.range_constexpr(LOADS):
-                idx = tidx + i * NT
-                row = cutlass.min(base + idx // CHUNKS, stop - 1)
-                cute.copy(load, cute.local_tile(kv[row, None], (VEC,), (idx % CHUNKS,)), ring[None, i])
-            for i in cutlass.range_constexpr(LOADS):
-                idx = tidx + i * NT
-                cute.local_tile(sRow[idx // CHUNKS, None], (VEC,), (idx % CHUNKS,)).store(ring[None, i].load())
+            ring = cute.make_rmem_tensor((VEC, PER), BFloat16)
+            for i in cutlass.range_constexpr(PER):
+                cute.copy(load, cute.local_tile(src, (VEC,), (lane % LANES + LANES * i,)), ring[None, i])
+            for i in cutlass.range_constexpr(PER):
+                cute.local_tile(dst, (VEC,), (lane % LANES + LANES * i,)).store(ring[None, i].load())
 
         @cute.jit
         def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
