@@ -96,10 +96,12 @@ def _compiled(cfg: MlaConfig, heads: int, latent: int, rope: int):
     return _CACHE.get((cfg, heads, latent, rope, current_cute_arch()), lambda: compile_kernel(cfg, heads, latent, rope))
 
 
-def prepare(heads: int, latent: int = 512, rope: int = 64) -> MlaConfig:
-    """Compile (once per process) the kernels a call of this shape runs, without launching, and return the config:
-    for warming up outside CUDA-graph capture and timed regions."""
-    cfg = config_for(heads)
+def prepare(heads: int, latent: int = 512, rope: int = 64, config: MlaConfig | None = None) -> MlaConfig:
+    """Compile (once per process) the kernels a call of this shape runs (with `config`, as mla_decode_cute's
+    override, or the heuristic's), without launching, and return the config: for warming up outside CUDA-graph
+    capture and timed regions."""
+    cfg = config or config_for(heads)
+    cfg.check(heads, latent, rope)
     _compiled(cfg, heads, latent, rope)
     return cfg
 
