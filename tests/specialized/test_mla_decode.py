@@ -323,8 +323,8 @@ def test_compiles_for_sm90a_without_spills(key):
 @pytest.mark.parametrize("key", mma_keys(), ids=lambda k: f"H{k[1]}")
 def test_mma_path_ptx(key):
     """The mma path's tile loop is one copy of its body (a dynamic loop): per warp and tile, the score MMAs (hi and
-    lo for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4 and the tile's
-    16-byte loads; nothing in local memory."""
+    lo for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4 and the next tile's
+    16-byte loads (the first tile's before the loop); nothing in local memory."""
     cfg, h, c, r = key
     rep = mk.compile(key, "sm_90a")
     counts = ptx_instruction_counts(rep.ptx, {
@@ -340,7 +340,7 @@ def test_mma_path_ptx(key):
     assert counts["ldmatrix"] == steps // 2 + TILE // MMA_K  # B of two k-steps each; P's two k-steps
     assert counts["ldmatrix.trans"] == n_tiles
     assert counts["q fragments"] == 2 * steps  # hi and lo, 16 bytes each
-    assert counts["tile loads"] == TILE * w // VEC // cfg.threads
+    assert counts["tile loads"] == 2 * (TILE * w // VEC // cfg.threads)  # the first tile's, then the next tile's
     assert counts["bar.sync"] == 1 + 4 and counts["local"] == 0
 
 

@@ -224,30 +224,43 @@ if _IMPORT_ERROR is None:
                                   cute.make_layout((max_len, W), stride=(W, 1)))
             return kv, start, stop, (rows + (TILE - 1)) // TILE
 
+        def tile_loads(self) -> int:
+            """16-byte loads per thread per tile (load_rows' mapping)."""
+            return self.w // VEC // (32 * self.cfg.warps // TILE)
+
         @cute.jit
-        def load_tile(self, kv: cute.Tensor, sRow: cute.Tensor, base: Int32, stop: Int32):
-            """Rows base .. base + TILE - 1 of kv into sRow (any row stride keeping 16-byte chunks aligned). Warp w
-            owns rows w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a row; lane l reads the 16-byte
-            chunks l % LANES + LANES i of its row (one load instruction covers 128 contiguous bytes of each of the R
-            rows), so a thread's loads differ by constant offsets from one address. All loads first (L1
-            no-allocate: each byte is read once), then the stores. Rows past the split's end are clamped to its last
-            valid row, so no padding byte is ever read; their p is 0."""
-            NW, W = self.cfg.warps, self.w
-            R = TILE // NW
+        def thread_row(self):
+            """(row in the tile, first 16-byte chunk) of this thread in load_rows / store_rows: warp w owns rows
+            w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a row; lane l takes chunks l % LANES +
+            LANES i of its row."""
+            R = TILE // self.cfg.warps
             LANES = 32 // R
-            PER = W // VEC // LANES  # 16-byte loads per thread per tile
             tidx, _, _ = cute.arch.thread_idx()
             lane = cute.arch.lane_idx()
-            row = (tidx // 32) * R + lane // LANES
+            return (tidx // 32) * R + lane // LANES, lane % LANES
+
+        @cute.jit
+        def load_rows(self, kv: cute.Tensor, ring: cute.Tensor, base: Int32, stop: Int32):
+            """This thread's chunks of rows base .. base + TILE - 1 of kv into ring (registers, [VEC, tile_loads]):
+            one load instruction covers 128 contiguous bytes of each of a warp's rows, and a thread's loads differ by
+            constant offsets from one address (L1 no-allocate: each byte is read once). Rows past the split's end are
+            clamped to its last valid row, so no padding byte is ever read; their p is 0. Needs stop > base."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
             src = kv[cutlass.min(base + row, stop - 1), None]
-            dst = sRow[row, None]
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            ring = cute.make_rmem_tensor((VEC, PER), BFloat16)
-            for i in cutlass.range_constexpr(PER):
-                cute.copy(load, cute.local_tile(src, (VEC,), (lane % LANES + LANES * i,)), ring[None, i])
-            for i in cutlass.range_constexpr(PER):
-                cute.local_tile(dst, (VEC,), (lane % LANES + LANES * i,)).store(ring[None, i].load())
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                cute.copy(load, cute.local_tile(src, (VEC,), (chunk0 + LANES * i,)), ring[None, i])
+
+        @cute.jit
+        def store_rows(self, ring: cute.Tensor, sRow: cute.Tensor):
+            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment)."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
+            dst = sRow[row, None]
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                cute.local_tile(dst, (VEC,), (chunk0 + LANES * i,)).store(ring[None, i].load())
 
         @cute.jit
         def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
@@ -338,8 +351,10 @@ if _IMPORT_ERROR is None:
             c0 = 2 * tidx
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory
-                self.load_tile(kv, sRow, base, stop)
+                # 1. the tile into shared memory: all loads, then all stores
+                ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+                self.load_rows(kv, ring, base, stop)
+                self.store_rows(ring, sRow)
                 cute.arch.sync_threads()
                 # 2. scores of the warp's rows for every head, RG rows at a time (their elements in registers)
                 for g0 in cutlass.range(RW // RG, unroll=1):  # not unrolled: q is re-read per group
@@ -461,23 +476,32 @@ if _IMPORT_ERROR is None:
             p_addr = sPb.iterator.toint() + ((lane % 8 + 8 * ((lane // 8) % 2)) * PS + 8 * (lane // 16)) * 2
             col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
             v_addr = row_base + (lane * RS + col0) * 2
+            # the next tile's rows are in flight in registers while this one is computed
+            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+            if ntiles > 0:
+                self.load_rows(kv, ring, start, stop)
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory
-                self.load_tile(kv, sRow, base, stop)
+                # 1. the tile into shared memory (the previous tile's last barrier freed sRow), then the next tile's
+                # loads, issued before the barrier so that the compiler cannot sink them past this tile's math
+                self.store_rows(ring, sRow)
+                if it + 1 < ntiles:
+                    self.load_rows(kv, ring, base + TILE, stop)
                 cute.arch.sync_threads()
                 # 2. scores S[16 heads, rows 8 rtile ..] over the part's KS k-steps: ldmatrix.x4 gives B of two
-                # k-steps (matrices: 8 columns each), each k-step hi then lo
-                s_acc = [Float32(0.0) for _ in range(4)]
+                # k-steps (matrices: 8 columns each); 4 independent accumulators (k-step parity x hi / lo) keep
+                # the MMA chains short; summed as (hi even + hi odd) + (lo even + lo odd)
+                chains = [[Float32(0.0) for _ in range(4)] for _ in range(4)]
                 for kp in cutlass.range_constexpr(KS // 2):
                     kvb = _ldmatrix_x4(score_addr + kp * 2 * MMA_K * 2, trans=False)
                     for s2 in cutlass.range_constexpr(2):
                         qf = sQf[part * KS + 2 * kp + s2, lane, None].load()
                         for half in cutlass.range_constexpr(2):
-                            s_acc = _mma_bf16([qf[4 * half + v] for v in range(4)], [kvb[2 * s2], kvb[2 * s2 + 1]],
-                                              s_acc)
+                            chains[2 * half + s2] = _mma_bf16([qf[4 * half + v] for v in range(4)],
+                                                              [kvb[2 * s2], kvb[2 * s2 + 1]], chains[2 * half + s2])
                 for v in cutlass.range_constexpr(4):
-                    sS[part, g + 8 * (v // 2), 8 * rtile + 2 * t + v % 2] = s_acc[v]
+                    score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
+                    sS[part, g + 8 * (v // 2), 8 * rtile + 2 * t + v % 2] = score
                 cute.arch.sync_threads()
                 # 3. online softmax: warp w takes heads w and w + NW, lane l row l; the parts in order; p as bf16
                 for hg in cutlass.range_constexpr(2):
