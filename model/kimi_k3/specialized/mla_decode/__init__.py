@@ -7,7 +7,9 @@
 
 v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T in fp32, as the reference computes
 them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
-launches (split-KV partials, then their log-sum-exp merge).
+launches (split-KV partials, then their log-sum-exp merge). The partials' per-tile math runs on CUDA cores by
+default (MlaConfig.path "fma", GPU-validated); `config=MlaConfig(path="mma")` opts into the tensor-core path, which
+has not run on a GPU yet (kernel.py, NOTES.md).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (2 latent columns a thread of
 256); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may be larger); bf16 cache and weights,

@@ -7,12 +7,12 @@ and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions
 torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host synchronisation and no
 data-dependent host logic (the split count depends on B and L only), so a call can be captured in a CUDA graph.
 
-Launch 1, `partial` (flash-decoding). Grid (splits, B), `threads` threads (8 warps). CTA (s, b) owns the rows
-[s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an empty split). It keeps the H queries
-in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
-  1. load: every thread issues (T W / 8) / threads 16-byte loads of the tile (rows past the split's end are clamped
-     to its last valid row, so no padding byte is ever read; their probabilities are 0), then stores them to shared
-     memory (bf16, T W 2 bytes).
+Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path, the default). Grid (splits, B), `threads` threads
+(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an
+empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
+  1. load: warp w loads rows w T / 8 .. + T / 8 of the tile, 8 lanes a row, lane l the 16-byte chunks l % 8 + 8 i
+     (W / 64 of them), all loads before the stores to shared memory (bf16, T W 2 bytes); rows past the split's end
+     are clamped to its last valid row, so no padding byte is ever read; their probabilities are 0.
   2. scores: warp w owns rows w T / 8 .. + T / 8; lane l the bf16 pairs l + 32 j (j < W / 64) of each; per head,
      fp32 FMAs over the lane's pairs (element order 2p, 2p + 1, j ascending), a 5-step butterfly, times `scale`;
      -inf past the split's end. Stored to sP[h, t].
@@ -24,13 +24,31 @@ in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
 Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty split writes o = 0, lse = -inf (no
 0 / 0, no exp(-inf - -inf)): the conventions of model/kimi_k3/ops/mla_dcp.py's `partial_attention`.
 
+Path "mma" (`partial_mma`, opt-in: never run on a GPU yet): the same CTAs, splits, tiles, softmax and outputs, the
+per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
+the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P):
+  - Q as A fragments in shared memory (per k-step and lane 32 bytes: the hi and the lo operand, hi = bf16(q),
+    lo = bf16(q - hi)): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q (bf16 q alone fails the
+    contract on heavy-tailed and large inputs, NOTES.md). Tile rows are padded by 16 bytes in shared memory so that
+    every ldmatrix reads 8 rows from 8 different bank groups.
+  - load: the tile's rows are stored to shared memory at the top of the tile, then the next tile's loads are issued
+    into the same registers (before the barrier), so they are in flight during this tile's math.
+  - scores: warp w takes the 8 rows 8 (w % 4) .. (the MMA's N) and k range w // 4 of the W / 16 k-steps; B of two
+    k-steps per ldmatrix.x4; per k-step the hi and the lo MMA, in 4 independent accumulators (k-step parity x
+    hi / lo) summed at the end; the ranges' sums meet in shared memory (sS) and are added in range order.
+  - softmax as the fma path's step 3 (fp32 m, l, alpha; l sums the fp32 p); p rounded to bf16 into sPb.
+  - P.V: warp w owns latent columns [64 w, 64 w + 64) (8 n-tiles of 8); O = O alpha + P[16, 32] KV[32, cols]:
+    A = P by ldmatrix.x4 (two k-steps of 16 rows), B by ldmatrix.x4.trans of the tile rows; fp32 accumulators
+    (32 a lane).
+  Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
+
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty), w_s = exp(lse_s - top), latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in
 ascending order: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
 
-Known gaps of v1 (NOTES.md): one tile in flight per CTA (load, sync, compute, sync: the next tile is not prefetched);
-scores on CUDA cores with a butterfly per (row, head). The slot's base address is 64-bit, offsets inside a slot
-32-bit (check_args refuses L x W >= 2^31).
+Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
+path has never run. The slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses L x W >=
+2^31).
 """
 
 from __future__ import annotations
