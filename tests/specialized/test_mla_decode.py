@@ -31,6 +31,10 @@ from model.kimi_k3.specialized.mla_decode.kernel import (
     TILE,
     VEC,
     MlaConfig,
+    c_fragment_position,
+    p_ldmatrix_row,
+    q_fragment_word,
+    score_ldmatrix_row,
     split_plan,
 )
 
@@ -342,6 +346,97 @@ def test_mma_path_ptx(key):
     assert counts["q fragments"] == 2 * steps  # hi and lo, 16 bytes each
     assert counts["tile loads"] == 2 * (TILE * w // VEC // cfg.threads)  # the first tile's, then the next tile's
     assert counts["bar.sync"] == 1 + 4 and counts["local"] == 0
+
+
+# --- the mma path's fragment maps through models of ldmatrix and mma.sync (PTX ISA layouts) ---------------------------
+
+
+def ldmatrix_x4(mem: torch.Tensor, rows_cols: list[tuple[int, int]], trans: bool) -> list[list[tuple]]:
+    """ldmatrix.sync.aligned.m8n8.x4[.trans].b16: lane l gives the address of row l % 8 of matrix l // 8 (8 elements
+    from (row, col) of mem); register i of lane (g, t) = matrix i's (row g, columns 2t, 2t + 1), or with .trans
+    its (rows 2t, 2t + 1, column g), as (low, high) halves."""
+    mats = [torch.stack([mem[r, c : c + 8] for r, c in rows_cols[8 * i : 8 * i + 8]]) for i in range(4)]
+    out = []
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        if trans:
+            out.append([(m[2 * t, g], m[2 * t + 1, g]) for m in mats])
+        else:
+            out.append([(m[g, 2 * t], m[g, 2 * t + 1]) for m in mats])
+    return out
+
+
+def mma_m16n8k16(a: list, b: list, c: torch.Tensor) -> torch.Tensor:
+    """mma.sync.aligned.m16n8k16.row.col: a[lane] 4 (low, high) pairs, b[lane] 2, c [32, 4] -> d [32, 4]. A: word j
+    of lane (g, t) is row g + 8 (j % 2), columns 2t + 8 (j // 2), + 1; B: word i is rows 2t + 8 i, + 1, column g;
+    C: value v is row g + 8 (v // 2), column 2t + v % 2."""
+    A, B, C = torch.zeros(16, 16, dtype=c.dtype), torch.zeros(16, 8, dtype=c.dtype), torch.zeros(16, 8, dtype=c.dtype)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for j in range(4):
+            A[g + 8 * (j % 2), 2 * t + 8 * (j // 2)], A[g + 8 * (j % 2), 2 * t + 8 * (j // 2) + 1] = a[lane][j]
+        for i in range(2):
+            B[2 * t + 8 * i, g], B[2 * t + 8 * i + 1, g] = b[lane][i]
+        for v in range(4):
+            C[g + 8 * (v // 2), 2 * t + v % 2] = c[lane, v]
+    D = A @ B + C
+    return torch.tensor([[D[lane // 4 + 8 * (v // 2), 2 * (lane % 4) + v % 2] for v in range(4)] for lane in range(32)],
+                        dtype=c.dtype)
+
+
+def test_mma_score_fragments_compute_q_kv():
+    """partial_mma's score step with its maps (q_fragment_word, score_ldmatrix_row, c_fragment_position), every warp,
+    on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0 past them."""
+    h, w, cfg = 12, C + R, MlaConfig(path="mma")
+    steps = w // MMA_K // cfg.score_parts
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-4, 5, (16, w), generator=g).double()
+    q[h:] = 0
+    tile = torch.randint(-4, 5, (TILE, w), generator=g).double()
+    frags = {}
+    for idx in range((w // MMA_K) * 32 * 4):
+        ks, lane, j, head, e = q_fragment_word(idx)
+        frags[ks, lane, j] = (q[head, e], q[head, e + 1])
+    scores = torch.zeros(cfg.score_parts, 16, TILE, dtype=torch.float64)
+    for warp in range(cfg.warps):
+        part, rtile = warp // 4, warp % 4
+        rows_cols = [score_ldmatrix_row(lane, warp, steps) for lane in range(32)]
+        acc = torch.zeros(32, 4, dtype=torch.float64)
+        for kp in range(steps // 2):
+            kvb = ldmatrix_x4(tile, [(r, c + kp * 2 * MMA_K) for r, c in rows_cols], trans=False)
+            for s2 in range(2):
+                a = [[frags[part * steps + 2 * kp + s2, lane, j] for j in range(4)] for lane in range(32)]
+                acc = mma_m16n8k16(a, [kvb[lane][2 * s2 : 2 * s2 + 2] for lane in range(32)], acc)
+        for lane in range(32):
+            for v in range(4):
+                head, col = c_fragment_position(lane, v)
+                scores[part, head, 8 * rtile + col] = acc[lane, v]
+    assert torch.equal(scores.sum(0), q @ tile.T)
+
+
+def test_mma_pv_fragments_compute_p_kv():
+    """partial_mma's P.V step with its maps (p_ldmatrix_row, the transposed row addresses: lane l -> tile row l,
+    c_fragment_position), every warp, on integers: P KV[:, :C]."""
+    cfg = MlaConfig(path="mma")
+    n_tiles = C // MMA_N // cfg.warps
+    g = torch.Generator().manual_seed(2)
+    p = torch.randint(-4, 5, (16, TILE), generator=g).double()
+    tile = torch.randint(-4, 5, (TILE, C + R), generator=g).double()
+    out = torch.zeros(16, C, dtype=torch.float64)
+    p_rows = [p_ldmatrix_row(lane) for lane in range(32)]
+    for warp in range(cfg.warps):
+        col0 = warp * n_tiles * MMA_N
+        pa = [ldmatrix_x4(p, [(r, c + ks * MMA_K) for r, c in p_rows], trans=False) for ks in range(TILE // MMA_K)]
+        for j in range(n_tiles):
+            vb = ldmatrix_x4(tile, [(lane, col0 + j * MMA_N) for lane in range(32)], trans=True)
+            acc = torch.zeros(32, 4, dtype=torch.float64)
+            for ks in range(TILE // MMA_K):
+                acc = mma_m16n8k16(pa[ks], [vb[lane][2 * ks : 2 * ks + 2] for lane in range(32)], acc)
+            for lane in range(32):
+                for v in range(4):
+                    head, col = c_fragment_position(lane, v)
+                    out[head, col0 + j * MMA_N + col] = acc[lane, v]
+    assert torch.equal(out, p @ tile[:, :C])
 
 
 # --- the kernel's arithmetic, emulated -------------------------------------------------------------------------------

@@ -148,6 +148,37 @@ class MlaConfig:
                 + MAX_HEADS * (TILE + ROW_PAD) * 2 + state + 3 * 128)
 
 
+# --- the mma path's fragment maps: plain arithmetic on lane / warp indices (Python ints in the tests, Int32 in the
+# kernel), so that a CPU test can run them through a model of ldmatrix and mma.sync (PTX ISA fragment layouts).
+
+
+def q_fragment_word(idx):
+    """Word idx of one Q operand (hi or lo) in sQf -> (k-step, lane, word j, head, element e): the word holds the
+    head's elements e, e + 1 (low, high half). mma.sync's A fragment: word j of lane (g, t) is row g + 8 (j % 2),
+    columns 2 t + 8 (j // 2) and + 1 of the k-step's 16."""
+    ks, lane, j = idx // 128, (idx // 4) % 32, idx % 4
+    return ks, lane, j, lane // 4 + 8 * (j % 2), MMA_K * ks + 2 * (lane % 4) + 8 * (j // 2)
+
+
+def score_ldmatrix_row(lane, warp, steps: int):
+    """(tile row, column) of the 16 bytes lane addresses in the score step's first ldmatrix.x4 (the part's first two
+    k-steps; each next pair is 32 columns on): warp w's 8 rows 8 (w % 4) + lane % 8, matrix lane // 8 = columns
+    8 (lane // 8) .. of k range w // 4 (`steps` k-steps a range). Matrices 0, 1 are B of the first k-step, 2, 3 of
+    the second."""
+    return 8 * (warp % 4) + lane % 8, (warp // 4) * steps * MMA_K + 8 * (lane // 8)
+
+
+def p_ldmatrix_row(lane):
+    """(head row, column) of the 16 bytes lane addresses in sPb for the P.V step's k-step 0 (k-step 1: 16 columns
+    on): matrices (rows 0-7, columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are A's words 0..3."""
+    return lane % 8 + 8 * ((lane // 8) % 2), 8 * (lane // 16)
+
+
+def c_fragment_position(lane, v: int):
+    """(row, column) inside the 16 x 8 tile of accumulator v of lane: rows g, g + 8, columns 2 t, 2 t + 1."""
+    return lane // 4 + 8 * (v // 2), 2 * (lane % 4) + v % 2
+
+
 def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = MlaConfig()) -> tuple[int, int]:
     """(splits, chunk): each sequence's rows are cut into `splits` chunks of `chunk` rows (a multiple of TILE), the
     last possibly shorter; chunk x splits >= max_len and every split starts below max_len. Aims at ctas_per_sm x
@@ -445,7 +476,7 @@ if _IMPORT_ERROR is None:
             split, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
-            g, t = lane // 4, lane % 4
+            g = lane // 4  # the lane's MMA rows: heads g and g + 8
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
 
             smem = cutlass.memory.SmemAllocator()
@@ -461,15 +492,12 @@ if _IMPORT_ERROR is None:
             sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
 
-            # Q as A fragments: word j of lane (g', t') at k-step ks holds elements (e, e + 1), e = 16 ks + 2 t' +
-            # 8 (j // 2), of head g' + 8 (j % 2) (0 past H); hi = bf16(q), lo = bf16(q - hi): hi + lo carries ~16
+            # Q as A fragments (q_fragment_word; 0 past H); hi = bf16(q), lo = bf16(q - hi): hi + lo carries ~16
             # significant bits, so the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md)
             for i in cutlass.range_constexpr(-(-QWORDS // NT)):
                 idx = tidx + i * NT
                 if idx < QWORDS:
-                    ks, qlane, j = idx // 128, (idx // 4) % 32, idx % 4
-                    head = qlane // 4 + 8 * (j % 2)
-                    e = MMA_K * ks + 2 * (qlane % 4) + 8 * (j // 2)
+                    ks, qlane, j, head, e = q_fragment_word(idx)
                     src = cutlass.min(head, H - 1) * W + e
                     x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0))
                     x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0))
@@ -490,10 +518,12 @@ if _IMPORT_ERROR is None:
             # ldmatrix row addresses (shared window, bytes): lane l points at row l % 8 of 8 x 8 matrix l // 8
             row_base = sRow.iterator.toint()
             part, rtile = warp // 4, warp % 4  # score step: the warp's k range and 8-row n-tile
-            score_addr = row_base + ((8 * rtile + lane % 8) * RS + part * KS * MMA_K + 8 * (lane // 8)) * 2
-            p_addr = sPb.iterator.toint() + ((lane % 8 + 8 * ((lane // 8) % 2)) * PS + 8 * (lane // 16)) * 2
+            score_row, score_col = score_ldmatrix_row(lane, warp, KS)
+            score_addr = row_base + (score_row * RS + score_col) * 2
+            p_row, p_col = p_ldmatrix_row(lane)
+            p_addr = sPb.iterator.toint() + (p_row * PS + p_col) * 2
             col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
-            v_addr = row_base + (lane * RS + col0) * 2
+            v_addr = row_base + (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
             # the next tile's rows are in flight in registers while this one is computed
             ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
             if ntiles > 0:
@@ -519,7 +549,8 @@ if _IMPORT_ERROR is None:
                                                               [kvb[2 * s2], kvb[2 * s2 + 1]], chains[2 * half + s2])
                 for v in cutlass.range_constexpr(4):
                     score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
-                    sS[part, g + 8 * (v // 2), 8 * rtile + 2 * t + v % 2] = score
+                    head, col = c_fragment_position(lane, v)
+                    sS[part, head, 8 * rtile + col] = score
                 cute.arch.sync_threads()
                 # 3. online softmax: warp w takes heads w and w + NW, lane l row l; the parts in order; p as bf16
                 for hg in cutlass.range_constexpr(2):
@@ -548,13 +579,12 @@ if _IMPORT_ERROR is None:
                 cute.arch.sync_threads()
             # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
             for r in cutlass.range_constexpr(2):
-                head = g + 8 * r
+                head, col = c_fragment_position(lane, 2 * r)
                 inv = self.normalizer(sL[head])
                 if head < H:
                     for j in cutlass.range_constexpr(NTW):
-                        col = col0 + j * MMA_N + 2 * t
-                        mPart[b, split, head, col] = acc[j, 2 * r] * inv
-                        mPart[b, split, head, col + 1] = acc[j, 2 * r + 1] * inv
+                        mPart[b, split, head, col0 + j * MMA_N + col] = acc[j, 2 * r] * inv
+                        mPart[b, split, head, col0 + j * MMA_N + col + 1] = acc[j, 2 * r + 1] * inv
             self.store_lse(mLse, sM, sL)
 
         @cute.kernel
