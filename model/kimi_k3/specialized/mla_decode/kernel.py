@@ -27,7 +27,7 @@ Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty 
 Path "mma" (`partial_mma`, opt-in: never run on a GPU yet): the same CTAs, splits, tiles, softmax and outputs, the
 per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
 the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P):
-  - Q as A fragments in shared memory (per k-step and lane 32 bytes: the hi and the lo operand, hi = bf16(q),
+  - Q as A fragments in shared memory (per k-step the hi, then the lo operand, 16 bytes a lane; hi = bf16(q),
     lo = bf16(q - hi)): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q (bf16 q alone fails the
     contract on heavy-tailed and large inputs, NOTES.md). Tile rows are padded by 16 bytes in shared memory so that
     every ldmatrix reads 8 rows from 8 different bank groups.
@@ -480,8 +480,9 @@ if _IMPORT_ERROR is None:
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
 
             smem = cutlass.memory.SmemAllocator()
-            # k-step ks, lane, words 0..3 the hi A fragment, 4..7 the lo one: one lane's 32 contiguous bytes
-            sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 32, 8), stride=(256, 8, 1)),
+            # (k-step, operand: 0 hi / 1 lo, lane, word): a lane's 16-byte fragment next to its neighbours', so a
+            # quarter-warp's ld.shared.v4 reads 128 contiguous bytes (no bank conflict)
+            sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 2, 32, 4), stride=(256, 128, 4, 1)),
                                        byte_alignment=16)
             sRow = smem.allocate_tensor(BFloat16, cute.make_layout((TILE, W), stride=(RS, 1)), byte_alignment=16)
             sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
@@ -502,8 +503,8 @@ if _IMPORT_ERROR is None:
                     x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0))
                     x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0))
                     hi = _pack_bf16x2(x0, x1)
-                    sQf[ks, qlane, j] = hi
-                    sQf[ks, qlane, 4 + j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
+                    sQf[ks, 0, qlane, j] = hi
+                    sQf[ks, 1, qlane, j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
             for i in cutlass.range_constexpr(-(-MAX_HEADS * PS // NT)):  # rows past H stay 0
                 idx = tidx + i * NT
                 if idx < MAX_HEADS * PS:
@@ -543,9 +544,9 @@ if _IMPORT_ERROR is None:
                 for kp in cutlass.range_constexpr(KS // 2):
                     kvb = _ldmatrix_x4(score_addr + kp * 2 * MMA_K * 2, trans=False)
                     for s2 in cutlass.range_constexpr(2):
-                        qf = sQf[part * KS + 2 * kp + s2, lane, None].load()
                         for half in cutlass.range_constexpr(2):
-                            chains[2 * half + s2] = _mma_bf16([qf[4 * half + v] for v in range(4)],
+                            qf = sQf[part * KS + 2 * kp + s2, half, lane, None].load()
+                            chains[2 * half + s2] = _mma_bf16([qf[v] for v in range(4)],
                                                               [kvb[2 * s2], kvb[2 * s2 + 1]], chains[2 * half + s2])
                 for v in cutlass.range_constexpr(4):
                     score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
