@@ -139,13 +139,14 @@ class MlaConfig:
     def smem_bytes(self, heads: int, latent: int, rope: int) -> int:
         """The shared memory `partial` allocates, with alignment. fma: sQ (fp32) + sRow (bf16) + sP (fp32) + the
         softmax state (3 x 16 fp32). mma: sQf (the hi and lo A fragments, 2 x 2 bytes an element of 16 rows) +
-        sRow (padded rows) + sS (fp32, a k range each) + sPb (bf16, padded rows) + the state."""
+        sRow (padded rows) + sS (fp32, a k range each, padded rows) + sPb (bf16, padded rows) + the state."""
         width = latent + rope
         state = 3 * MAX_HEADS * 4 + 4 * 128
         if self.path == "fma":
             return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + state
-        return (2 * MAX_HEADS * width * 2 + TILE * (width + ROW_PAD) * 2 + self.score_parts * MAX_HEADS * TILE * 4
-                + MAX_HEADS * (TILE + ROW_PAD) * 2 + state + 3 * 128)
+        padded = TILE + ROW_PAD
+        return (2 * MAX_HEADS * width * 2 + TILE * (width + ROW_PAD) * 2 + self.score_parts * MAX_HEADS * padded * 4
+                + MAX_HEADS * padded * 2 + state + 3 * 128)
 
 
 # --- the mma path's fragment maps: plain arithmetic on lane / warp indices (Python ints in the tests, Int32 in the
@@ -470,7 +471,7 @@ if _IMPORT_ERROR is None:
             KS = W // MMA_K // PARTS  # k-steps of a score part
             NTW = C // MMA_N // NW  # P.V n-tiles of 8 latent columns per warp
             RS = W + ROW_PAD  # sRow's row stride (elements)
-            PS = TILE + ROW_PAD  # sPb's row stride
+            PS = TILE + ROW_PAD  # sPb's and sS's row stride
             QWORDS = (W // MMA_K) * 32 * 4  # 32-bit words of one A operand (hi or lo) over all k-steps
             tidx, _, _ = cute.arch.thread_idx()
             split, b, _ = cute.arch.block_idx()
@@ -485,8 +486,9 @@ if _IMPORT_ERROR is None:
             sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 2, 32, 4), stride=(256, 128, 4, 1)),
                                        byte_alignment=16)
             sRow = smem.allocate_tensor(BFloat16, cute.make_layout((TILE, W), stride=(RS, 1)), byte_alignment=16)
+            # padded rows: the accumulators' stores (heads g, g + 8 x columns 2t, 2t + 1) hit 16 banks, not 4
             sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
-                                                                stride=(MAX_HEADS * TILE, TILE, 1)), byte_alignment=16)
+                                                                stride=(MAX_HEADS * PS, PS, 1)), byte_alignment=16)
             sPb = smem.allocate_tensor(BFloat16, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
                                        byte_alignment=16)
             sM = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
