@@ -196,14 +196,12 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
 
 if _IMPORT_ERROR is None:
 
-    def _asm_u32(text: str, *args):
-        return Uint32(llvm.inline_asm(_T.i32(), [a.ir_value() for a in args], text, "=r" + ",f" * len(args),
-                                      has_side_effects=False, is_align_stack=False,
-                                      asm_dialect=llvm.AsmDialect.AD_ATT))
-
     def _pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
-        """cvt.rn.bf16x2.f32: bf16(lo) in the low half (the lower k index of an MMA operand pair), bf16(hi) high."""
-        return _asm_u32("cvt.rn.bf16x2.f32 $0, $1, $2;", Float32(hi), Float32(lo))
+        """cvt.rn.bf16x2.f32: bf16(lo) in the low half (the lower k index of an MMA operand pair), bf16(hi) high
+        (the instruction puts its first source in the high half)."""
+        return Uint32(llvm.inline_asm(_T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                                      "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                                      is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
     def _bf16_lo(pair: Uint32) -> Float32:
         """The low bf16 of a pair as fp32 (exact)."""
