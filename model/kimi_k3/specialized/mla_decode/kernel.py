@@ -477,6 +477,11 @@ if _IMPORT_ERROR is None:
             warp = tidx // 32
             g = lane // 4  # the lane's MMA rows: heads g and g + 8
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
+            # the next tile's rows are in flight in registers while this one is computed; the first tile's while
+            # the prologue builds Q's fragments
+            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+            if ntiles > 0:
+                self.load_rows(kv, ring, start, stop)
 
             smem = cutlass.memory.SmemAllocator()
             # (k-step, operand: 0 hi / 1 lo, lane, word): a lane's 16-byte fragment next to its neighbours', so a
@@ -525,10 +530,6 @@ if _IMPORT_ERROR is None:
             p_addr = sPb.iterator.toint() + (p_row * PS + p_col) * 2
             col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
             v_addr = row_base + (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
-            # the next tile's rows are in flight in registers while this one is computed
-            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
-            if ntiles > 0:
-                self.load_rows(kv, ring, start, stop)
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
                 # 1. the tile into shared memory (the previous tile's last barrier freed sRow), then the next tile's
