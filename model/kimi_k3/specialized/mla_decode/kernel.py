@@ -32,7 +32,8 @@ the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows 
     contract on heavy-tailed and large inputs, NOTES.md). Tile rows are padded by 16 bytes in shared memory so that
     every ldmatrix reads 8 rows from 8 different bank groups.
   - load: the tile's rows are stored to shared memory at the top of the tile, then the next tile's loads are issued
-    into the same registers (before the barrier), so they are in flight during this tile's math.
+    into the same registers (before the barrier), so they are in flight during this tile's math (the first tile's
+    during the prologue).
   - scores: warp w takes the 8 rows 8 (w % 4) .. (the MMA's N) and k range w // 4 of the W / 16 k-steps; B of two
     k-steps per ldmatrix.x4; per k-step the hi and the lo MMA, in 4 independent accumulators (k-step parity x
     hi / lo) summed at the end; the ranges' sums meet in shared memory (sS) and are added in range order.
