@@ -1,25 +1,42 @@
 """mla_decode: the CuTe DSL kernel (model/kimi_k3/specialized/mla_decode).
 
-CPU: argument checks, the split plan, compiling for sm_90a without a GPU, and an emulation of the kernel's arithmetic
-(tiles, butterflies, online softmax, split partials, merge) in its order against an fp64 reference. GPU (marked):
-against the reference over batches, lengths and head counts, CUDA-graph replay with changed lengths, determinism.
+CPU: argument checks, the split plan, compiling both paths for sm_90a without a GPU (registers, spills, PTX
+instruction counts), and an emulation of each path's arithmetic (tiles, butterflies, online softmax, split partials,
+merge; the mma path's hi + lo bf16 query and bf16 p) in its order against an fp64 reference. GPU (marked), both
+paths: against the reference over batches, lengths and head counts, CUDA-graph replay with changed lengths,
+determinism, the gate problem's points.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from gates.problems import ProblemError, bench_point, load_problem
+from gates.problems import DISTRIBUTIONS, ProblemError, bench_point, load_problem
 from kernels.contract import load_contract
+from kernels.cute import ptx_instruction_counts
 from model.kimi_k3.ops import mla_dcp
 from model.kimi_k3.ops.mla_decode import mla_decode
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
-from model.kimi_k3.specialized.mla_decode.kernel import _IMPORT_ERROR, TILE, MlaConfig, split_plan
+from model.kimi_k3.specialized.mla_decode.kernel import (
+    _IMPORT_ERROR,
+    MMA_K,
+    MMA_N,
+    PATHS,
+    TILE,
+    VEC,
+    MlaConfig,
+    c_fragment_position,
+    p_ldmatrix_row,
+    q_fragment_word,
+    score_ldmatrix_row,
+    split_plan,
+)
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "mla_decode.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -73,9 +90,42 @@ def butterfly_max(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def scores_fma(query: torch.Tensor, tile: torch.Tensor) -> torch.Tensor:
+    """The fma path's unscaled scores [H, T], fp32: lane l's FMAs over its bf16 pairs l + 32 j (j ascending, element
+    2p then 2p + 1), then the 5-step butterfly."""
+    h, w = query.shape
+    lanes = torch.arange(32)
+    pairs = lanes[:, None] + 32 * torch.arange(w // 64)[None, :]  # [32, J]: lane l's pairs l + 32 j
+    x0, x1 = tile[:, 2 * pairs], tile[:, 2 * pairs + 1]  # [T, 32, J]
+    q0, q1 = query[:, 2 * pairs], query[:, 2 * pairs + 1]  # [H, 32, J]
+    dots = torch.zeros(h, tile.shape[0], 32)
+    for j in range(w // 64):
+        dots = dots + q0[:, None, :, j] * x0[None, :, :, j]
+        dots = dots + q1[:, None, :, j] * x1[None, :, :, j]
+    return butterfly_sum(dots)[..., 0]
+
+
+def query_hi_lo(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mma path's A operands: hi = bf16(q), lo = bf16(q - hi) (both round to nearest even), as fp32."""
+    hi = query.to(torch.bfloat16).float()
+    return hi, (query - hi).to(torch.bfloat16).float()
+
+
+def scores_mma(query: torch.Tensor, tile: torch.Tensor, parts: int) -> torch.Tensor:
+    """The mma path's unscaled scores [H, T]: per k range (a warp's part) the hi and the lo products accumulated in
+    fp32 (the MMAs' order inside a part is the hardware's, fp32 matmuls here); the parts' sums in part order."""
+    hi, lo = query_hi_lo(query)
+    width = query.shape[1] // parts
+    total = torch.zeros(query.shape[0], tile.shape[0])
+    for part in range(parts):
+        cols = slice(part * width, (part + 1) * width)
+        total = total + (hi[:, cols] @ tile[:, cols].T + lo[:, cols] @ tile[:, cols].T)
+    return total
+
+
 def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: int, start: int, chunk: int,
-                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """One `partial` CTA in fp32, the kernel's order: (o [H, C], lse [H]). query [H, W] fp32."""
+                    scale: float, cfg: MlaConfig = MlaConfig()) -> tuple[torch.Tensor, torch.Tensor]:
+    """One `partial` CTA of cfg.path in fp32, the kernel's order: (o [H, C], lse [H]). query [H, W] fp32."""
     h, w = query.shape
     max_len = kv.shape[1]
     length = min(max(length, 0), max_len)
@@ -84,28 +134,23 @@ def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: in
     m = torch.full((h,), -math.inf)
     total = torch.zeros(h)
     acc = torch.zeros(h, C)
-    lanes = torch.arange(32)
-    pairs = lanes[:, None] + 32 * torch.arange(w // 64)[None, :]  # [32, J]: lane l's pairs l + 32 j
     for it in range(-(-rows // TILE)):
         base = start + it * TILE
         idx = torch.clamp(base + torch.arange(TILE), max=stop - 1)  # clamped rows: finite, probability 0
         tile = kv[slot, idx].float()  # [T, W]
-        x0, x1 = tile[:, 2 * pairs], tile[:, 2 * pairs + 1]  # [T, 32, J]
-        q0, q1 = query[:, 2 * pairs], query[:, 2 * pairs + 1]  # [H, 32, J]
-        dots = torch.zeros(h, TILE, 32)
-        for j in range(w // 64):  # the lane's FMAs, j ascending, element 2p then 2p + 1
-            dots = dots + q0[:, None, :, j] * x0[None, :, :, j]
-            dots = dots + q1[:, None, :, j] * x1[None, :, :, j]
-        s = butterfly_sum(dots)[..., 0] * scale  # [H, T]
-        s = torch.where((base + torch.arange(TILE) < stop)[None, :], s, torch.tensor(-math.inf))
+        raw = scores_mma(query, tile, cfg.score_parts) if cfg.path == "mma" else scores_fma(query, tile)
+        s = torch.where((base + torch.arange(TILE) < stop)[None, :], raw * scale, torch.tensor(-math.inf))
         m_new = torch.maximum(m, butterfly_max(s)[:, 0])
         p = torch.exp(s - m_new[:, None])
         alpha = torch.exp(m - m_new)
-        total = total * alpha + butterfly_sum(p)[:, 0]
+        total = total * alpha + butterfly_sum(p)[:, 0]  # l sums the fp32 p on both paths
         m = m_new
         acc = acc * alpha[:, None]
-        for t in range(TILE):
-            acc = acc + p[:, t : t + 1] * tile[t, :C][None, :]
+        if cfg.path == "mma":  # P rounded to bf16 for the MMA, fp32 accumulation (hardware order: matmul here)
+            acc = acc + p.to(torch.bfloat16).float() @ tile[:, :C]
+        else:
+            for t in range(TILE):
+                acc = acc + p[:, t : t + 1] * tile[t, :C][None, :]
     inv = torch.where(total > 0, 1.0 / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total))
     lse = torch.where(total > 0, m + torch.log(torch.where(total > 0, total, torch.ones_like(total))),
                       torch.tensor(-math.inf))
@@ -132,7 +177,7 @@ def emulate(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale, num_sms=132, cf
     latent = torch.zeros(b, h, C)
     all_lse = torch.zeros(b, splits, h)
     for i in range(b):
-        parts = [emulate_partial(query[i], kv, int(slots[i]), int(lengths[i]), s * chunk, chunk, scale)
+        parts = [emulate_partial(query[i], kv, int(slots[i]), int(lengths[i]), s * chunk, chunk, scale, cfg)
                  for s in range(splits)]
         ps, ls = torch.stack([p for p, _ in parts]), torch.stack([lse for _, lse in parts])  # [S, H, C], [S, H]
         all_lse[i] = ls
@@ -252,20 +297,152 @@ def test_compile_keys_cover_the_contract():
     assert [(h, c, r) for _, h, c, r in keys] == [(6, 512, 64), (12, 512, 64)]
 
 
+def test_config_paths():
+    with pytest.raises(ValueError, match="path"):
+        MlaConfig(path="wgmma")
+    MlaConfig(path="mma").check(12, C, R)
+    MlaConfig(path="mma", threads=128).check(6, C, R)  # 1 score part of 36 k-steps, 16 P.V n-tiles a warp
+    with pytest.raises(ValueError, match="k ranges"):  # 4 score parts of 9 k-steps: ldmatrix.x4 takes pairs
+        MlaConfig(path="mma", threads=512).check(12, C, R)
+    assert MlaConfig().path == "fma"  # the mma path has never run on a GPU: opt-in
+
+
+def mma_keys():
+    return [(dataclasses.replace(cfg, path="mma"), h, c, r) for cfg, h, c, r in mk.compile_keys(CONTRACT)]
+
+
 @needs_dsl
-@pytest.mark.parametrize("key", mk.compile_keys(CONTRACT), ids=lambda k: f"H{k[1]}")
+@pytest.mark.parametrize("key", mk.compile_keys(CONTRACT) + mma_keys(), ids=lambda k: f"{k[0].path}-H{k[1]}")
 def test_compiles_for_sm90a_without_spills(key):
     rep = mk.compile(key, "sm_90a")
     names = sorted(k.name for k in rep.kernels)
     assert len(names) == 2 and any("partial" in n for n in names) and any("merge" in n for n in names)
-    assert rep.ok(max_registers=128), [(k.name, k.registers, k.spill_bytes) for k in rep.kernels]  # 2 CTAs / SM
+    # no spills, no stack; <= 128 registers: 2 CTAs of 256 threads a SM
+    assert rep.ok(max_registers=128), [(k.name, k.registers, k.spill_bytes, k.stack_frame_bytes) for k in rep.kernels]
     cfg, h, c, r = key
-    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // 2
+    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // cfg.ctas_per_sm
+
+
+@needs_dsl
+@pytest.mark.parametrize("key", mma_keys(), ids=lambda k: f"H{k[1]}")
+def test_mma_path_ptx(key):
+    """The mma path's tile loop is one copy of its body (a dynamic loop): per warp and tile, the score MMAs (hi and
+    lo for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4 and the next tile's
+    16-byte loads (the first tile's before the loop); nothing in local memory."""
+    cfg, h, c, r = key
+    rep = mk.compile(key, "sm_90a")
+    counts = ptx_instruction_counts(rep.ptx, {
+        "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
+        "ldmatrix": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16\b",
+        "ldmatrix.trans": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16\b",
+        "q fragments": r"\bld\.shared\.v4\.b32\b", "tile loads": r"\bld\.global\.L1::no_allocate\.v4\b",
+        "bar.sync": r"\bbar(?:rier)?\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
+    w = c + r
+    steps = w // MMA_K // cfg.score_parts  # k-steps of a warp's score part
+    n_tiles = c // MMA_N // cfg.warps  # P.V n-tiles a warp
+    assert counts["mma"] == 2 * steps + (TILE // MMA_K) * n_tiles  # 36 + 16 = 52 at 8 warps
+    assert counts["ldmatrix"] == steps // 2 + TILE // MMA_K  # B of two k-steps each; P's two k-steps
+    assert counts["ldmatrix.trans"] == n_tiles
+    assert counts["q fragments"] == 2 * steps  # hi and lo, 16 bytes each
+    assert counts["tile loads"] == 2 * (TILE * w // VEC // cfg.threads)  # the first tile's, then the next tile's
+    assert counts["bar.sync"] == 1 + 4 and counts["local"] == 0
+
+
+# --- the mma path's fragment maps through models of ldmatrix and mma.sync (PTX ISA layouts) ---------------------------
+
+
+def ldmatrix_x4(mem: torch.Tensor, rows_cols: list[tuple[int, int]], trans: bool) -> list[list[tuple]]:
+    """ldmatrix.sync.aligned.m8n8.x4[.trans].b16: lane l gives the address of row l % 8 of matrix l // 8 (8 elements
+    from (row, col) of mem); register i of lane (g, t) = matrix i's (row g, columns 2t, 2t + 1), or with .trans
+    its (rows 2t, 2t + 1, column g), as (low, high) halves."""
+    mats = [torch.stack([mem[r, c : c + 8] for r, c in rows_cols[8 * i : 8 * i + 8]]) for i in range(4)]
+    out = []
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        if trans:
+            out.append([(m[2 * t, g], m[2 * t + 1, g]) for m in mats])
+        else:
+            out.append([(m[g, 2 * t], m[g, 2 * t + 1]) for m in mats])
+    return out
+
+
+def mma_m16n8k16(a: list, b: list, c: torch.Tensor) -> torch.Tensor:
+    """mma.sync.aligned.m16n8k16.row.col: a[lane] 4 (low, high) pairs, b[lane] 2, c [32, 4] -> d [32, 4]. A: word j
+    of lane (g, t) is row g + 8 (j % 2), columns 2t + 8 (j // 2), + 1; B: word i is rows 2t + 8 i, + 1, column g;
+    C: value v is row g + 8 (v // 2), column 2t + v % 2."""
+    A, B, C = torch.zeros(16, 16, dtype=c.dtype), torch.zeros(16, 8, dtype=c.dtype), torch.zeros(16, 8, dtype=c.dtype)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for j in range(4):
+            A[g + 8 * (j % 2), 2 * t + 8 * (j // 2)], A[g + 8 * (j % 2), 2 * t + 8 * (j // 2) + 1] = a[lane][j]
+        for i in range(2):
+            B[2 * t + 8 * i, g], B[2 * t + 8 * i + 1, g] = b[lane][i]
+        for v in range(4):
+            C[g + 8 * (v // 2), 2 * t + v % 2] = c[lane, v]
+    D = A @ B + C
+    return torch.tensor([[D[lane // 4 + 8 * (v // 2), 2 * (lane % 4) + v % 2] for v in range(4)] for lane in range(32)],
+                        dtype=c.dtype)
+
+
+def test_mma_score_fragments_compute_q_kv():
+    """partial_mma's score step with its maps (q_fragment_word, score_ldmatrix_row, c_fragment_position), every warp,
+    on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0 past them."""
+    h, w, cfg = 12, C + R, MlaConfig(path="mma")
+    steps = w // MMA_K // cfg.score_parts
+    g = torch.Generator().manual_seed(1)
+    q = torch.randint(-4, 5, (16, w), generator=g).double()
+    q[h:] = 0
+    tile = torch.randint(-4, 5, (TILE, w), generator=g).double()
+    frags = {}
+    for idx in range((w // MMA_K) * 32 * 4):
+        ks, lane, j, head, e = q_fragment_word(idx)
+        frags[ks, lane, j] = (q[head, e], q[head, e + 1])
+    scores = torch.zeros(cfg.score_parts, 16, TILE, dtype=torch.float64)
+    for warp in range(cfg.warps):
+        part, rtile = warp // 4, warp % 4
+        rows_cols = [score_ldmatrix_row(lane, warp, steps) for lane in range(32)]
+        acc = torch.zeros(32, 4, dtype=torch.float64)
+        for kp in range(steps // 2):
+            kvb = ldmatrix_x4(tile, [(r, c + kp * 2 * MMA_K) for r, c in rows_cols], trans=False)
+            for s2 in range(2):
+                a = [[frags[part * steps + 2 * kp + s2, lane, j] for j in range(4)] for lane in range(32)]
+                acc = mma_m16n8k16(a, [kvb[lane][2 * s2 : 2 * s2 + 2] for lane in range(32)], acc)
+        for lane in range(32):
+            for v in range(4):
+                head, col = c_fragment_position(lane, v)
+                scores[part, head, 8 * rtile + col] = acc[lane, v]
+    assert torch.equal(scores.sum(0), q @ tile.T)
+
+
+def test_mma_pv_fragments_compute_p_kv():
+    """partial_mma's P.V step with its maps (p_ldmatrix_row, the transposed row addresses: lane l -> tile row l,
+    c_fragment_position), every warp, on integers: P KV[:, :C]."""
+    cfg = MlaConfig(path="mma")
+    n_tiles = C // MMA_N // cfg.warps
+    g = torch.Generator().manual_seed(2)
+    p = torch.randint(-4, 5, (16, TILE), generator=g).double()
+    tile = torch.randint(-4, 5, (TILE, C + R), generator=g).double()
+    out = torch.zeros(16, C, dtype=torch.float64)
+    p_rows = [p_ldmatrix_row(lane) for lane in range(32)]
+    for warp in range(cfg.warps):
+        col0 = warp * n_tiles * MMA_N
+        pa = [ldmatrix_x4(p, [(r, c + ks * MMA_K) for r, c in p_rows], trans=False) for ks in range(TILE // MMA_K)]
+        for j in range(n_tiles):
+            vb = ldmatrix_x4(tile, [(lane, col0 + j * MMA_N) for lane in range(32)], trans=True)
+            acc = torch.zeros(32, 4, dtype=torch.float64)
+            for ks in range(TILE // MMA_K):
+                acc = mma_m16n8k16(pa[ks], [vb[lane][2 * ks : 2 * ks + 2] for lane in range(32)], acc)
+            for lane in range(32):
+                for v in range(4):
+                    head, col = c_fragment_position(lane, v)
+                    out[head, col0 + j * MMA_N + col] = acc[lane, v]
+    assert torch.equal(out, p @ tile[:, :C])
 
 
 # --- the kernel's arithmetic, emulated -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("b, h, max_len, lengths, num_sms", [
     (1, 12, 1, [1], 132),  # one row
     (3, 6, 17, [1, 17, 5], 132),  # a length shorter than a tile; clamped rows
@@ -273,15 +450,26 @@ def test_compiles_for_sm90a_without_spills(key):
     (2, 6, 300, [300, 31], 1),  # one split, several tiles (online softmax across tiles)
     (2, 12, 97, [33, 97], 132),  # a tile boundary inside a split
 ])
-def test_emulation_matches_fp64_reference(b, h, max_len, lengths, num_sms):
+def test_emulation_matches_fp64_reference(b, h, max_len, lengths, num_sms, path):
     args = make_inputs(b, h, max_len, lengths, seed=b + h + max_len)
-    got, lses = emulate(*args, num_sms=num_sms)
+    got, lses = emulate(*args, num_sms=num_sms, cfg=MlaConfig(path=path))
     want = reference64(*args)
     close(got, want)
     splits, chunk = split_plan(b, max_len, num_sms)
     for i, n in enumerate(lengths):  # empty splits report -inf, the others a finite lse
         for s in range(splits):
             assert torch.isfinite(lses[i, s]).all() == (s * chunk < n)
+
+
+@pytest.mark.parametrize("h", [12, 6])
+@pytest.mark.parametrize("b", [1, 3])
+def test_mma_emulation_matches_fp64_reference(b, h):
+    """The mma path's arithmetic (hi + lo bf16 query, bf16 p, fp32 accumulation) within the contract at lengths 1,
+    17 and 1024 (one split, a partial tile, eight 128-row splits of four tiles)."""
+    lengths = [1024, 17, 1][:b] if b > 1 else [1024]
+    args = make_inputs(b, h, 1024, lengths, seed=10 * b + h)
+    got, _ = emulate(*args, cfg=MlaConfig(path="mma"))
+    close(got, reference64(*args))
 
 
 def test_emulation_agrees_with_the_fp32_reference():
@@ -312,37 +500,41 @@ def _gpu_inputs(b, h, max_len, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("h", [12, 6])
 @pytest.mark.parametrize("max_len", [1, 17, 1024, 8192])
 @pytest.mark.parametrize("b", [1, 4, 16, 64])
-def test_gpu_matches_reference(b, h, max_len):
+def test_gpu_matches_reference(b, h, max_len, path):
     args = _gpu_inputs(b, h, max_len, seed=b * 7 + max_len + h)
-    got = mk.mla_decode_cute(*args)
+    got = mk.mla_decode_cute(*args, config=MlaConfig(path=path))
     assert got.shape == (b, h, V) and got.dtype == torch.float32
     close(got.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
 
 
 @pytest.mark.gpu
-def test_gpu_deterministic():
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_deterministic(path):
     args = _gpu_inputs(16, 12, 1024, seed=5)
-    first = mk.mla_decode_cute(*args)
+    cfg = MlaConfig(path=path)
+    first = mk.mla_decode_cute(*args, config=cfg)
     for _ in range(3):
-        assert torch.equal(mk.mla_decode_cute(*args), first)
+        assert torch.equal(mk.mla_decode_cute(*args, config=cfg), first)
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_replay_with_changed_lengths():
+@pytest.mark.parametrize("path", PATHS)
+def test_gpu_cuda_graph_replay_with_changed_lengths(path):
     b, h, max_len = 4, 12, 1024
     args = list(_gpu_inputs(b, h, max_len, seed=11))
-    mk.prepare(h)
+    cfg = mk.prepare(h, config=MlaConfig(path=path))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        mk.mla_decode_cute(*args)  # warm-up outside capture
+        mk.mla_decode_cute(*args, config=cfg)  # warm-up outside capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mk.mla_decode_cute(*args)
+        out = mk.mla_decode_cute(*args, config=cfg)
     for new in ([1, 2, 3, 4], [1024, 1, 500, 77], [33, 33, 1024, 1]):
         args[4].copy_(torch.tensor(new, dtype=torch.int64))
         for i, n in enumerate(new):  # refill so the padding past the new lengths stays NaN and the rest finite
@@ -356,30 +548,35 @@ def _to(args, device):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def test_emulation_passes_the_problem_checker_on_a_problem_case():
-    """The kernel's arithmetic on the proposed gate problem's input (ragged lengths, poison past them)."""
+@pytest.mark.parametrize("path, dist, point_index", [("fma", "mixed", 1)] + [
+    ("mma", dist, index) for dist in DISTRIBUTIONS for index in (0, 1)])
+def test_emulation_passes_the_problem_checker_on_a_problem_case(path, dist, point_index):
+    """The kernel's arithmetic on the gate problem's input (ragged lengths, poison past them; 1000 rows, B = 2); for
+    the mma path at every distribution and both head counts: a bf16 query alone fails heavy-tailed and large
+    inputs (NOTES.md), its hi + lo split must not."""
     try:
         problem = load_problem("mla_decode")
     except ProblemError as e:
         pytest.skip(f"the gate has no problem for mla_decode yet: {e}")
-    point = bench_point(CONTRACT, problem, CONTRACT.benchmark.points[1])  # 6 heads
-    case = problem.generate_input(type(point)(2, 0, point.shape, point.dtype), 7, "mixed")  # 1000 rows, B = 2
-    got, _ = emulate(*case.args)
+    point = bench_point(CONTRACT, problem, CONTRACT.benchmark.points[point_index])
+    case = problem.generate_input(type(point)(2, 0, point.shape, point.dtype), 7, dist)
+    got, _ = emulate(*case.args, cfg=MlaConfig(path=path))
     result = problem.check("out", got, problem.reference(*case.args), CONTRACT.tolerance)
     assert result.passed, result.problems
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "large", "mixed"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
 @pytest.mark.parametrize("point", CONTRACT.benchmark.points,
                          ids=lambda p: "-".join([f"batch{p.batch}", *(f"{k}{v}" for k, v in p.shape.items())]))
-def test_matches_reference(point, dist):
+def test_matches_reference(point, dist, path):
     try:
         problem = load_problem("mla_decode")
     except ProblemError as e:
         pytest.skip(f"the gate has no problem for mla_decode yet: {e}")
     case = problem.generate_input(bench_point(CONTRACT, problem, point), 0, dist)
     kernel = import_entry_point(CONTRACT.implementation)
-    got = kernel(*_to(case.args, DEVICE))
+    got = kernel(*_to(case.args, DEVICE), config=MlaConfig(path=path))
     result = problem.check("out", got, problem.reference(*_to(case.args, DEVICE)), CONTRACT.tolerance)
     assert result.passed, result.problems

@@ -7,7 +7,9 @@
 
 v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T in fp32, as the reference computes
 them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
-launches (split-KV partials, then their log-sum-exp merge).
+launches (split-KV partials, then their log-sum-exp merge). The partials' per-tile math runs on CUDA cores by
+default (MlaConfig.path "fma", GPU-validated); `config=MlaConfig(path="mma")` opts into the tensor-core path, which
+has not run on a GPU yet (kernel.py, NOTES.md).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (2 latent columns a thread of
 256); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may be larger); bf16 cache and weights,
@@ -96,10 +98,12 @@ def _compiled(cfg: MlaConfig, heads: int, latent: int, rope: int):
     return _CACHE.get((cfg, heads, latent, rope, current_cute_arch()), lambda: compile_kernel(cfg, heads, latent, rope))
 
 
-def prepare(heads: int, latent: int = 512, rope: int = 64) -> MlaConfig:
-    """Compile (once per process) the kernels a call of this shape runs, without launching, and return the config:
-    for warming up outside CUDA-graph capture and timed regions."""
-    cfg = config_for(heads)
+def prepare(heads: int, latent: int = 512, rope: int = 64, config: MlaConfig | None = None) -> MlaConfig:
+    """Compile (once per process) the kernels a call of this shape runs (with `config`, as mla_decode_cute's
+    override, or the heuristic's), without launching, and return the config: for warming up outside CUDA-graph
+    capture and timed regions."""
+    cfg = config or config_for(heads)
+    cfg.check(heads, latent, rope)
     _compiled(cfg, heads, latent, rope)
     return cfg
 

@@ -1,18 +1,22 @@
-"""Benchmark (GPU; never run yet): mla_decode_cute end to end, its attention core alone, and the standard, in CUDA
-graphs, per (B, L, H), every sequence at the full length L (the floor's case).
+"""Benchmark (GPU) of mla_decode_cute per `partial` path against the standard, in CUDA graphs.
+
+Per (B, L, H), every sequence at the full length L (the floor's case): the standard, and for each path
+(MlaConfig.path: "fma", "mma") mla_decode_cute end to end and its attention core alone.
 
 Method. Per point one CUDA graph per implementation, replayed by kernels.timing.time_graphs with the L2 flushed
 before each replay (flush='l2'); the median is reported. Cache bytes = B L 1152; the floor is all bytes / 4.3 TB/s
-(NOTES.md's table); TB/s is the cache bytes over the core's time. Each point is first checked against a float64
-reference (the core's latent through W_UV), a failure prints FAIL and the point is not timed.
+(NOTES.md's table); TB/s is the cache bytes over the core's time. Each path is first checked at each point against
+a float64 reference (the core's latent through W_UV): a failure prints FAIL and that path is not timed there.
 
     python -m model.kimi_k3.specialized.mla_decode.bench                       # the NOTES points, 12 and 6 heads
-    python -m model.kimi_k3.specialized.mla_decode.bench --points 1x4096 64x32768 --heads 12
+    python -m model.kimi_k3.specialized.mla_decode.bench --paths fma mma       # both paths side by side
+    python -m model.kimi_k3.specialized.mla_decode.bench --points 1x4096 64x32768 --heads 12 --paths mma
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -56,31 +60,35 @@ def capture(fn):
     return graph
 
 
-def bench_point(b: int, max_len: int, h: int, iters: int) -> None:
+def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str]) -> None:
     from kernels.timing import time_graphs
     from model.kimi_k3.ops.mla_decode_standard import mla_decode_standard
     from model.kimi_k3.specialized import mla_decode as mk
 
     args = inputs(b, max_len, h)
     q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = args
-    cfg = mk.prepare(h)
-    got = mk.mla_decode_cute(*args)
     want = reference64(*args)
-    err = float((got.double() - want).norm() / want.norm())
     label = f"B={b:3d} L={max_len:6d} H={h:2d}"
-    if not torch.isfinite(got).all() or err > 1e-2:
-        print(f"FAIL {label}: rel_l2 {err:.3g}")
-        return
     query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], -1).contiguous()
-    graphs = {"cute": capture(lambda: mk.mla_decode_cute(*args)),
-              "core": capture(lambda: mk.attention_core(query, kv, slots, lengths, scale, cfg, C)),
-              "standard": capture(lambda: mla_decode_standard(*args))}
+    graphs, errs = {"standard": capture(lambda: mla_decode_standard(*args))}, {}
+    for path in paths:
+        cfg = mk.prepare(h, config=dataclasses.replace(mk.config_for(h), path=path))
+        got = mk.mla_decode_cute(*args, config=cfg)
+        errs[path] = float((got.double() - want).norm() / want.norm())
+        if not torch.isfinite(got).all() or errs[path] > 1e-2:
+            print(f"FAIL {label} path {path}: rel_l2 {errs[path]:.3g}")
+            continue
+        graphs[f"cute {path}"] = capture(lambda cfg=cfg: mk.mla_decode_cute(*args, config=cfg))
+        graphs[f"core {path}"] = capture(lambda cfg=cfg: mk.attention_core(query, kv, slots, lengths, scale, cfg, C))
     us = {name: time_graphs([g], iters=iters, flush="l2").median_us for name, g in graphs.items()}
     cache = b * max_len * (C + R) * 2
     floor = (cache + 2 * h * N * C * 2) / HBM_BYTES_PER_S * 1e6
-    print(f"{label}: cute {us['cute']:8.2f} us  core {us['core']:8.2f} us ({cache / us['core'] / 1e6:5.2f} TB/s)  "
-          f"standard {us['standard']:8.2f} us  floor {floor:7.2f} us  speedup {us['standard'] / us['cute']:5.2f}x  "
-          f"rel_l2 {err:.2e}")
+    print(f"{label}: standard {us['standard']:8.2f} us  floor {floor:7.2f} us")
+    for path in paths:
+        if f"cute {path}" in us:
+            cute_us, core_us = us[f"cute {path}"], us[f"core {path}"]
+            print(f"    {path}: cute {cute_us:8.2f} us  core {core_us:8.2f} us ({cache / core_us / 1e6:5.2f} TB/s)  "
+                  f"speedup {us['standard'] / cute_us:5.2f}x  rel_l2 {errs[path]:.2e}")
 
 
 def main(argv=None) -> int:
@@ -88,11 +96,13 @@ def main(argv=None) -> int:
     parser.add_argument("--points", nargs="*", default=list(POINTS), help="BxL")
     parser.add_argument("--heads", nargs="*", type=int, default=[12, 6])
     parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--paths", nargs="*", default=["fma", "mma"], choices=["fma", "mma"],
+                        help="the `partial` paths to time (MlaConfig.path)")
     a = parser.parse_args(argv)
     for point in a.points:
         b, max_len = (int(x) for x in point.split("x"))
         for h in a.heads:
-            bench_point(b, max_len, h, a.iters)
+            bench_point(b, max_len, h, a.iters, a.paths)
     return 0
 
 

@@ -7,12 +7,12 @@ and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions
 torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host synchronisation and no
 data-dependent host logic (the split count depends on B and L only), so a call can be captured in a CUDA graph.
 
-Launch 1, `partial` (flash-decoding). Grid (splits, B), `threads` threads (8 warps). CTA (s, b) owns the rows
-[s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an empty split). It keeps the H queries
-in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
-  1. load: every thread issues (T W / 8) / threads 16-byte loads of the tile (rows past the split's end are clamped
-     to its last valid row, so no padding byte is ever read; their probabilities are 0), then stores them to shared
-     memory (bf16, T W 2 bytes).
+Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path, the default). Grid (splits, B), `threads` threads
+(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an
+empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
+  1. load: warp w loads rows w T / 8 .. + T / 8 of the tile, 8 lanes a row, lane l the 16-byte chunks l % 8 + 8 i
+     (W / 64 of them), all loads before the stores to shared memory (bf16, T W 2 bytes); rows past the split's end
+     are clamped to its last valid row, so no padding byte is ever read; their probabilities are 0.
   2. scores: warp w owns rows w T / 8 .. + T / 8; lane l the bf16 pairs l + 32 j (j < W / 64) of each; per head,
      fp32 FMAs over the lane's pairs (element order 2p, 2p + 1, j ascending), a 5-step butterfly, times `scale`;
      -inf past the split's end. Stored to sP[h, t].
@@ -24,13 +24,32 @@ in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
 Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty split writes o = 0, lse = -inf (no
 0 / 0, no exp(-inf - -inf)): the conventions of model/kimi_k3/ops/mla_dcp.py's `partial_attention`.
 
+Path "mma" (`partial_mma`, opt-in: never run on a GPU yet): the same CTAs, splits, tiles, softmax and outputs, the
+per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
+the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P):
+  - Q as A fragments in shared memory (per k-step the hi, then the lo operand, 16 bytes a lane; hi = bf16(q),
+    lo = bf16(q - hi)): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q (bf16 q alone fails the
+    contract on heavy-tailed and large inputs, NOTES.md). Tile rows are padded by 16 bytes in shared memory so that
+    every ldmatrix reads 8 rows from 8 different bank groups.
+  - load: the tile's rows are stored to shared memory at the top of the tile, then the next tile's loads are issued
+    into the same registers (before the barrier), so they are in flight during this tile's math (the first tile's
+    during the prologue).
+  - scores: warp w takes the 8 rows 8 (w % 4) .. (the MMA's N) and k range w // 4 of the W / 16 k-steps; B of two
+    k-steps per ldmatrix.x4; per k-step the hi and the lo MMA, in 4 independent accumulators (k-step parity x
+    hi / lo) summed at the end; the ranges' sums meet in shared memory (sS) and are added in range order.
+  - softmax as the fma path's step 3 (fp32 m, l, alpha; l sums the fp32 p); p rounded to bf16 into sPb.
+  - P.V: warp w owns latent columns [64 w, 64 w + 64) (8 n-tiles of 8); O = O alpha + P[16, 32] KV[32, cols]:
+    A = P by ldmatrix.x4 (two k-steps of 16 rows), B by ldmatrix.x4.trans of the tile rows; fp32 accumulators
+    (32 a lane).
+  Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
+
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty), w_s = exp(lse_s - top), latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in
 ascending order: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
 
-Known gaps of v1 (NOTES.md): one tile in flight per CTA (load, sync, compute, sync: the next tile is not prefetched);
-scores on CUDA cores with a butterfly per (row, head). The slot's base address is 64-bit, offsets inside a slot
-32-bit (check_args refuses L x W >= 2^31).
+Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
+path has never run. The slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses L x W >=
+2^31).
 """
 
 from __future__ import annotations
@@ -43,8 +62,12 @@ from kernels.cute import import_cutlass
 try:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
-    from cutlass import BFloat16, Float32, Int32, Int64
+    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass._mlir.dialects import llvm
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+    from cutlass.cutlass_dsl import T as _T
+
+    from ..moe_experts.kernel import _mma_bf16
 
     _IMPORT_ERROR = None
 except Exception as _e:  # cutlass not installed or broken: the module stays importable
@@ -55,6 +78,10 @@ TILE = 32  # rows per tile = lanes per warp (the softmax step maps row t to lane
 VEC = 8  # bf16 per 16-byte load
 MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
+PATHS = ("fma", "mma")
+MMA_K = 16  # k of mma.sync m16n8k16
+MMA_N = 8  # n of mma.sync m16n8k16
+ROW_PAD = 8  # bf16 past each shared row of the mma path: a 16-byte shift per row keeps ldmatrix conflict-free
 
 
 @dataclass(frozen=True)
@@ -66,8 +93,12 @@ class MlaConfig:
     ctas_per_sm: int = 2  # the split heuristic aims at ctas_per_sm x SMs CTAs
     min_split_rows: int = 128  # ... but gives no split fewer rows than this (the partials' own traffic)
     score_rows: int = 2  # rows whose elements a lane holds at once in the score step (registers: 18 per row)
+    # "fma": the per-tile math on CUDA cores (v1); "mma": on tensor cores (mma.sync m16n8k16 bf16, heads on M)
+    path: str = "fma"
 
     def __post_init__(self):
+        if self.path not in PATHS:
+            raise ValueError(f"path {self.path!r}: one of {PATHS}")
         if self.score_rows not in (1, 2, 4):
             raise ValueError(f"score_rows {self.score_rows}: 1, 2 or 4")
         if self.threads not in (128, 256, 512):
@@ -80,26 +111,74 @@ class MlaConfig:
     def warps(self) -> int:
         return self.threads // 32
 
+    @property
+    def score_parts(self) -> int:
+        """mma path: the warps split the scores into 4 row tiles of 8 x this many k ranges."""
+        return self.warps // 4
+
     def check(self, heads: int, latent: int, rope: int) -> None:
         """ValueError where the dims do not fit this config's mapping."""
         width = latent + rope
         if not 1 <= heads <= MAX_HEADS or heads > 2 * self.warps:
             raise ValueError(f"heads {heads}: 1..{min(MAX_HEADS, 2 * self.warps)}")
-        if latent != 2 * self.threads:
+        if self.path == "fma" and latent != 2 * self.threads:
             raise ValueError(f"latent dim {latent}: 2 columns a thread, {2 * self.threads} at {self.threads} threads")
+        if self.path == "mma" and latent % (MMA_N * self.warps):
+            raise ValueError(f"latent dim {latent}: {self.warps} warps x n-tiles of {MMA_N} columns")
+        if self.path == "mma" and width % (2 * MMA_K * self.score_parts):
+            raise ValueError(f"latent + rope = {width}: {self.score_parts} k ranges of ldmatrix.x4 pairs of k-steps")
         if latent % (MERGE_COLS * 32):
             raise ValueError(f"latent dim {latent}: a multiple of {MERGE_COLS * 32}")
         if rope < 0 or width % 64:
             raise ValueError(f"latent + rope = {width}: a multiple of 64 (bf16 pairs over 32 lanes)")
-        if (TILE * width // VEC) % self.threads:
-            raise ValueError(f"a tile's {TILE * width // VEC} 16-byte loads do not divide over {self.threads} threads")
+        if TILE % self.warps or (width // VEC) % (32 * self.warps // TILE):
+            raise ValueError(f"a row's {width // VEC} 16-byte chunks do not divide over {32 * self.warps // TILE} "
+                             f"lanes ({TILE} rows over {self.warps} warps)")
         if TILE % self.warps or (TILE // self.warps) % min(self.score_rows, TILE // self.warps):
             raise ValueError(f"{TILE} rows a tile over {self.warps} warps, {self.score_rows} at a time")
 
     def smem_bytes(self, heads: int, latent: int, rope: int) -> int:
-        """sQ (fp32) + sRow (bf16) + sP (fp32) + the softmax state (3 x 16 fp32), as allocated, with alignment."""
+        """The shared memory `partial` allocates, with alignment. fma: sQ (fp32) + sRow (bf16) + sP (fp32) + the
+        softmax state (3 x 16 fp32). mma: sQf (the hi and lo A fragments, 2 x 2 bytes an element of 16 rows) +
+        sRow (padded rows) + sS (fp32, a k range each, padded rows) + sPb (bf16, padded rows) + the state."""
         width = latent + rope
-        return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + 3 * MAX_HEADS * 4 + 4 * 128
+        state = 3 * MAX_HEADS * 4 + 4 * 128
+        if self.path == "fma":
+            return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + state
+        padded = TILE + ROW_PAD
+        return (2 * MAX_HEADS * width * 2 + TILE * (width + ROW_PAD) * 2 + self.score_parts * MAX_HEADS * padded * 4
+                + MAX_HEADS * padded * 2 + state + 3 * 128)
+
+
+# --- the mma path's fragment maps: plain arithmetic on lane / warp indices (Python ints in the tests, Int32 in the
+# kernel), so that a CPU test can run them through a model of ldmatrix and mma.sync (PTX ISA fragment layouts).
+
+
+def q_fragment_word(idx):
+    """Word idx of one Q operand (hi or lo) in sQf -> (k-step, lane, word j, head, element e): the word holds the
+    head's elements e, e + 1 (low, high half). mma.sync's A fragment: word j of lane (g, t) is row g + 8 (j % 2),
+    columns 2 t + 8 (j // 2) and + 1 of the k-step's 16."""
+    ks, lane, j = idx // 128, (idx // 4) % 32, idx % 4
+    return ks, lane, j, lane // 4 + 8 * (j % 2), MMA_K * ks + 2 * (lane % 4) + 8 * (j // 2)
+
+
+def score_ldmatrix_row(lane, warp, steps: int):
+    """(tile row, column) of the 16 bytes lane addresses in the score step's first ldmatrix.x4 (the part's first two
+    k-steps; each next pair is 32 columns on): warp w's 8 rows 8 (w % 4) + lane % 8, matrix lane // 8 = columns
+    8 (lane // 8) .. of k range w // 4 (`steps` k-steps a range). Matrices 0, 1 are B of the first k-step, 2, 3 of
+    the second."""
+    return 8 * (warp % 4) + lane % 8, (warp // 4) * steps * MMA_K + 8 * (lane // 8)
+
+
+def p_ldmatrix_row(lane):
+    """(head row, column) of the 16 bytes lane addresses in sPb for the P.V step's k-step 0 (k-step 1: 16 columns
+    on): matrices (rows 0-7, columns 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15) are A's words 0..3."""
+    return lane % 8 + 8 * ((lane // 8) % 2), 8 * (lane // 16)
+
+
+def c_fragment_position(lane, v: int):
+    """(row, column) inside the 16 x 8 tile of accumulator v of lane: rows g, g + 8, columns 2 t, 2 t + 1."""
+    return lane // 4 + 8 * (v // 2), 2 * (lane % 4) + v % 2
 
 
 def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = MlaConfig()) -> tuple[int, int]:
@@ -117,6 +196,32 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
 
 
 if _IMPORT_ERROR is None:
+
+    def _pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
+        """cvt.rn.bf16x2.f32: bf16(lo) in the low half (the lower k index of an MMA operand pair), bf16(hi) high
+        (the instruction puts its first source in the high half)."""
+        return Uint32(llvm.inline_asm(_T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                                      "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                                      is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+    def _bf16_lo(pair: Uint32) -> Float32:
+        """The low bf16 of a pair as fp32 (exact)."""
+        return Float32(llvm.bitcast(_T.f32(), (pair << Uint32(16)).ir_value()))
+
+    def _bf16_hi(pair: Uint32) -> Float32:
+        """The high bf16 of a pair as fp32 (exact)."""
+        return Float32(llvm.bitcast(_T.f32(), (pair & Uint32(0xFFFF0000)).ir_value()))
+
+    def _ldmatrix_x4(addr: Int32, trans: bool) -> list:
+        """ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices, lane l giving the shared
+        address of row l % 8 of matrix l // 8 (16 contiguous bytes). Word i of lane (g, t) is matrix i's (row g,
+        columns 2t, 2t + 1), or with .trans its (rows 2t, 2t + 1, column g): an A / B fragment register. Marked
+        with side effects so it stays between the barriers that order the shared memory it reads."""
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([_T.i32()] * 4), [Int32(addr).ir_value()],
+            f"ldmatrix.sync.aligned.m8n8.x4{'.trans' if trans else ''}.shared.b16 {{$0, $1, $2, $3}}, [$4];",
+            "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [Uint32(llvm.extractvalue(_T.i32(), res, [i])) for i in range(4)]
 
     class MlaDecodeKernel:
         """Both launches for one config and (H, C, R) baked in; B, L, the slot count, the split plan and the scale are
@@ -141,10 +246,120 @@ if _IMPORT_ERROR is None:
                                                              stride=(splits * H * C, H * C, C, 1)))
             mLse = cute.make_tensor(pLse, cute.make_layout((batch, splits, H), stride=(splits * H, H, 1)))
             mLat = cute.make_tensor(pLat, cute.make_layout((batch, H, C), stride=(H * C, C, 1)))
-            self.partial(mQ, mKV, mSlots, mLens, mPart, mLse, max_len, num_slots, chunk, scale).launch(
+            partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
+            partial(mQ, mKV, mSlots, mLens, mPart, mLse, max_len, num_slots, chunk, scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
             self.merge(mPart, mLse, mLat, splits).launch(grid=[H, batch, 1], block=[C // MERGE_COLS, 1, 1],
                                                          stream=stream)
+
+        # --- pieces both `partial` paths share ------------------------------------------------------------------
+
+        @cute.jit
+        def split_rows(self, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor, max_len: Int32,
+                       num_slots: Int32, chunk: Int32):
+            """(kv, start, stop, ntiles): the CTA's sequence's rows [L, W] and its split's rows [start, stop) in
+            ntiles tiles (none for an empty split). Slot and length are clamped into range, never trusted. The
+            slot's base is base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets inside
+            a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible."""
+            W = self.w
+            split, b, _ = cute.arch.block_idx()
+            slot = cutlass.min(cutlass.max(Int32(mSlots[b]), Int32(0)), num_slots - 1)
+            length = cutlass.min(cutlass.max(Int32(mLens[b]), Int32(0)), max_len)
+            start = split * chunk
+            stop = cutlass.min(start + chunk, length)
+            rows = cutlass.max(stop - start, Int32(0))
+            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
+            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
+                                  cute.make_layout((max_len, W), stride=(W, 1)))
+            return kv, start, stop, (rows + (TILE - 1)) // TILE
+
+        def tile_loads(self) -> int:
+            """16-byte loads per thread per tile (load_rows' mapping)."""
+            return self.w // VEC // (32 * self.cfg.warps // TILE)
+
+        @cute.jit
+        def thread_row(self):
+            """(row in the tile, first 16-byte chunk) of this thread in load_rows / store_rows: warp w owns rows
+            w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a row; lane l takes chunks l % LANES +
+            LANES i of its row."""
+            R = TILE // self.cfg.warps
+            LANES = 32 // R
+            tidx, _, _ = cute.arch.thread_idx()
+            lane = cute.arch.lane_idx()
+            return (tidx // 32) * R + lane // LANES, lane % LANES
+
+        @cute.jit
+        def load_rows(self, kv: cute.Tensor, ring: cute.Tensor, base: Int32, stop: Int32):
+            """This thread's chunks of rows base .. base + TILE - 1 of kv into ring (registers, [VEC, tile_loads]):
+            one load instruction covers 128 contiguous bytes of each of a warp's rows, and a thread's loads differ by
+            constant offsets from one address (L1 no-allocate: each byte is read once). Rows past the split's end are
+            clamped to its last valid row, so no padding byte is ever read; their p is 0. Needs stop > base."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
+            src = kv[cutlass.min(base + row, stop - 1), None]
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
+                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                cute.copy(load, cute.local_tile(src, (VEC,), (chunk0 + LANES * i,)), ring[None, i])
+
+        @cute.jit
+        def store_rows(self, ring: cute.Tensor, sRow: cute.Tensor):
+            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment)."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
+            dst = sRow[row, None]
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                cute.local_tile(dst, (VEC,), (chunk0 + LANES * i,)).store(ring[None, i].load())
+
+        @cute.jit
+        def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
+            """One warp, head h, lane t the tile's (scaled, masked) score s of row t: p_t = exp(s_t - m') with
+            m' = max(m, max_t s) (finite: a tile has at least one valid row); lane 0 sets alpha = exp(m - m')
+            (0 on the first tile, m = -inf), l' = l alpha + sum_t p_t (fp32, butterfly order) and m'."""
+            lane = cute.arch.lane_idx()
+            top = s
+            for off in (16, 8, 4, 2, 1):
+                top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
+            m_old = sM[h]
+            m_new = cutlass.max(m_old, top)
+            p = cute.math.exp(s - m_new)
+            total = p
+            for off in (16, 8, 4, 2, 1):
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
+            if lane == 0:
+                alpha = cute.math.exp(m_old - m_new)
+                sA[h] = alpha
+                sL[h] = sL[h] * alpha + total
+                sM[h] = m_new
+            return p
+
+        @cute.jit
+        def init_state(self, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
+            """m = -inf, l = 0, alpha = 0 for all MAX_HEADS rows (the mma path reads rows up to 15)."""
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx < MAX_HEADS:
+                sM[tidx] = Float32(-math.inf)
+                sL[tidx] = Float32(0.0)
+                sA[tidx] = Float32(0.0)
+
+        @staticmethod
+        @cute.jit
+        def normalizer(total: Float32) -> Float32:
+            """1 / l, or 0 for an empty split (l = 0): its o is 0, not 0 / 0."""
+            return cutlass.select_(total > Float32(0.0), Float32(1.0) / total, Float32(0.0))
+
+        @cute.jit
+        def store_lse(self, mLse: cute.Tensor, sM: cute.Tensor, sL: cute.Tensor):
+            """lse = m + log l per head; -inf for an empty split (mla_dcp.partial_attention's convention)."""
+            tidx, _, _ = cute.arch.thread_idx()
+            split, b, _ = cute.arch.block_idx()
+            if tidx < self.h:
+                total = sL[tidx]
+                safe = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
+                mLse[b, split, tidx] = cutlass.select_(total > Float32(0.0), sM[tidx] + cute.math.log(safe),
+                                                       Float32(-math.inf))
+
+        # --- launch 1 on CUDA cores ---------------------------------------------------------------------------
 
         @cute.kernel
         def partial(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
@@ -155,20 +370,12 @@ if _IMPORT_ERROR is None:
             RW = TILE // NW  # rows per warp in the score step
             RG = min(c.score_rows, RW)  # of which this many at a time
             J = W // 64  # bf16 pairs per lane per row
-            LOADS = TILE * W // VEC // NT  # 16-byte loads per thread per tile
-            CHUNKS = W // VEC  # 16-byte chunks per row
             tidx, _, _ = cute.arch.thread_idx()
             split, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             neg_inf = Float32(-math.inf)
-
-            slot = cutlass.min(cutlass.max(Int32(mSlots[b]), Int32(0)), num_slots - 1)  # clamped: never out of bounds
-            length = cutlass.min(cutlass.max(Int32(mLens[b]), Int32(0)), max_len)
-            start = split * chunk
-            stop = cutlass.min(start + chunk, length)
-            rows = cutlass.max(stop - start, Int32(0))
-            ntiles = (rows + (TILE - 1)) // TILE
+            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
 
             smem = cutlass.memory.SmemAllocator()
             sQ = smem.allocate_tensor(Float32, cute.make_layout((H, W), stride=(W, 1)), byte_alignment=16)
@@ -183,35 +390,20 @@ if _IMPORT_ERROR is None:
                 idx = tidx + i * NT
                 if idx < H * W:
                     sQ[idx // W, idx % W] = mQ[b, idx]
-            if tidx < H:
-                sM[tidx] = neg_inf
-                sL[tidx] = Float32(0.0)
-                sA[tidx] = Float32(0.0)
+            self.init_state(sM, sL, sA)
             acc = cute.make_rmem_tensor((H, 2), Float32)
             for h in cutlass.range_constexpr(H):
                 acc[h, 0] = Float32(0.0)
                 acc[h, 1] = Float32(0.0)
             cute.arch.sync_threads()
 
-            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
-                                       l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            # the sequence's rows: base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets
-            # inside a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible
-            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
-            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
-                                  cute.make_layout((max_len, W), stride=(W, 1)))
             c0 = 2 * tidx
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory: all loads first, then all stores
-                ring = cute.make_rmem_tensor((VEC, LOADS), BFloat16)
-                for i in cutlass.range_constexpr(LOADS):
-                    idx = tidx + i * NT
-                    row = cutlass.min(base + idx // CHUNKS, stop - 1)  # clamped to the split's last valid row
-                    cute.copy(load, cute.local_tile(kv[row, None], (VEC,), (idx % CHUNKS,)), ring[None, i])
-                for i in cutlass.range_constexpr(LOADS):
-                    idx = tidx + i * NT
-                    cute.local_tile(sRow[idx // CHUNKS, None], (VEC,), (idx % CHUNKS,)).store(ring[None, i].load())
+                # 1. the tile into shared memory: all loads, then all stores
+                ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+                self.load_rows(kv, ring, base, stop)
+                self.store_rows(ring, sRow)
                 cute.arch.sync_threads()
                 # 2. scores of the warp's rows for every head, RG rows at a time (their elements in registers)
                 for g0 in cutlass.range(RW // RG, unroll=1):  # not unrolled: q is re-read per group
@@ -242,23 +434,7 @@ if _IMPORT_ERROR is None:
                 for g in cutlass.range_constexpr(2):
                     h = warp + g * NW
                     if h < H:
-                        s = sP[h, lane]
-                        top = s
-                        for off in (16, 8, 4, 2, 1):
-                            top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
-                        m_old = sM[h]
-                        m_new = cutlass.max(m_old, top)  # finite: a tile has at least one valid row
-                        p = cute.math.exp(s - m_new)
-                        total = p
-                        for off in (16, 8, 4, 2, 1):
-                            total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
-                        sP[h, lane] = p
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            alpha = cute.math.exp(m_old - m_new)
-                            sA[h] = alpha
-                            sL[h] = sL[h] * alpha + total
-                            sM[h] = m_new
+                        sP[h, lane] = self.online_softmax(sP[h, lane], h, sM, sL, sA)
                 cute.arch.sync_threads()
                 # 4. accumulate the thread's two latent columns of every head
                 for h in cutlass.range_constexpr(H):
@@ -275,14 +451,144 @@ if _IMPORT_ERROR is None:
                 cute.arch.sync_threads()
             # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
             for h in cutlass.range_constexpr(H):
-                total = sL[h]
-                inv = cutlass.select_(total > Float32(0.0), Float32(1.0) / total, Float32(0.0))
+                inv = self.normalizer(sL[h])
                 mPart[b, split, h, c0] = acc[h, 0] * inv
                 mPart[b, split, h, c0 + 1] = acc[h, 1] * inv
-            if tidx < H:
-                total = sL[tidx]
-                safe = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
-                mLse[b, split, tidx] = cutlass.select_(total > Float32(0.0), sM[tidx] + cute.math.log(safe), neg_inf)
+            self.store_lse(mLse, sM, sL)
+
+        # --- launch 1 on tensor cores -------------------------------------------------------------------------
+
+        @cute.kernel
+        def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
+                        mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
+                        scale: Float32):
+            """`partial` with the per-tile math on tensor cores (module doc, "mma path"). Lane (g, t) = (lane // 4,
+            lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
+            c, H, C, W = self.cfg, self.h, self.c, self.w
+            NT, NW = c.threads, c.warps
+            PARTS = c.score_parts
+            KS = W // MMA_K // PARTS  # k-steps of a score part
+            NTW = C // MMA_N // NW  # P.V n-tiles of 8 latent columns per warp
+            RS = W + ROW_PAD  # sRow's row stride (elements)
+            PS = TILE + ROW_PAD  # sPb's and sS's row stride
+            QWORDS = (W // MMA_K) * 32 * 4  # 32-bit words of one A operand (hi or lo) over all k-steps
+            tidx, _, _ = cute.arch.thread_idx()
+            split, b, _ = cute.arch.block_idx()
+            lane = cute.arch.lane_idx()
+            warp = tidx // 32
+            g = lane // 4  # the lane's MMA rows: heads g and g + 8
+            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
+            # the next tile's rows are in flight in registers while this one is computed; the first tile's while
+            # the prologue builds Q's fragments
+            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+            if ntiles > 0:
+                self.load_rows(kv, ring, start, stop)
+
+            smem = cutlass.memory.SmemAllocator()
+            # (k-step, operand: 0 hi / 1 lo, lane, word): a lane's 16-byte fragment next to its neighbours', so a
+            # quarter-warp's ld.shared.v4 reads 128 contiguous bytes (no bank conflict)
+            sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 2, 32, 4), stride=(256, 128, 4, 1)),
+                                       byte_alignment=16)
+            sRow = smem.allocate_tensor(BFloat16, cute.make_layout((TILE, W), stride=(RS, 1)), byte_alignment=16)
+            # padded rows: the accumulators' stores (heads g, g + 8 x columns 2t, 2t + 1) hit 16 banks, not 4
+            sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
+                                                                stride=(MAX_HEADS * PS, PS, 1)), byte_alignment=16)
+            sPb = smem.allocate_tensor(BFloat16, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
+                                       byte_alignment=16)
+            sM = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+            sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+            sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+
+            # Q as A fragments (q_fragment_word; 0 past H); hi = bf16(q), lo = bf16(q - hi): hi + lo carries ~16
+            # significant bits, so the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md)
+            for i in cutlass.range_constexpr(-(-QWORDS // NT)):
+                idx = tidx + i * NT
+                if idx < QWORDS:
+                    ks, qlane, j, head, e = q_fragment_word(idx)
+                    src = cutlass.min(head, H - 1) * W + e
+                    x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0))
+                    x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0))
+                    hi = _pack_bf16x2(x0, x1)
+                    sQf[ks, 0, qlane, j] = hi
+                    sQf[ks, 1, qlane, j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
+            for i in cutlass.range_constexpr(-(-MAX_HEADS * PS // NT)):  # rows past H stay 0
+                idx = tidx + i * NT
+                if idx < MAX_HEADS * PS:
+                    sPb[idx // PS, idx % PS] = BFloat16(0.0)
+            self.init_state(sM, sL, sA)
+            acc = cute.make_rmem_tensor((NTW, 4), Float32)  # C fragments: (head g, 2t..2t+1), (g + 8, 2t..)
+            for j in cutlass.range_constexpr(NTW):
+                for v in cutlass.range_constexpr(4):
+                    acc[j, v] = Float32(0.0)
+            cute.arch.sync_threads()
+
+            # ldmatrix row addresses (shared window, bytes): lane l points at row l % 8 of 8 x 8 matrix l // 8
+            row_base = sRow.iterator.toint()
+            part, rtile = warp // 4, warp % 4  # score step: the warp's k range and 8-row n-tile
+            score_row, score_col = score_ldmatrix_row(lane, warp, KS)
+            score_addr = row_base + (score_row * RS + score_col) * 2
+            p_row, p_col = p_ldmatrix_row(lane)
+            p_addr = sPb.iterator.toint() + (p_row * PS + p_col) * 2
+            col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
+            v_addr = row_base + (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
+            for it in cutlass.range(ntiles):
+                base = start + it * TILE
+                # 1. the tile into shared memory (the previous tile's last barrier freed sRow), then the next tile's
+                # loads, issued before the barrier so that the compiler cannot sink them past this tile's math
+                self.store_rows(ring, sRow)
+                if it + 1 < ntiles:
+                    self.load_rows(kv, ring, base + TILE, stop)
+                cute.arch.sync_threads()
+                # 2. scores S[16 heads, rows 8 rtile ..] over the part's KS k-steps: ldmatrix.x4 gives B of two
+                # k-steps (matrices: 8 columns each); 4 independent accumulators (k-step parity x hi / lo) keep
+                # the MMA chains short; summed as (hi even + hi odd) + (lo even + lo odd)
+                chains = [[Float32(0.0) for _ in range(4)] for _ in range(4)]
+                for kp in cutlass.range_constexpr(KS // 2):
+                    kvb = _ldmatrix_x4(score_addr + kp * 2 * MMA_K * 2, trans=False)
+                    for s2 in cutlass.range_constexpr(2):
+                        for half in cutlass.range_constexpr(2):
+                            qf = sQf[part * KS + 2 * kp + s2, half, lane, None].load()
+                            chains[2 * half + s2] = _mma_bf16([qf[v] for v in range(4)],
+                                                              [kvb[2 * s2], kvb[2 * s2 + 1]], chains[2 * half + s2])
+                for v in cutlass.range_constexpr(4):
+                    score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
+                    head, col = c_fragment_position(lane, v)
+                    sS[part, head, 8 * rtile + col] = score
+                cute.arch.sync_threads()
+                # 3. online softmax: warp w takes heads w and w + NW, lane l row l; the parts in order; p as bf16
+                for hg in cutlass.range_constexpr(2):
+                    h = warp + hg * NW
+                    if h < H:
+                        s = sS[0, h, lane]
+                        for pp in cutlass.range_constexpr(1, PARTS):
+                            s = s + sS[pp, h, lane]
+                        s = cutlass.select_(base + lane < stop, s * scale, Float32(-math.inf))
+                        sPb[h, lane] = self.online_softmax(s, h, sM, sL, sA).to(BFloat16)
+                cute.arch.sync_threads()
+                # 4. O[16 heads, the warp's columns] = O alpha + P[16, 32] V[32, columns]: A = P (ldmatrix.x4 of
+                # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns)
+                alpha = (sA[g], sA[g + 8])
+                for j in cutlass.range_constexpr(NTW):
+                    for v in cutlass.range_constexpr(4):
+                        acc[j, v] = acc[j, v] * alpha[v // 2]
+                pa = [_ldmatrix_x4(p_addr + ks * MMA_K * 2, trans=False) for ks in range(TILE // MMA_K)]
+                for j in cutlass.range_constexpr(NTW):
+                    vb = _ldmatrix_x4(v_addr + j * MMA_N * 2, trans=True)
+                    out = [acc[j, v] for v in range(4)]
+                    for ks in cutlass.range_constexpr(TILE // MMA_K):
+                        out = _mma_bf16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out)
+                    for v in cutlass.range_constexpr(4):
+                        acc[j, v] = out[v]
+                cute.arch.sync_threads()
+            # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
+            for r in cutlass.range_constexpr(2):
+                head, col = c_fragment_position(lane, 2 * r)
+                inv = self.normalizer(sL[head])
+                if head < H:
+                    for j in cutlass.range_constexpr(NTW):
+                        mPart[b, split, head, col0 + j * MMA_N + col] = acc[j, 2 * r] * inv
+                        mPart[b, split, head, col0 + j * MMA_N + col + 1] = acc[j, 2 * r + 1] * inv
+            self.store_lse(mLse, sM, sL)
 
         @cute.kernel
         def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mLat: cute.Tensor, splits: Int32):
