@@ -25,7 +25,7 @@ from gates.evidence.plots import bar_chart
 
 KIND = "decode"
 TEMPLATES = Path(__file__).with_name("templates")
-BACKEND_LABEL = {"auto": "standard (auto)", "latency_specialized": "specialized"}
+BACKEND_LABEL = {"auto": "standard (auto)", "latency_specialized": "specialized"}  # the backends evidence may hold
 
 
 class DecodeError(ValueError):
@@ -73,6 +73,10 @@ def from_records(paths: list[Path]) -> DecodeBundle:
             if other.get(key) != env.get(key):
                 raise DecodeError(f"{path}: environment.{key} {other.get(key)!r} differs from {first_path}'s "
                                   f"{env.get(key)!r}: one bundle holds one commit on one device")
+        other_backends = {row.get("backend") for row in rec.get("rows", [])} - set(BACKEND_LABEL)
+        if other_backends:  # `declared` rows time kernels no gate has validated on this arch
+            raise DecodeError(f"{path}: rows of backend {', '.join(map(repr, sorted(other_backends, key=str)))}: "
+                              f"only {' and '.join(BACKEND_LABEL)} rows can be evidence (bench with --backend both)")
         for src, digest in rec.get("sources", {}).items():
             if sources.setdefault(src, digest) != digest:
                 raise DecodeError(f"{path}: sources.{src} was hashed differently by another record")

@@ -10,10 +10,12 @@ import torch
 from model.kimi_k3.bench.cli import add_commands
 from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes
 from model.kimi_k3.bench.run import (
+    DECLARED,
     BenchError,
     batch_points,
     bench_layers,
     bench_step,
+    dispatcher,
     schedule,
     speculative_tokens_per_step,
 )
@@ -46,6 +48,20 @@ def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
     rows = bench_layers(cfg, "kda", tp=1, batch=1, context=4, count=1, backends=["latency_specialized"], device=CPU)
     attn_res = rows[0].dispatch["attn_res"]
     assert attn_res["specialized"] == 0 and attn_res["fallbacks"].get("dtype", 0) == attn_res["standard"] > 0
+
+
+def test_the_declared_backend_counts_kernels_that_only_declare_the_arch():
+    """`declared` runs the kernels of contracts that list this arch as declared (counted validated, as the gate's
+    own evals count it); latency_specialized runs only validated ones; neither takes a kernel of another arch."""
+    from model.kimi_k3.dispatch import Target
+
+    h200 = Target("sm_90", "NVIDIA H200", 8, torch.bfloat16)
+    validated = {op for op, s in dispatcher("latency_specialized", h200).specialized.items() if s.fn is not None}
+    declared = dispatcher(DECLARED, h200).specialized
+    assert {"kda_decode", "linear"} <= validated and {"moe_experts", "mla_decode", "moe_route"} <= set(declared)
+    assert validated < set(declared) and all("sm_90" in s.contract.archs_validated for s in declared.values())
+    gb300 = Target("sm_120", "a GPU no contract names", 8, torch.bfloat16)
+    assert dispatcher(DECLARED, gb300).specialized == {}
 
 
 def test_layer_bytes_count_only_routed_experts(cfg):

@@ -23,7 +23,15 @@ from ..dispatch import DECODE_BACKENDS
 from ..distributed import run_tp, tp_backend
 from ..ops.registry import REPO_ROOT
 from .layers import KINDS
-from .run import LAYER_OUTPUT_REL_L2, BenchError, batch_points, bench_layers, bench_layers_on_ranks, bench_step
+from .run import (
+    BENCH_BACKENDS,
+    LAYER_OUTPUT_REL_L2,
+    BenchError,
+    batch_points,
+    bench_layers,
+    bench_layers_on_ranks,
+    bench_step,
+)
 
 out = Console(highlight=False)
 RANKS_TIMEOUT_S = 3600  # the TP ranks' whole run, every batch point: a broken collective ends it, never hangs it
@@ -36,8 +44,10 @@ def add_commands(sub) -> None:
     common.add_argument("--tp", type=int, default=8, help="TP size whose rank-local shapes are built (default 8)")
     common.add_argument("--batch", default="1,4,16,64", help="comma-separated batch sizes (default 1,4,16,64)")
     common.add_argument("--context", type=int, default=8192, help="cached tokens per sequence (default 8192)")
-    common.add_argument("--backend", choices=[*DECODE_BACKENDS, "both"], default="both",
-                        help="which decode backend to time (default both, side by side)")
+    common.add_argument("--backend", choices=[*BENCH_BACKENDS, "both", "all"], default="both",
+                        help="which decode backend to time (default both: auto and latency_specialized side by "
+                             "side; declared: latency_specialized with the kernels that only declare this arch "
+                             "counted as validated, a measurement that is never evidence; all: the three)")
     common.add_argument("--iters", type=int, default=30, help="timed replays per point (default 30)")
     common.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     common.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE")
@@ -65,7 +75,7 @@ def add_commands(sub) -> None:
 
 
 def _backends(args) -> list[str]:
-    return list(DECODE_BACKENDS) if args.backend == "both" else [args.backend]
+    return {"both": list(DECODE_BACKENDS), "all": list(BENCH_BACKENDS)}.get(args.backend, [args.backend])
 
 
 def _device(args) -> torch.device:

@@ -1,7 +1,9 @@
 """`bench layer` and `bench step`: K3 decode on the GPU at real rank shapes, timed as a decode step runs.
 
 Layer bench, per (layer kind, TP size, batch), for each backend (`auto`: every op's standard; `latency_specialized`:
-every contracted kernel inside its envelope):
+every contracted kernel inside its envelope; `declared`: as latency_specialized, with the kernels whose contracts
+only declare this arch counted as validated, to measure kernels still waiting for their gate; its rows are never
+evidence: `k3forge evidence decode` refuses them):
 - in-pipeline time: N distinct layers (their weights together far beyond the L2) captured back to back in one CUDA
   graph, replay time / N (kernels.timing.time_pipeline), beside the one-layer-per-graph time with the L2 flushed
   (launch latency included, as the benchmark gate used to time ops);
@@ -18,7 +20,7 @@ time is its slowest rank's.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
@@ -28,7 +30,7 @@ from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
 
 from ..config import KimiK3Config
-from ..dispatch import DECODE_BACKENDS, Dispatcher, Target
+from ..dispatch import DECODE_BACKENDS, Dispatcher, Target, judged_here
 from ..distributed import BACKENDS
 from ..errors import UsageError
 from ..ops.registry import OPS, load_specialized
@@ -36,6 +38,8 @@ from ..parallel import TP
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
 from .trace import RecordingDispatcher, call_costs, op_trace
 
+DECLARED = "declared"  # the bench-only backend (module doc)
+BENCH_BACKENDS = (*DECODE_BACKENDS, DECLARED)
 LAYER_OUTPUT_REL_L2 = 2e-2  # a bf16 layer against the reference layer: many bf16 roundings, none amplified
 HEADROOM_BYTES = 8 << 30  # left free on the device for graphs, workspaces and temporaries
 FLOOR_ARCH_OFF_GPU = "sm_90"
@@ -80,6 +84,11 @@ def target(tp_size: int, device: torch.device) -> Target:
 
 
 def dispatcher(backend: str, tgt: Target) -> RecordingDispatcher:
+    if backend == DECLARED:
+        declared = {op: s for op, s in load_specialized().items()
+                    if tgt.arch in (*s.contract.archs_validated, *(h.arch for h in s.contract.hardware.declared))}
+        specialized = {op: replace(s, contract=judged_here(s.contract, tgt)) for op, s in declared.items()}
+        return RecordingDispatcher(tgt, "latency_specialized", specialized)
     specialized = load_specialized(arch=tgt.arch) if backend == "latency_specialized" else {}
     return RecordingDispatcher(tgt, backend, specialized)
 
@@ -174,8 +183,8 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
     """Rows for one (kind, TP, batch) point, one per backend (see the module docstring); `group`: this rank's TP
     group of size `tp`, whose collectives then run (every rank must make the same call)."""
     for b in backends:
-        if b not in DECODE_BACKENDS:
-            raise BenchError(f"backend {b!r}: one of {', '.join(DECODE_BACKENDS)}")
+        if b not in BENCH_BACKENDS:
+            raise BenchError(f"backend {b!r}: one of {', '.join(BENCH_BACKENDS)}")
     ids = layer_ids(cfg, kind)
     n = fit_count(cfg, ids, tp, batch, context, count, device)
     # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.

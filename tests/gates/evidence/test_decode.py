@@ -40,6 +40,17 @@ def test_records_of_two_commits_make_no_bundle(records, tmp_path):
         decode.from_records([records[1], other])
 
 
+def test_rows_of_the_declared_backend_are_never_evidence(records, tmp_path):
+    """`bench --backend declared` times kernels no gate validated on the arch: a record holding such rows makes no
+    bundle, and the error says which backend and what to run instead."""
+    other = tmp_path / "declared.json"
+    rec = json.loads(records[0].read_text())
+    rec["rows"] = [{**rec["rows"][0], "backend": "declared"}]
+    other.write_text(json.dumps(rec))
+    with pytest.raises(decode.DecodeError, match=r"declared.json: rows of backend 'declared'.*--backend both"):
+        decode.from_records([records[1], other])
+
+
 def test_an_edited_report_or_a_changed_source_is_caught(records, tmp_path):
     bundle = decode.from_records(records)
     decode.write(bundle, tmp_path / "b")
