@@ -9,9 +9,12 @@ Both are timed side by side in the candidate's process (gates.core.worker.BenchS
 Both in interleaved pairs, a spin kernel so the events time the GPU and not the host's enqueueing, plus host wall
 time with a device-wide synchronize. The gate asks for blocks of pairs until the in-pipeline speedup and the
 fraction of the roofline are settled (gates.core.estimate: each block one observation, a 95 % interval over blocks);
-only raw samples come back, and medians, speedups, intervals and verdicts are computed here. Outputs produced
-while timing are checked against the reference. A time under the roofline floor is an error (nothing runs faster
-than memory and math allow); a speedup over 10× is flagged for the reviewer, not celebrated.
+only raw samples come back, and medians, speedups, intervals and verdicts are computed here. The step's
+activation (every op's first argument) is redrawn for every timed replay, so no cached output is ever right;
+each block's last pair of outputs, candidate against standard on the same redrawn inputs, must agree
+(`spot_problems`), and after timing every input set's outputs are checked against the reference. A time under the
+roofline floor is an error (nothing runs faster than memory and math allow); a speedup over 10× is flagged for the
+reviewer, not celebrated.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import math
 import statistics
 from typing import Literal
 
+import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -51,6 +55,10 @@ IMPLS = ("candidate", "standard")
 # A statistic of paired replays may sit this far (as a ratio) from the same statistic of the pooled medians;
 # the H200 runs recorded so far sit within 1 %, so a larger gap means the numbers were not measured together.
 POOLED_SLACK = 1.25
+# Each block's last pair ran candidate and standard on the same redrawn inputs (BenchSession): two right answers
+# lie within the op's tolerance of each other (a relative L2 of 2e-2 at most in every contract); an output that
+# does not follow its inputs (cached, or work skipped) is about sqrt(2) from the standard's.
+SPOT_REL_L2 = 0.25
 
 
 def timing(samples: list[float]) -> dict:
@@ -91,6 +99,30 @@ def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required
         progress(f"block {len(blocks)}: {speedup.mean:.2f}× ± {speedup.half_width:.2f}")
         if enough(bounded, opts.precision, opts.min_blocks, opts.max_blocks):
             return blocks
+
+
+def spot_problems(blocks: list[dict], where: str) -> list[str]:
+    """Per block, where the candidate's outputs on the last timed pair's inputs are not the standard's on the same
+    inputs (SPOT_REL_L2): a candidate fast because its timed replays skipped work."""
+    problems = []
+    for b, block in enumerate(blocks, 1):
+        at = f"{where}, block {b}, last timed pair"
+        spot = block["spot"]
+        problems += [f"{at}: {m}" for m in spot["candidate"]["problems"]]
+        got = dict(spot["candidate"]["outputs"])
+        for name, want in spot["standard"]["outputs"]:
+            mine = got.get(name)
+            if mine is None or mine.shape != want.shape:
+                problems.append(f"{at}: no {name} of the standard's shape {tuple(want.shape)}")
+                continue
+            want64 = want.double()
+            if not torch.isfinite(want64).all():
+                continue  # the standard's own fault: the recheck against the reference reports the candidate's
+            rel = ((mine.double() - want64).norm() / want64.norm().clamp_min(1e-30)).item()
+            if not rel <= SPOT_REL_L2:  # NaN included
+                problems.append(f"{at}: {name} is {rel:.3g} (relative L2) from the standard's on the same redrawn "
+                                f"inputs (bound {SPOT_REL_L2:g}): outputs that do not follow their inputs")
+    return problems
 
 
 def judge_point(point: Point, blocks: list[dict], finish: dict, floor_us: float | None, required: float,
@@ -285,6 +317,8 @@ def run(ctx: GateContext) -> GateResult:
                                       timeout_s=START_TIMEOUT_S)
                 blocks = time_point(box, opts, floor_us, required, min_fraction,
                                     lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"))
+                for message in spot_problems(blocks, f"{point.label}, candidate while timed"):
+                    findings.add("timed", message)
                 finish = box.request("bench_finish", host_iters=opts.host_iters)
                 for impl in IMPLS:
                     check = Findings() if impl == "standard" else findings

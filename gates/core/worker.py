@@ -52,6 +52,7 @@ GUARDED = {
     "torch.Tensor.clone": (torch.Tensor, "clone"),
     "torch.Tensor.cpu": (torch.Tensor, "cpu"),
     "torch.save": (torch, "save"),
+    "torch.randint": (torch, "randint"),  # redraw_'s factors: patched to a constant, every replay would repeat
 }
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
@@ -287,21 +288,45 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
     return {"calls": results}
 
 
+REDRAW_FACTORS = (-1.0, -0.5, 0.5, 1.0)  # powers of two: exact in every float dtype, no overflow
+PIPELINE_SEEDS = 1 << 40  # the pipeline replays' redraw seeds, apart from the one-call replays' (0, 1, ...)
+
+
+def redraw_(dst: Any, src: Any, seed: int) -> None:
+    """dst = src with every floating element times a random one of REDRAW_FACTORS (drawn from `seed`; integer
+    tensors copied as they are): the step's activation gets new contents for every timed replay, so no output
+    cached by pointer or by any fingerprint of it (a hash, a sum, a sum of squares) is ever right again, while
+    the values keep their magnitudes and the call its work."""
+    gen = None
+    for (_, d), (_, s) in zip(leaves(dst, ""), leaves(src, ""), strict=True):
+        if not s.is_floating_point():
+            d.copy_(s)
+            continue
+        if gen is None:
+            gen = torch.Generator(device=s.device).manual_seed(seed)
+        factors = torch.tensor(REDRAW_FACTORS, device=s.device, dtype=s.dtype)
+        d.copy_(s * factors[_ORIGINAL["torch.randint"](len(REDRAW_FACTORS), s.shape, generator=gen,
+                                                        device=s.device)])
+
+
 class BenchSession:
     """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
 
     Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
-    the graph's buffers and a buffer of twice the L2 is written (read, for "cold_sets" below: the dirty lines
-    of the flush or the copies are then written back before the replay instead of during it). Then a spin
-    kernel holds the stream while the host enqueues the start event, the replay and the end event (NVBench's
-    blocking kernel), so the events
-    time the GPU's work and never the host's enqueueing (a replay the host has not submitted when the stream
-    reaches the start event would be charged the host's delay). On the H200 this order gave the steadiest
+    the graph's buffers, its first argument (every op's step activation: x, z, q_nope, proj, sources) redrawn
+    by `redraw_` from a seed both implementations of a pair share, and a buffer of twice the L2 is written
+    (read, for "cold_sets" below: the dirty lines of the flush or the copies are then written back before the
+    replay instead of during it). Then a spin kernel holds the stream while the host enqueues the start event,
+    the replay and the end event (NVBench's blocking kernel), so the events time the GPU's work and never the host's
+    enqueueing (a replay the host has not submitted when the stream reaches the start event would be charged the
+    host's delay). On the H200 this order gave the steadiest
     times of the three tried (NOTES.md run 5): with the spin before the flush, or none, a 4-CTA-cluster kernel
     at batch 1 swung between 7 and 15 us from block to block.
     Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
     hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
-    streams. Finally every input set is replayed once more and the outputs returned for the gate to check.
+    streams. Each block returns the last pair's outputs (candidate and standard on the same redrawn inputs) for
+    the gate to compare: a candidate fast because it skipped work returns outputs that do not follow their inputs.
+    Finally every input set is replayed once more, as drawn, and the outputs returned for the gate to check.
 
     In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
     input sets in one graph, as a decode step runs one layer after another with the other layers' weights
@@ -311,7 +336,7 @@ class BenchSession:
     each call and an identical graph of the N flushes alone is replayed beside it and subtracted ("flushed"):
     the flush's dirty lines are written back during the next call, which charges a weight-streaming op a few
     µs no decode step pays (the linear kernel's NOTES.md: KDA in_proj 27.0 µs flushed against 22.8 µs in its
-    own benchmark). The fresh inputs are copied into the N buffers before each pipeline replay.
+    own benchmark). The fresh inputs are copied into the N buffers (and redrawn) before each pipeline replay.
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
@@ -342,13 +367,24 @@ class BenchSession:
         # cold_sets: what precedes a timed replay reads twice the L2 instead of writing it, so the dirty lines of
         # the flush or of the input copies are written back before the replay, not during it
         self.evict = self.flush if flush else functools.partial(torch.amax, torch.empty_like(self.flush.buf))
-        self.replays = 0
+        self.replays = 0  # one-call pairs so far: the redraw seed of the next pair
+        self.piped = 0  # pipeline pairs so far (their seeds start at PIPELINE_SEEDS)
+
+    def _load(self, buffer: tuple, k: int, seed: int) -> None:
+        """Input set k into its buffers, its first argument redrawn from `seed`."""
+        copy_into(buffer[1:], self.sets[k][1:])
+        redraw_(buffer[0], self.sets[k][0], seed)
 
     def _prepare(self, name: str):
-        """Copy the next input set into its buffers; the graph that reads them."""
+        """The next input set into its buffers (redrawn: the pair's seed); the graph that reads them."""
         k = self.replays % len(self.sets)
-        copy_into(self.buffers[name][k], self.sets[k])
+        self._load(self.buffers[name][k], k, self.replays)
         return self.graphs[name][k]
+
+    def _outputs(self, name: str, k: int) -> dict:
+        problems: list[str] = []
+        return {"outputs": [(n, c) for n, t in leaves(self.outs[name][k], "out")
+                            if (c := plain_copy(n, t, "cuda", problems)) is not None], "problems": problems}
 
     def block(self, pairs: int) -> dict:
         order, events = list(self.fns), []
@@ -356,13 +392,17 @@ class BenchSession:
             for name in (order if i % 2 == 0 else order[::-1]):
                 events.append((name, *self._timed(self._prepare(name))))
             self.replays += 1
+        _synchronize()
+        last = (self.replays - 1) % len(self.sets)  # the outputs stay in the graphs' buffers until their next replay
+        spot = {name: self._outputs(name, last) for name in self.fns}
         piped = []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
-                for buffer, s in zip(self.buffers[name], self.sets):
-                    copy_into(buffer, s)
+                for k, buffer in enumerate(self.buffers[name]):
+                    self._load(buffer, k, PIPELINE_SEEDS + self.piped)
                 piped.append((name, self._timed(self.pipelines[name]),
                               self._timed(self.flushes) if self.flushes else None))
+            self.piped += 1
         _synchronize()
         device_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for name, start, end in events:
@@ -372,7 +412,7 @@ class BenchSession:
         for name, (s1, e1), flushes in piped:
             subtract = _elapsed_time(*flushes) if flushes else 0.0
             pipeline_us[name].append((_elapsed_time(s1, e1) - subtract) * 1e3 / n)
-        return {"device_us": device_us, "pipeline_us": pipeline_us}
+        return {"device_us": device_us, "pipeline_us": pipeline_us, "spot": spot}
 
     def _timed(self, graph) -> tuple:
         """Replay a graph from a cold L2 behind a spin kernel, bracketed by events (not yet read)."""
@@ -398,17 +438,14 @@ class BenchSession:
             self.replays += 1
         recheck: dict[str, list[dict]] = {name: [] for name in self.fns}
         for name in self.fns:
-            for s, buffer, graph, out in zip(self.sets, self.buffers[name], self.graphs[name], self.outs[name]):
-                copy_into(buffer, s)
+            for k, (s, buffer, graph) in enumerate(zip(self.sets, self.buffers[name], self.graphs[name])):
+                copy_into(buffer, s)  # as drawn: the gate holds the reference's outputs for these
                 _replay(graph)
                 _synchronize()
-                problems: list[str] = []
-                recheck[name].append({
-                    "outputs": [(n, c) for n, t in leaves(out, "out")
-                                if (c := plain_copy(n, t, "cuda", problems)) is not None],
-                    "states": [(n, plain_copy(n, t, "cuda", problems))
-                               for n, t in state_leaves(buffer, self.state, self.names)],
-                    "problems": problems})
+                got = self._outputs(name, k)
+                got["states"] = [(n, plain_copy(n, t, "cuda", got["problems"]))
+                                 for n, t in state_leaves(buffer, self.state, self.names)]
+                recheck[name].append(got)
         kernels = {name: count_kernels(lambda fn=fn, args=self.buffers[name][0]: fn(*args))
                    for name, fn in self.fns.items()}
         return {"host_us": host_us, "recheck": recheck, "kernels": kernels}

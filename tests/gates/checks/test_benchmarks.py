@@ -171,3 +171,67 @@ def test_each_input_set_reaches_the_op_with_its_own_scalars():
         for (x, scale), got in zip(sets, recheck[impl]):
             (_, out), = got["outputs"]
             assert torch.equal(out.cpu(), x * scale), (impl, scale)
+
+
+def test_redraw_gives_new_contents_of_the_same_magnitudes_and_keeps_integers():
+    import torch
+
+    from gates.core.worker import redraw_
+
+    x, ids = torch.randn(64, 32).to(torch.bfloat16), torch.arange(64)
+    first, second = (torch.empty_like(x), torch.empty_like(ids)), (torch.empty_like(x), torch.empty_like(ids))
+    redraw_(first, (x, ids), seed=1)
+    redraw_(second, (x, ids), seed=2)
+    assert torch.equal(first[1], ids) and torch.equal(second[1], ids)
+    ratio = (first[0].float() / x.float())[x != 0]
+    assert set(ratio.unique().tolist()) == {-1.0, -0.5, 0.5, 1.0}  # exact: powers of two
+    assert not torch.equal(first[0], second[0]) and not torch.equal(first[0].abs(), x.abs())
+    again = (torch.empty_like(x), torch.empty_like(ids))
+    redraw_(again, (x, ids), seed=1)
+    assert torch.equal(again[0], first[0])  # both implementations of a pair see the same inputs
+
+
+def spot_block(candidate, standard, problems=()):
+    return {"spot": {"candidate": {"outputs": [("out", candidate)], "problems": list(problems)},
+                     "standard": {"outputs": [("out", standard)], "problems": []}}}
+
+
+def test_outputs_that_do_not_follow_their_inputs_while_timed_are_found():
+    import torch
+
+    std = torch.randn(4, 256)
+    near = std + 1e-3 * torch.randn(4, 256)
+    stale = torch.randn(4, 256)  # another input's output: what a cache or skipped work returns
+    assert benchmarks.spot_problems([spot_block(near, std)], "p") == []
+    found = benchmarks.spot_problems([spot_block(near, std), spot_block(stale, std)], "p")
+    assert len(found) == 1 and "p, block 2, last timed pair: out is" in found[0] and "do not follow" in found[0]
+    nan = near.clone()
+    nan[0, 0] = float("nan")
+    assert benchmarks.spot_problems([spot_block(nan, std)], "p")
+    assert "no out of the standard's shape" in benchmarks.spot_problems([spot_block(near[:2], std)], "p")[0]
+    assert benchmarks.spot_problems([spot_block(near, std, ["out is a subclass"])], "p") == [
+        "p, block 1, last timed pair: out is a subclass"]
+
+
+_first_outputs: dict = {}
+
+
+def scaled_once(x, scale):
+    """x · scale on the contents its buffer held at its first call (the capture), returned from then on: a cache
+    by pointer that the old benchmark (the same contents in every replay) could not see."""
+    if x.data_ptr() not in _first_outputs:
+        _first_outputs[x.data_ptr()] = x * scale
+    return _first_outputs[x.data_ptr()] + 0  # a fresh tensor, written by the replay
+
+
+@pytest.mark.gpu
+def test_a_candidate_whose_timed_outputs_ignore_their_inputs_fails_the_spot_check():
+    import torch
+
+    from gates.core.worker import BenchSession
+
+    sets = [(torch.randn(4096), 2.0) for _ in range(4)]
+    for candidate, caught in ((f"{__name__}:scaled", False), (f"{__name__}:scaled_once", True)):
+        session = BenchSession({"candidate": candidate, "standard": f"{__name__}:scaled"}, ["x", "scale"], (), sets)
+        assert bool(benchmarks.spot_problems([session.block(2)], "p")) is caught, candidate
+
