@@ -1,12 +1,15 @@
 """moe_route's CuTe DSL kernel (model/kimi_k3/specialized/moe_route/).
 
 CPU: the warp's top-k selection (`warp_top_k`, the code the kernel traces) run on a numpy model of a warp against
-a sort by (key desc, id asc); the ordered-key map; the selecting CTAs' token mapping; the argument checks; the
-compile for sm_90a without spills, with the PTX instruction mix the design promises.
+a sort by (key desc, id asc), at K3's 896 experts and at a TP rank's padded slice (NaN / inf garbage in the
+padding); the ordered-key map; the selecting CTAs' token mapping; the argument checks; the compile for sm_90a
+without spills, with the PTX instruction mix the design promises, of the router and of the local-candidates form.
 GPU: integer-valued inputs (every logit exact in fp32 in any summation order, distinct keys at least MIN_GAP
 apart unless planted equal) against the math in float64 with ties to the lower id, exactly; `diagnose` names
 the wrong tokens and experts. Then the gate problem's inputs at the contract's benchmark points, strided x,
-T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back to zero).
+T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back to zero). The local form
+against model/kimi_k3/ops/moe_route_tp.py's `local_candidates` at TP 4 / 8 / 16 slices, and moe_route_tp at tp = 1
+over the kernel's candidates against the router.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from gates.problems import bench_point, load_problem
 from kernels.contract import load_contract
 from kernels.cute import cutlass_available, ptx_instruction_counts
 from kernels.trees import clone
-from model.kimi_k3.ops.moe_route_tp import top_k_lowest_id
+from model.kimi_k3.ops.moe_route_tp import local_candidates, local_rows, moe_route_tp, top_k_lowest_id
 from model.kimi_k3.ops.registry import registry_problems
+from model.kimi_k3.parallel import TP
 from model.kimi_k3.specialized.linear.kernel import LinearConfig
 from model.kimi_k3.specialized.moe_route import check_args, compile_keys, route_config
 from model.kimi_k3.specialized.moe_route.kernel import DROPPED, RouteConfig, warp_top_k
@@ -32,6 +36,7 @@ from model.kimi_k3.specialized.moe_route.kernel import DROPPED, RouteConfig, war
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_route.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
 E, K, TOP_K = 896, 7168, 16
+LOCAL_EXPERTS = {4: 224, 8: 112, 16: 56}  # E / tp at the TP sizes K3 runs
 LANES = np.arange(32)
 MIN_GAP = 1e-5  # exact-input tests: distinct keys at least this far apart (any fp32 sigmoid orders them alike)
 
@@ -79,14 +84,17 @@ def ordered_u32(keys: np.ndarray) -> np.ndarray:
     return np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)
 
 
-def run_warp(keys: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """warp_top_k on keys [E] (lane l owns [l P, (l + 1) P)); the val of an expert is its id / 7 (any function
-    of the id shows which one was carried). Returns the ids and vals lanes 0..top_k-1 hold."""
+def run_warp(keys: np.ndarray, top_k: int, experts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """warp_top_k on keys [32 P] (lane l owns [l P, (l + 1) P)), of which the first `experts` (all by default)
+    are real; the val of an expert is its id / 7 (any function of the id shows which one was carried). Returns
+    the ids and vals lanes 0..top_k-1 hold, after checking that the keys they hold are the chosen experts'."""
     per_lane = keys.size // 32
     owned = ordered_u32(keys).reshape(32, per_lane)
     vals = (np.arange(keys.size) / 7.0).reshape(32, per_lane)
-    got_id, got_val = warp_top_k([owned[:, i] for i in range(per_lane)], [vals[:, i] for i in range(per_lane)],
-                                 LANES, top_k, NumpyWarp)
+    got_id, got_val, got_key = warp_top_k([owned[:, i] for i in range(per_lane)],
+                                          [vals[:, i] for i in range(per_lane)], LANES, top_k,
+                                          keys.size if experts is None else experts, NumpyWarp)
+    np.testing.assert_array_equal(got_key[:top_k], ordered_u32(keys)[got_id[:top_k]])
     return got_id[:top_k], got_val[:top_k]
 
 
@@ -114,6 +122,43 @@ def test_warp_top_k_at_other_widths():
         np.testing.assert_array_equal(run_warp(keys, min(16, n))[0], expected_top_k(keys, min(16, n)))
 
 
+def padded_keys(real: np.ndarray, garbage: float) -> np.ndarray:
+    """A lane-major row of 32 P keys as the kernel sees it: the real keys, then `garbage` in the padding (what an
+    unwritten workspace column may hold)."""
+    cfg = RouteConfig(LinearConfig(out_dtype="float32"), experts=real.size, top_k=1)
+    row = np.full(cfg.padded_experts, garbage, np.float32)
+    row[:real.size] = real
+    return row
+
+
+@pytest.mark.parametrize("garbage", [np.nan, np.inf, -np.nan, 2.0, 0.0])
+@pytest.mark.parametrize("experts", [224, 112, 56, 40, 17])
+def test_padded_selection_never_chooses_the_padding(experts, garbage):
+    """TP slices (224, 112, 56 at TP 4 / 8 / 16) and odd sizes: the padding's keys, whatever they hold, lose to
+    every real key; equal keys on both sides of the padding boundary go to the lower (real) id."""
+    rng = np.random.default_rng(experts)
+    for top_k in sorted({1, min(16, experts), experts if experts <= 32 else 32}):
+        for kind in ("distinct", "few_values", "all_equal", "boundary_ties"):
+            real = {"distinct": rng.random(experts), "few_values": rng.integers(0, 4, experts) / 8.0,
+                    "all_equal": np.full(experts, 0.25), "boundary_ties": rng.integers(0, 2, experts) / 2.0
+                    }[kind].astype(np.float32)
+            padding = garbage
+            if kind == "boundary_ties":  # the last real expert holds the largest key, the padding holds it too
+                real[-1] = padding = 1.0
+            got_id, got_val = run_warp(padded_keys(real, padding), top_k, experts)
+            want = expected_top_k(real, top_k)
+            np.testing.assert_array_equal(got_id, want)
+            np.testing.assert_array_equal(got_val, want / 7.0)
+
+
+@pytest.mark.parametrize("experts, per_lane, padded", [(896, 28, 896), (224, 8, 256), (112, 4, 128), (56, 2, 64),
+                                                       (40, 2, 64), (17, 1, 32), (100, 4, 128)])
+def test_per_lane_is_padded_to_whole_vector_loads(experts, per_lane, padded):
+    cfg = RouteConfig(LinearConfig(out_dtype="float32"), experts=experts, top_k=1)
+    assert (cfg.per_lane, cfg.padded_experts) == (per_lane, padded)
+    assert cfg.load_width == min(4, per_lane)
+
+
 def test_ordered_key_orders_like_the_float():
     v = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 0.25, 1.0, 7.0, np.inf], np.float32)
     u = ordered_u32(v)
@@ -123,12 +168,14 @@ def test_ordered_key_orders_like_the_float():
 # --- configs, token mapping, arguments ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("t", range(1, 65))
-def test_selecting_ctas_cover_every_token_once(t):
-    cfg = route_config(t, E, K, TOP_K)
-    ctas, sel = cfg.gemv.ctas(E), cfg.selectors(t)
+@pytest.mark.parametrize("experts", [E, *LOCAL_EXPERTS.values(), 40])
+def test_selecting_ctas_cover_every_token_once(t, experts):
+    cfg = route_config(t, experts, K, TOP_K)
+    ctas, sel, warps = cfg.gemv.ctas(experts), cfg.selectors(t), cfg.gemv.warps
     assert sel <= ctas and cfg.gemv.out_dtype == "float32"
-    tokens = [(ticket - (ctas - sel)) * cfg.gemv.warps + w for ticket in range(ctas - sel, ctas)
-              for w in range(cfg.gemv.warps)]
+    assert cfg.passes(t) == 1 or sel == ctas  # several passes only where every CTA already selects
+    tokens = [(ticket - (ctas - sel)) * warps + w + p * sel * warps for ticket in range(ctas - sel, ctas)
+              for w in range(warps) for p in range(cfg.passes(t))]
     assert sorted(x for x in tokens if x < t) == list(range(t))
 
 
@@ -136,19 +183,23 @@ def test_route_config_refusals():
     gemv = LinearConfig(out_dtype="float32")
     with pytest.raises(ValueError, match="fp32"):
         RouteConfig(LinearConfig())
-    with pytest.raises(ValueError, match="multiple of 32"):
-        RouteConfig(gemv, experts=900)
+    with pytest.raises(ValueError, match="positive"):
+        RouteConfig(gemv, experts=0)
     with pytest.raises(ValueError, match="top_k"):
         RouteConfig(gemv, top_k=33)
+    with pytest.raises(ValueError, match="top_k"):
+        RouteConfig(gemv, experts=8, top_k=16)
     with pytest.raises(ValueError, match="stop_after"):
         RouteConfig(gemv, stop_after="ids")
+    with pytest.raises(ValueError, match="output"):
+        RouteConfig(gemv, output="ids")
 
 
 def test_check_args_refuses_bad_input_on_cpu():
     x, w, b = torch.zeros(2, K, dtype=torch.bfloat16), torch.zeros(E, K, dtype=torch.bfloat16), torch.zeros(E)
     bad = [((x.float(), w, b, 16), "bf16"), ((x, w, b[:-1], 16), "disagree"), ((x, w, b, 0), "top_k"),
            ((x, w, b, 33), "top_k"), ((torch.zeros(65, K, dtype=torch.bfloat16), w, b, 16), "at most 64"),
-           ((x, w[:880], b[:880], 16), "multiple of 32"), ((x, w.t(), b, 16), "disagree"),
+           ((x, w[:8], b[:8], 16), "top_k"), ((x, w.t(), b, 16), "disagree"),
            ((x[:, ::2], w[:, ::2].contiguous(), b, 16), "stride"), ((x, w, b, 16), "CUDA")]
     for args, match in bad:
         with pytest.raises(ValueError, match=match):
@@ -197,6 +248,42 @@ def test_the_probes_stages_compile_without_the_later_phases():
         report = compile_key((replace(route_config(1, E, K, TOP_K), stop_after=stage), 1, K), "sm_90a")
         assert report.ok(max_registers=255), report.kernels
         assert ptx_instruction_counts(report.ptx, patterns) == counts, stage
+
+
+@needs_cutlass
+@pytest.mark.parametrize("t", [1, 16, 64])
+@pytest.mark.parametrize("experts", LOCAL_EXPERTS.values())
+def test_local_form_compiles_for_sm90a_without_gpu(experts, t):
+    """A TP rank's candidates kernel: no spills or stack; per pass one redux + one ballot per round and a lane's
+    P logits in P / V vector loads of V floats from L2, the first pass's all issued before the first sigmoid."""
+    from model.kimi_k3.specialized.moe_route import compile as compile_key
+
+    cfg = route_config(t, experts, K, TOP_K, 132, "candidates")
+    report = compile_key((cfg, t, K), "sm_90a")
+    assert report.ok(max_registers=255), report.kernels
+    V, passes = cfg.load_width, cfg.passes(t)
+    load = rf"\bld\.global\.cg\.v{V}\.b32" if V > 1 else r"\bld\.global\.cg\.f32"
+    counts = ptx_instruction_counts(report.ptx, {
+        "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": load,
+        "atom": r"\batom\.global\.acq_rel\.add", "acquire": r"\bld\.acquire\.gpu", "mma": r"\bmma\.sync",
+        "local": r"\.local"})
+    assert counts["redux"] == counts["ballot"] == TOP_K * passes
+    assert counts["ld.cg"] == cfg.per_lane // V * passes
+    assert counts["atom"] == 2 and counts["acquire"] == 1 and counts["local"] == 0
+    assert (counts["mma"] > 0) == (t > 8)
+    first_pass_loads = [m.start() for m in re.finditer(load, report.ptx)][:cfg.per_lane // V]
+    assert max(first_pass_loads) < report.ptx.index("ex2.approx")
+
+
+def test_tp_router_keeps_the_torch_candidates_on_cpu():
+    """moe_route_tp on CPU tensors takes local_candidates' path (the kernel needs a GPU): the single-rank result."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 256, generator=gen).bfloat16()
+    w, bias = (torch.randn(112, 256, generator=gen) / 16).bfloat16(), torch.randn(112, generator=gen) * 0.02
+    ids, weights = moe_route_tp(x, w, bias, TOP_K, True, 2.5, TP())
+    keys = torch.sigmoid(x.float() @ w.float().t()) + bias
+    assert torch.equal(ids, top_k_lowest_id(keys, torch.arange(112).expand_as(keys), TOP_K))
+    assert torch.equal(local_candidates(x, w, bias, TOP_K, 0)[..., 2].long(), ids)
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
@@ -318,3 +405,68 @@ def test_strided_x_empty_batch_and_repeats_in_a_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out_ids.cpu(), want_ids)
+
+
+def _local_kernel():
+    from model.kimi_k3.specialized.moe_route import available, moe_route_local_cute
+
+    ok, why = available()
+    if not ok:
+        pytest.skip(why)
+    return moe_route_local_cute
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 33, 64])
+@pytest.mark.parametrize("tp", LOCAL_EXPERTS)
+def test_local_candidates_match_torch(tp, t):
+    """Every rank's kernel candidates against local_candidates on the same slice: the same ids in the same order
+    (exact inputs: distinct keys at least MIN_GAP apart, ties planted), keys and scores to fp32 rounding."""
+    kernel = _local_kernel()
+    x, w, bias = (a.cuda() for a in exact_inputs(t, seed=tp + t))
+    for rank in range(tp):
+        rows = local_rows(E, TP(rank, tp))
+        got = kernel(x, w[rows], bias[rows], TOP_K, rows.start)
+        want = local_candidates(x, w[rows], bias[rows], TOP_K, rows.start)
+        assert got.shape == want.shape == (t, TOP_K, 3) and got.dtype == torch.float32
+        assert torch.equal(got[..., 2], want[..., 2]), (rank, (got[..., 2] != want[..., 2]).nonzero().tolist())
+        torch.testing.assert_close(got[..., :2], want[..., :2], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), -float("nan")])
+def test_local_candidates_ignore_garbage_in_the_padding(fill):
+    """The logits workspace's padding columns (112 experts: 128 columns) are never written: launched by hand on a
+    workspace filled with NaN or inf, the kernel gives the candidates it gives on a fresh one."""
+    from model.kimi_k3.specialized.moe_route import _compiled, _sync
+    from model.kimi_k3.specialized.moe_route.kernel import launch_args
+
+    kernel = _local_kernel()
+    x, w, bias = (a.cuda() for a in exact_inputs(16, seed=5))
+    rows = local_rows(E, TP(3, 8))
+    w, bias = w[rows].contiguous(), bias[rows].contiguous()
+    cfg = route_config(16, w.shape[0], K, TOP_K, output="candidates")
+    logits = torch.full((16, cfg.padded_experts), fill, device="cuda")
+    out = torch.empty(16, TOP_K, 3, device="cuda")
+    _compiled(cfg, 16, K)(*launch_args(
+        x.data_ptr(), w.data_ptr(), bias.data_ptr(), logits.data_ptr(), 0, out.data_ptr(),
+        _sync(x.device).data_ptr(), K, False, 1.0, rows.start, torch.cuda.current_stream().cuda_stream))
+    assert torch.equal(out, kernel(x, w, bias, TOP_K, rows.start, config=cfg))
+    assert not torch.isfinite(logits[:, w.shape[0]:]).any()  # the garbage was there, unwritten, throughout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 16, 64])
+def test_tp1_over_kernel_candidates_equals_the_router(t, monkeypatch):
+    """moe_route_tp at tp = 1 on CUDA runs on the kernel's candidates (local_candidates is made to fail) and
+    gives the router's ids, and its weights to fp32 rounding."""
+    import model.kimi_k3.ops.moe_route_tp as tp_module
+
+    _local_kernel()
+    router = _kernel()
+    monkeypatch.setattr(tp_module, "local_candidates", lambda *a: pytest.fail("took the torch path"))
+    x, w, bias = (a.cuda() for a in exact_inputs(t, seed=40 + t))
+    ids, weights = moe_route_tp(x, w, bias, TOP_K, True, 2.5, TP())
+    want_ids, want_w = router(x, w, bias, TOP_K, True, 2.5)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_w, rtol=1e-6, atol=1e-7)

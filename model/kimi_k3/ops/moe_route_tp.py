@@ -9,6 +9,10 @@ by k experts of its own rank is beaten by at least k overall. The candidates (ke
 travel in one all-gather of a [T, k, 3] fp32 tensor (ids below 2^24 are exact in fp32); every rank then takes the
 same global top-k of the tp x k candidates and weighs them as the reference does (steps 5-7).
 
+On a CUDA tensor where the CuTe DSL kernel can take the call, the candidates come from its fused local form
+(`moe_route_local_cute`, model/kimi_k3/specialized/moe_route/: the GEMV, sigmoid and local top-k in one launch,
+the same [T, k, 3] format); elsewhere (CPU, no DSL, outside its envelope) from `local_candidates` in torch.
+
 Ties go to the lower expert id, at both levels (`top_k_lowest_id`), so the result is the single-rank selection
 whenever the ranks' keys are the single-rank keys: the same ids in the same order. (`torch.topk`, which the
 reference uses, leaves the order of equal keys unspecified.) Not wired into the model yet: the layer still
@@ -50,6 +54,19 @@ def local_candidates(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: to
     return torch.stack([keys.gather(-1, pick), scores.gather(-1, pick), ids.gather(-1, pick).float()], dim=-1)
 
 
+def rank_candidates(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: torch.Tensor, top_k: int,
+                    first_id: int) -> torch.Tensor:
+    """This rank's top-k as local_candidates returns them: from the fused kernel where it can take the call, else
+    from local_candidates."""
+    if x.is_cuda:
+        # imported here: the kernel package loads the CuTe DSL, which CPU callers never need
+        from ..specialized.moe_route import moe_route_local_cute, supports
+
+        if supports(x, gate_w_local, bias_local, top_k):
+            return moe_route_local_cute(x, gate_w_local, bias_local, top_k, first_id)
+    return local_candidates(x, gate_w_local, bias_local, top_k, first_id)
+
+
 def moe_route_tp(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: torch.Tensor, top_k: int,
                  renormalize: bool, scaling: float, tp: TP) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference's (ids [T, k] int64, weights [T, k] fp32) from this rank's E / tp experts and one all-gather;
@@ -61,7 +78,7 @@ def moe_route_tp(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: torch.
         raise ValueError(f"top_k={top_k}: each rank must hold at least top_k experts, it holds {n_local}")
     if n_local * tp.size >= 2**24:
         raise ValueError("expert ids must stay exact in fp32 (below 2^24)")
-    mine = local_candidates(x, gate_w_local, bias_local, top_k, tp.rank * n_local)
+    mine = rank_candidates(x, gate_w_local, bias_local, top_k, tp.rank * n_local)
     if tp.size > 1:
         parts = [torch.empty_like(mine) for _ in range(tp.size)]
         dist.all_gather(parts, mine.contiguous(), group=tp.group)

@@ -9,16 +9,17 @@ accumulation, the split-K partials summed in a fixed order through distributed s
 logits [T, E] to a global workspace instead of y.
 
 Phase 2, the selection, by the last CTAs to finish. Every CTA, its logits stored, fences them (gpu scope) and
-takes a ticket from an arrival counter. The CTAs with the last W = ceil(T / warps) tickets select: each waits
+takes a ticket from an arrival counter. The CTAs with the last W = min(ceil(T / warps), C) tickets select: each waits
 until the counter says every CTA has arrived (the last one never waits), then its warp w takes token
 (ticket - (C - W)) * warps + w. Only the last W arrivals ever wait, and every CTA they wait for is running or
-can be scheduled on the rest of the GPU, so this cannot deadlock; W <= 16 at 64 tokens. The waiting CTAs count
+can be scheduled on the rest of the GPU, so this cannot deadlock; W <= 32 at 64 tokens. The waiting CTAs count
 themselves on a second counter, and the last of them zeroes both, so the next launch starts from zero (CUDA-graph
 replays included; launches on two streams at once would share the counters: the entry point gives each device
 one pair, and K3 routes on one stream).
 
 The selection of one token, one warp (`warp_top_k`, written over primitives so that tests run the same code
-on a numpy model of a warp). Lane l owns experts [l P, (l + 1) P), P = E / 32 (28 for K3's 896): it loads their
+on a numpy model of a warp). Lane l owns experts [l P, (l + 1) P), P = ceil(E / 32) rounded up to 1, 2 or a
+multiple of 4 (`RouteConfig.per_lane`: 28 for K3's 896, 8 / 4 / 2 for a TP rank's 224 / 112 / 56): it loads their
 logits (L2-coherent loads: the workspace was written by other SMs in this launch), computes s = sigmoid(logit)
 and the choice key s + bias in fp32, and maps each key to an unsigned integer that orders like the float. Each
 of k rounds: the warp's largest key by `redux.sync.max.u32`, the lowest lane holding it by a ballot (contiguous
@@ -26,6 +27,19 @@ ownership makes the lowest lane the lowest expert id), that lane's lowest positi
 prefers the lower position on equal keys; that lane drops the key, and lane r (round r) keeps the winner's id and
 un-biased score by two shuffles. So ties go to the lower expert id, and ids come out in decreasing key order, as
 `torch.topk` returns them. Lanes 0..k-1 then sum the k scores by a butterfly, renormalize, scale and store.
+
+Padding. Where 32 P > E, the logits workspace has 32 P columns, the GEMV writes the first E, and the positions
+>= E hold whatever the workspace held (NaN, inf): `warp_top_k` replaces their keys by DROPPED, below every real
+key, before the first round, and they read the bias of expert E - 1 (in bounds, then discarded). Since
+top_k <= E, every round finds a real key above DROPPED, so a padding position is never chosen.
+
+Outputs (`RouteConfig.output`). "weights": the router's ids [T, k] int64 and weights [T, k] fp32. "candidates":
+a TP rank's local top-k for model/kimi_k3/ops/moe_route_tp.py, [T, k, 3] fp32 (choice key, un-biased score,
+first_id + local id), in the same decreasing-key order; the key is the round's winning u32 mapped back to the
+float it came from, so exactly the s + bias the selection compared. Both forms run the same selection.
+
+Several passes. At tiny E (a TP16 rank's 56 experts at 64 tokens) the GEMV has fewer CTAs than ceil(T / warps):
+then all C CTAs select and each warp takes tokens w, w + C warps, ... (`RouteConfig.passes`, unrolled).
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ from dataclasses import dataclass
 
 from kernels.cute import import_cutlass
 
+from ...ops.moe_route_tp import FIELDS
 from ..linear.kernel import _IMPORT_ERROR, LinearConfig
 
 if _IMPORT_ERROR is None:
@@ -49,13 +64,15 @@ if _IMPORT_ERROR is None:
 WARP = 32
 MAX_TOP_K = WARP  # lane r keeps the r-th choice
 STAGES = ("select", "arrive", "gemv")  # RouteConfig.stop_after
+OUTPUTS = ("weights", "candidates")  # RouteConfig.output
+CANDIDATE_FIELDS = FIELDS  # key, un-biased score, global expert id: moe_route_tp's all-gather format
 DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
 
 
 @dataclass(frozen=True)
 class RouteConfig:
     """Everything that changes the generated code besides the token count: the GEMV's config (out_dtype fp32:
-    the logits), the expert count (its rows, E / 32 keys per lane) and k."""
+    the logits), the expert count (its rows; `per_lane` keys per lane), k and the output form."""
 
     gemv: LinearConfig
     experts: int = 896
@@ -63,20 +80,32 @@ class RouteConfig:
     # how far the kernel goes: "select" (the router); "arrive" (the GEMV, then every CTA's fence and ticket and
     # the last ones' wait, no selection) and "gemv" (the GEMV alone) exist for probe.py's time split only
     stop_after: str = "select"
+    # "weights": ids and renormalized weights (the router); "candidates": a TP rank's local top-k (module doc)
+    output: str = "weights"
 
     def __post_init__(self):
         if self.stop_after not in STAGES:
             raise ValueError(f"stop_after {self.stop_after!r}: one of {', '.join(STAGES)}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output {self.output!r}: one of {', '.join(OUTPUTS)}")
         if self.gemv.out_dtype != "float32":
             raise ValueError("the router's logits are fp32: gemv.out_dtype must be 'float32'")
-        if self.experts <= 0 or self.experts % WARP:
-            raise ValueError(f"experts {self.experts}: a positive multiple of {WARP} (each lane owns E / 32)")
+        if self.experts <= 0:
+            raise ValueError(f"experts {self.experts}: must be positive")
         if not 1 <= self.top_k <= min(MAX_TOP_K, self.experts):
             raise ValueError(f"top_k {self.top_k}: 1..{min(MAX_TOP_K, self.experts)}")
 
     @property
     def per_lane(self) -> int:
-        return self.experts // WARP
+        """P, the experts a lane owns: ceil(E / 32), rounded up to a multiple of 4 above 2, so that a lane's run
+        of logits is whole 16-byte loads (or one 8- or 4-byte load)."""
+        p = -(-self.experts // WARP)
+        return p if p <= 2 else -(-p // 4) * 4
+
+    @property
+    def padded_experts(self) -> int:
+        """Columns of the logits workspace: 32 P >= E (the GEMV writes the first E)."""
+        return WARP * self.per_lane
 
     @property
     def load_width(self) -> int:
@@ -85,14 +114,15 @@ class RouteConfig:
         return 4 if self.per_lane % 4 == 0 else 2 if self.per_lane % 2 == 0 else 1
 
     def selectors(self, m: int) -> int:
-        """CTAs that select (one token per warp): the last ones to arrive."""
-        return -(-m // self.gemv.warps)
+        """CTAs that select (one token per warp and pass): the last ones to arrive, at most all of them."""
+        return min(-(-m // self.gemv.warps), self.gemv.ctas(self.experts))
+
+    def passes(self, m: int) -> int:
+        """Tokens each selecting warp takes, one after another: 1 unless the GEMV has too few CTAs."""
+        return -(-m // (self.selectors(m) * self.gemv.warps))
 
     def check(self, m: int, k: int) -> None:
         self.gemv.check(m, k)
-        if self.selectors(m) > self.gemv.ctas(self.experts):
-            raise ValueError(f"{m} tokens need {self.selectors(m)} selecting CTAs, more than the "
-                             f"{self.gemv.ctas(self.experts)} CTAs of the GEMV")
 
 
 def _tree_argmax(keys: list, index, select):
@@ -108,32 +138,39 @@ def _tree_argmax(keys: list, index, select):
     return items[0]
 
 
-def warp_top_k(keys: list, vals: list, lane, top_k: int, ops):
-    """The warp's top_k of 32 x len(keys) keys: lane l holds keys[i] of expert l P + i (P = len(keys)) as
-    unsigned integers ordered like the choice keys, and vals[i], the value to report for it.
+def warp_top_k(keys: list, vals: list, lane, top_k: int, experts: int, ops):
+    """The warp's top_k of the first `experts` of 32 x len(keys) positions: lane l holds keys[i] of expert l P + i
+    (P = len(keys)) as unsigned integers ordered like the choice keys, and vals[i], the value to report for it.
+    Positions >= experts are padding: their keys, whatever they hold, become `ops.dropped` (below every real
+    key) before the first round, so with top_k <= experts none is ever chosen.
 
-    Returns (id, val) for each lane: the id and val of the lane-th largest key for lane < top_k, ties to the lower
-    id; the callers' zeros elsewhere (`ops.zero_id`, `ops.zero_val`). `ops` supplies the warp primitives:
+    Returns (id, val, key) for each lane: the id, val and ordered key of the lane-th largest key for lane < top_k,
+    ties to the lower id; the callers' zeros elsewhere (`ops.zero_id`, `ops.zero_val`, `ops.dropped`). `ops`
+    supplies the warp primitives:
     umax (redux.sync.max.u32, the warp's largest), ballot (vote.ballot.sync), lowest (the lowest set bit's lane),
     shuffle (shfl.sync.idx from a lane), select (selp) and index (a position as a 32-bit integer); the kernel
     passes the DSL's, the tests numpy ones over arrays of 32 lanes.
     """
     P = len(keys)
-    got_id, got_val = ops.zero_id, ops.zero_val
+    if WARP * P > experts:
+        keys = [ops.select(lane * P + ops.index(i) < experts, key, ops.dropped) for i, key in enumerate(keys)]
+    got_id, got_val, got_key = ops.zero_id, ops.zero_val, ops.dropped
     best, pos = _tree_argmax(keys, ops.index, ops.select)
     for r in range(top_k):
-        winner = ops.lowest(ops.ballot(best == ops.umax(best)))
+        top = ops.umax(best)
+        winner = ops.lowest(ops.ballot(best == top))
         val = vals[0]
         for i in range(1, P):
             val = ops.select(pos == ops.index(i), vals[i], val)
         expert = lane * P + pos
         got_id = ops.select(lane == r, ops.shuffle(expert, winner), got_id)
         got_val = ops.select(lane == r, ops.shuffle(val, winner), got_val)
+        got_key = ops.select(lane == r, top, got_key)
         if r + 1 < top_k:
             mine = lane == winner
             keys = [ops.select(mine & (pos == ops.index(i)), ops.dropped, key) for i, key in enumerate(keys)]
             best, pos = _tree_argmax(keys, ops.index, ops.select)
-    return got_id, got_val
+    return got_id, got_val, got_key
 
 
 def _f32_bits(v):
@@ -146,6 +183,13 @@ def ordered_key(v):
     bits = _f32_bits(v)
     flip = (bits >> 31) | Int32(-(2**31))  # all ones for a negative float, the sign bit for a positive one
     return Uint32(bits ^ flip)
+
+
+def key_float(u):
+    """ordered_key's inverse: the fp32 key an ordered u32 came from."""
+    bits = Int32(u)
+    flip = ((bits >> 31) ^ Int32(-1)) | Int32(-(2**31))  # the sign bit if it was positive, all ones if negative
+    return Float32(llvm.bitcast(T.f32(), (bits ^ flip).ir_value()))
 
 
 class _DslWarpOps:
@@ -193,32 +237,38 @@ if _IMPORT_ERROR is None:
 
         @cute.jit
         def __call__(self, pX: cute.Pointer, pW: cute.Pointer, pBias: cute.Pointer, pLogits: cute.Pointer,
-                     pIds: cute.Pointer, pWeights: cute.Pointer, pSync: cute.Pointer, x_stride: Int32,
-                     renormalize: Int32, scaling: Float32, stream: cuda.CUstream):
+                     pIds: cute.Pointer, pOut: cute.Pointer, pSync: cute.Pointer, x_stride: Int32,
+                     renormalize: Int32, scaling: Float32, first_id: Int32, stream: cuda.CUstream):
             c, M, K, E, k = self.cfg, self.m, self.k, self.route.experts, self.route.top_k
+            EP = self.route.padded_experts
             mX = cute.make_tensor(pX, cute.make_layout((M, K), stride=(cute.assume(x_stride, divby=8), 1)))
             mW = cute.make_tensor(pW, cute.make_layout((E, K), stride=(K, 1)))
-            mLogits = cute.make_tensor(pLogits, cute.make_layout((M, E), stride=(E, 1)))
+            mLogits = cute.make_tensor(pLogits, cute.make_layout((M, EP), stride=(EP, 1)))
             mBias = cute.make_tensor(pBias, cute.make_layout((E,)))
-            mIds = cute.make_tensor(pIds, cute.make_layout((M, k), stride=(k, 1)))
-            mWeights = cute.make_tensor(pWeights, cute.make_layout((M, k), stride=(k, 1)))
+            mIds = cute.make_tensor(pIds, cute.make_layout((M, k), stride=(k, 1)))  # "weights" only
+            if cutlass.const_expr(self.route.output == "weights"):
+                mOut = cute.make_tensor(pOut, cute.make_layout((M, k), stride=(k, 1)))
+            else:
+                F = CANDIDATE_FIELDS
+                mOut = cute.make_tensor(pOut, cute.make_layout((M, k, F), stride=(k * F, F, 1)))
             mSync = cute.make_tensor(pSync, cute.make_layout((2,)))
-            self.kernel(mX, mW, mLogits, Int32(E), mBias, mIds, mWeights, mSync, renormalize, scaling).launch(
+            self.kernel(mX, mW, mLogits, Int32(E), mBias, mIds, mOut, mSync, renormalize, scaling, first_id).launch(
                 grid=[c.split_k, c.row_tiles(E), 1], block=[c.threads, 1, 1], stream=stream,
                 cluster=[c.split_k, 1, 1] if cutlass.const_expr(c.split_k > 1) else None,
                 min_blocks_per_mp=c.min_ctas_per_sm)
 
         @cute.kernel
         def kernel(self, mX: cute.Tensor, mW: cute.Tensor, mLogits: cute.Tensor, n: Int32, mBias: cute.Tensor,
-                   mIds: cute.Tensor, mWeights: cute.Tensor, mSync: cute.Tensor, renormalize: Int32,
-                   scaling: Float32):
+                   mIds: cute.Tensor, mOut: cute.Tensor, mSync: cute.Tensor, renormalize: Int32,
+                   scaling: Float32, first_id: Int32):
             _linear_body(self, mX, mW, mLogits, n)
             if cutlass.const_expr(self.route.stop_after != "gemv"):
-                self.arrive_and_select(mLogits, mBias, mIds, mWeights, mSync, renormalize, scaling)
+                self.arrive_and_select(mLogits, mBias, mIds, mOut, mSync, renormalize, scaling, first_id)
 
         @cute.jit
         def arrive_and_select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor,
-                              mWeights: cute.Tensor, mSync: cute.Tensor, renormalize: Int32, scaling: Float32):
+                              mOut: cute.Tensor, mSync: cute.Tensor, renormalize: Int32, scaling: Float32,
+                              first_id: Int32):
             """Phase 2 (module doc): the arrival, and the selection by the last CTAs to arrive."""
             c, M = self.cfg, self.m
             ctas = c.ctas(self.route.experts)
@@ -244,14 +294,16 @@ if _IMPORT_ERROR is None:
                 cute.arch.sync_threads()
                 token = (ticket - first) * c.warps + cute.arch.warp_idx()
                 if cutlass.const_expr(self.route.stop_after == "select"):
-                    if token < M:
-                        self.select(mLogits, mBias, mIds, mWeights, token, renormalize, scaling)
+                    for p in cutlass.range_constexpr(self.route.passes(M)):
+                        if token + p * selectors * c.warps < M:
+                            self.select(mLogits, mBias, mIds, mOut, token + p * selectors * c.warps, renormalize,
+                                        scaling, first_id)
 
         @cute.jit
-        def select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, mWeights: cute.Tensor,
-                   token: Int32, renormalize: Int32, scaling: Float32):
-            """One warp: token's top-k ids and weights (module doc)."""
-            P, k = self.route.per_lane, self.route.top_k
+        def select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
+                   token: Int32, renormalize: Int32, scaling: Float32, first_id: Int32):
+            """One warp: token's top-k, as ids and weights or as candidates (module doc)."""
+            P, k, E = self.route.per_lane, self.route.top_k, self.route.experts
             V = self.route.load_width
             lane = cute.arch.lane_idx()
             # every load of the lane's P logits and biases is issued before the first is used: one L2 round trip,
@@ -263,42 +315,53 @@ if _IMPORT_ERROR is None:
             row = mLogits[token, None]
             for j in cutlass.range_constexpr(P // V):
                 cute.copy(logit_load, cute.local_tile(row, (V,), (lane * (P // V) + j,)), logits[None, j])
-            biases = [mBias[lane * P + i] for i in range(P)]  # one float a load: the caller's bias is 4-byte aligned
+            # one float a load (the caller's bias is 4-byte aligned); padding positions read expert E - 1's
+            bias_at = [lane * P + i for i in range(P)]
+            if cutlass.const_expr(WARP * P > E):
+                bias_at = [Int32(cutlass.select_(j < E, j, Int32(E - 1))) for j in bias_at]
+            biases = [mBias[j] for j in bias_at]
             keys, scores = [], []
             for i in cutlass.range_constexpr(P):
                 s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logits[i % V, i // V]))
                 scores.append(s)
                 keys.append(ordered_key(s + biases[i]))
-            expert, score = warp_top_k(keys, scores, lane, k, _DslWarpOps())
-            total = score
-            for off in (16, 8, 4, 2, 1):
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
-            weight = score
-            if renormalize != 0:
-                weight = score / (total + Float32(1e-20))
-            if lane < k:
-                mIds[token, lane] = Int64(expert)
-                mWeights[token, lane] = weight * scaling
+            expert, score, key = warp_top_k(keys, scores, lane, k, E, _DslWarpOps())
+            if cutlass.const_expr(self.route.output == "candidates"):
+                if lane < k:
+                    mOut[token, lane, 0] = key_float(key)
+                    mOut[token, lane, 1] = score
+                    mOut[token, lane, 2] = (first_id + expert).to(Float32)  # exact below 2^24
+            else:
+                total = score
+                for off in (16, 8, 4, 2, 1):
+                    total = total + cute.arch.shuffle_sync_bfly(total, offset=off)
+                weight = score
+                if renormalize != 0:
+                    weight = score / (total + Float32(1e-20))
+                if lane < k:
+                    mIds[token, lane] = Int64(expert)
+                    mOut[token, lane] = weight * scaling
 
 
-def launch_args(x_ptr: int, w_ptr: int, bias_ptr: int, logits_ptr: int, ids_ptr: int, weights_ptr: int,
-                sync_ptr: int, x_stride: int, renormalize: bool, scaling: float, stream: int):
-    """The kernel's arguments for device addresses, x's row stride (elements), the renormalize flag, the scaling
-    factor and a CUDA stream handle."""
+def launch_args(x_ptr: int, w_ptr: int, bias_ptr: int, logits_ptr: int, ids_ptr: int, out_ptr: int,
+                sync_ptr: int, x_stride: int, renormalize: bool, scaling: float, first_id: int, stream: int):
+    """The kernel's arguments for device addresses (ids: the "weights" form's int64 ids, unused by "candidates";
+    out: its fp32 weights [T, k] or the candidates [T, k, 3]), x's row stride (elements), the renormalize flag
+    and scaling factor ("weights"), the first expert's global id ("candidates") and a CUDA stream handle."""
     gmem = cute.AddressSpace.gmem
     return (_runtime_make_ptr(BFloat16, x_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(BFloat16, w_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, bias_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Float32, logits_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Int64, ids_ptr, gmem, assumed_align=8),
-            _runtime_make_ptr(Float32, weights_ptr, gmem, assumed_align=4),
+            _runtime_make_ptr(Float32, out_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Int32, sync_ptr, gmem, assumed_align=8),
-            Int32(x_stride), Int32(int(renormalize)), Float32(scaling), cuda.CUstream(stream))
+            Int32(x_stride), Int32(int(renormalize)), Float32(scaling), Int32(first_id), cuda.CUstream(stream))
 
 
 def fake_args():
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args(0, 0, 0, 0, 0, 0, 0, 8, True, 1.0, 0)
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 8, True, 1.0, 0, 0)
 
 
 def compile_kernel(cfg: RouteConfig, m: int, k: int, options: str = ""):
