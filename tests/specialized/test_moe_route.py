@@ -334,13 +334,14 @@ def diagnose(got_ids, got_w, want_ids, want_w, keys) -> str:
     return f"{len(lines)} wrong token(s): " + "; ".join(lines[:4])
 
 
-def _kernel():
-    from model.kimi_k3.specialized.moe_route import available, moe_route_cute
+def _kernel(entry: str = "moe_route_cute"):
+    """The router's entry point `entry` (moe_route_cute or moe_route_local_cute); skips where it cannot run."""
+    from model.kimi_k3.specialized import moe_route
 
-    ok, why = available()
+    ok, why = moe_route.available()
     if not ok:
         pytest.skip(why)
-    return moe_route_cute
+    return getattr(moe_route, entry)
 
 
 @pytest.mark.gpu
@@ -407,22 +408,13 @@ def test_strided_x_empty_batch_and_repeats_in_a_graph():
     assert torch.equal(out_ids.cpu(), want_ids)
 
 
-def _local_kernel():
-    from model.kimi_k3.specialized.moe_route import available, moe_route_local_cute
-
-    ok, why = available()
-    if not ok:
-        pytest.skip(why)
-    return moe_route_local_cute
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 16, 33, 64])
 @pytest.mark.parametrize("tp", LOCAL_EXPERTS)
 def test_local_candidates_match_torch(tp, t):
     """Every rank's kernel candidates against local_candidates on the same slice: the same ids in the same order
     (exact inputs: distinct keys at least MIN_GAP apart, ties planted), keys and scores to fp32 rounding."""
-    kernel = _local_kernel()
+    kernel = _kernel("moe_route_local_cute")
     x, w, bias = (a.cuda() for a in exact_inputs(t, seed=tp + t))
     for rank in range(tp):
         rows = local_rows(E, TP(rank, tp))
@@ -441,7 +433,7 @@ def test_local_candidates_ignore_garbage_in_the_padding(fill):
     from model.kimi_k3.specialized.moe_route import _compiled, _sync
     from model.kimi_k3.specialized.moe_route.kernel import launch_args
 
-    kernel = _local_kernel()
+    kernel = _kernel("moe_route_local_cute")
     x, w, bias = (a.cuda() for a in exact_inputs(16, seed=5))
     rows = local_rows(E, TP(3, 8))
     w, bias = w[rows].contiguous(), bias[rows].contiguous()
@@ -462,7 +454,7 @@ def test_tp1_over_kernel_candidates_equals_the_router(t, monkeypatch):
     gives the router's ids, and its weights to fp32 rounding."""
     import model.kimi_k3.ops.moe_route_tp as tp_module
 
-    _local_kernel()
+    _kernel("moe_route_local_cute")
     router = _kernel()
     monkeypatch.setattr(tp_module, "local_candidates", lambda *a: pytest.fail("took the torch path"))
     x, w, bias = (a.cuda() for a in exact_inputs(t, seed=40 + t))
