@@ -213,6 +213,19 @@ def test_outputs_that_do_not_follow_their_inputs_while_timed_are_found():
         "p, block 1, last timed pair: out is a subclass"]
 
 
+def test_integer_outputs_may_break_a_near_tie_but_not_follow_other_inputs():
+    """A router's ids: two right answers may swap a pair of near-tied experts; another input's ids differ almost
+    everywhere."""
+    import torch
+
+    ids = torch.stack([torch.randperm(896)[:16] for _ in range(4)])
+    swapped = ids.clone()
+    swapped[0, [14, 15]] = swapped[0, [15, 14]]
+    assert benchmarks.spot_problems([spot_block(swapped, ids)], "p") == []
+    other = torch.stack([torch.randperm(896)[:16] for _ in range(4)])
+    assert "differ from the standard's" in benchmarks.spot_problems([spot_block(other, ids)], "p")[0]
+
+
 _first_outputs: dict = {}
 
 
