@@ -56,7 +56,9 @@ run_tests() {
     "experts 240 tests/specialized/test_moe_experts.py"
     "mla 240 tests/specialized/test_mla_decode.py"
     "kernels 60 tests/kernels"
-    "adversarial 120 tests/adversarial tests/gates/checks/test_benchmarks.py"
+    "adversarial 150 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"
+    "benchgate 90 tests/gates/checks/test_benchmarks.py"
+    "accuracy 420 tests/adversarial/test_accuracy_bites.py"
     "dispatch 90 tests/model/test_dispatch.py"
     "evals 150 tests/evals/test_gpu.py"
   )

@@ -7,6 +7,8 @@
 #      written into $OUT/mini_k3/calibration.json), then latency_specialized and the known-bad kernels of
 #      tests/adversarial/broken_decode.py judged against the reference; report in $OUT/accuracy.json.
 # Usage, repo root on the H200:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh [MINUTES]
+#                         or:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh eval   (step 2 alone, on the
+#                              committed checkpoint, copied to $OUT/mini_k3 so that its calibration is written there)
 # Commit $OUT/mini_k3 as model/kimi_k3/train/mini_k3 (the evals' default subject) and the report's numbers.
 set -euo pipefail
 OUT=${OUT:?set OUT to the output directory}
@@ -14,8 +16,12 @@ MINUTES=${1:-4}
 source kernels/device_install.sh
 mkdir -p "$OUT"
 start=$(date +%s)
-timeout $(( ${MINUTES%.*} * 60 + 120 )) python -m model.kimi_k3.train --out "$OUT/mini_k3" --seed 0 \
-    --minutes "$MINUTES" --device cuda 2> >(tail -c 4000 >&2) | tee "$OUT/train.json"
+if [ "$MINUTES" = eval ]; then
+  cp -r model/kimi_k3/train/mini_k3 "$OUT/mini_k3"
+else
+  timeout $(( ${MINUTES%.*} * 60 + 120 )) python -m model.kimi_k3.train --out "$OUT/mini_k3" --seed 0 \
+      --minutes "$MINUTES" --device cuda 2> >(tail -c 4000 >&2) | tee "$OUT/train.json"
+fi
 left=$(( 525 - ($(date +%s) - start) ))
 mapfile -t KERNELS < <(python -c "from tests.adversarial.broken_decode import BROKEN
 for name, (op, impl) in BROKEN.items(): print(f'--kernel={name}={op}={impl}')")
