@@ -459,6 +459,15 @@ def test_mma_paths_compile_for_sm90a_without_spills(inter):
     assert counts["local"] == 0
 
 
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+def test_the_probes_first_launch_alone_compiles_without_the_second():
+    """probe.py's time split: stop_after="up" launches `up` only."""
+    report = _report(dataclasses.replace(config_for(1, 384), stop_after="up"), 384)
+    assert [k.name.split("_")[2] for k in report.kernels] == ["up"]
+    with pytest.raises(ValueError, match="stop_after"):
+        ExpertsConfig(stop_after="gemv")
+
+
 # --- GPU ------------------------------------------------------------------------------------------------------
 
 @functools.cache

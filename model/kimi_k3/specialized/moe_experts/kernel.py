@@ -154,10 +154,14 @@ class ExpertsConfig:
     # `down` likewise: "mma" = 16 w2 rows a CTA on tensor cores (the CTA's warps still split the slots; its ring of
     # down_stages slots holds 2 I / 128 loads a slot), "fma" = 8 rows a CTA on CUDA cores
     down_path: str = "mma"
+    # "up": launch `up` alone (y is left unwritten), so that probe.py can time the two launches apart
+    stop_after: str = "down"
 
     def __post_init__(self):
         if self.up_path not in ("fma", "mma") or self.down_path not in ("fma", "mma"):
             raise ValueError(f"up_path {self.up_path!r}, down_path {self.down_path!r}: 'fma' or 'mma'")
+        if self.stop_after not in ("up", "down"):
+            raise ValueError(f"stop_after {self.stop_after!r}: 'up' or 'down'")
         if self.up_warps not in (1, 2, 4, 8) or self.down_warps not in (1, 2, 4, 8):
             raise ValueError(f"warps {self.up_warps}, {self.down_warps}: 1, 2, 4 or 8")
         if self.up_rows not in (1, 2, 4):
@@ -301,13 +305,14 @@ if _IMPORT_ERROR is None:
             up = self.up_mma if cutlass.const_expr(c.up_path == "mma") else self.up
             up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
                 grid=[In // c.up_rows_per_cta, tokens * k, 1], block=[32 * c.up_warps, 1, 1], stream=stream)
-            down = self.down
-            if cutlass.const_expr(c.down_path == "mma"):  # h as 32-bit words (bf16 pairs) for the mma path
-                mH = cute.make_tensor(cute.recast_ptr(pH, dtype=Uint32),
-                                      cute.make_layout((tokens * k, In // 2), stride=(In // 2, 1)))
-                down = self.down_mma
-            down(mIds, mWeights, mW2, mS2, mH, mY).launch(
-                grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
+            if cutlass.const_expr(c.stop_after == "down"):
+                down = self.down
+                if cutlass.const_expr(c.down_path == "mma"):  # h as 32-bit words (bf16 pairs) for the mma path
+                    mH = cute.make_tensor(cute.recast_ptr(pH, dtype=Uint32),
+                                          cute.make_layout((tokens * k, In // 2), stride=(In // 2, 1)))
+                    down = self.down_mma
+                down(mIds, mWeights, mW2, mS2, mH, mY).launch(
+                    grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
 
         # --- shared pieces -----------------------------------------------------------------------------------
 

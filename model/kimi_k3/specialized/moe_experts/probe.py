@@ -1,8 +1,9 @@
 """Which (up_path, down_path) pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call times
-of moe_experts_cute with each of the four path pairs and of the standard, at K3's shape (896 experts, latent 3584,
-top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16; 8 distinct expert sets per graph (together far beyond
-the L2), random routing without repeats per token. Each pair is first checked against the reference on one set.
-The floor is the distinct experts' bytes over 4.3 TB/s.   python -m model.kimi_k3.specialized.moe_experts.probe
+of moe_experts_cute with each of the four path pairs, of the default pair's first launch alone (`up`: w13 and
+SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and 256 at TP16),
+T = 1, 4, 16; 8 distinct expert sets per graph (together far beyond the L2), random routing without repeats per
+token. Each whole call is first checked against the reference on one set. The floor is the distinct experts'
+bytes over 4.3 TB/s.   python -m model.kimi_k3.specialized.moe_experts.probe
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ def main() -> None:
                 for up, down in PAIRS}
             runs["standard"] = [lambda w13=w13, w2=w2: moe_experts_standard(z, ids, weights, w13, w2, BETA, BETA_LIN)
                                 for w13, w2 in sets]
+            up_only = replace(config_for(t, inter), stop_after="up")  # writes no y: timed, not checked
+            runs["default, up only"] = [
+                lambda w13=w13, w2=w2: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=up_only)
+                for w13, w2 in sets]
             print(f"I={inter} T={t:2d}: {distinct} distinct experts, floor {floor_us:.2f} us", flush=True)
             for name, fns in runs.items():
-                got = fns[0]()  # compiles, and the check
-                err = ((got - want).norm() / want.norm()).item()
-                for fn in fns[1:]:
-                    fn()
+                got = [fn() for fn in fns][0]  # compiles and warms outside the capture
+                check = "" if fns is runs["default, up only"] else \
+                    f"  rel_l2 {((got - want).norm() / want.norm()).item():.2e}"
                 r = time_pipeline(fns, iters=30)
                 print(f"  {name:18s} {r.median_us:8.2f} us  (iqr {r.iqr_us:.2f})  {floor_us / r.median_us:5.1%} "
-                      f"of floor  rel_l2 {err:.2e}", flush=True)
+                      f"of floor{check}", flush=True)
 
 
 if __name__ == "__main__":
