@@ -312,16 +312,15 @@ def redraw_(dst: Any, src: Any, seed: int) -> None:
 class BenchSession:
     """Candidate and standard captured once in CUDA graphs, then timed side by side in blocks the gate asks for.
 
-    Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into
-    the graph's buffers, its first argument (every op's step activation: x, z, q_nope, proj, sources) redrawn
-    by `redraw_` from a seed both implementations of a pair share, and a buffer of twice the L2 is written
-    (read, for "cold_sets" below: the dirty lines of the flush or the copies are then written back before the
-    replay instead of during it). Then a spin kernel holds the stream while the host enqueues the start event,
-    the replay and the end event (NVBench's blocking kernel), so the events time the GPU's work and never the host's
-    enqueueing (a replay the host has not submitted when the stream reaches the start event would be charged the
-    host's delay). On the H200 this order gave the steadiest
-    times of the three tried (NOTES.md run 5): with the spin before the flush, or none, a 4-CTA-cluster kernel
-    at batch 1 swung between 7 and 15 us from block to block.
+    Every timed replay starts cold on fresh inputs: the next input set (cycling through `sets`) is copied into the
+    graph's buffers, its first argument (every op's step activation: x, z, q_nope, proj, sources) redrawn by
+    `redraw_` from a seed both implementations of a pair share, and a buffer of twice the L2 is written (read, for
+    "cold_sets" below: the dirty lines of the flush or the copies are then written back before the replay instead of
+    during it). Then a spin kernel holds the stream while the host enqueues the start event, the replay and the end
+    event (NVBench's blocking kernel), so the events time the GPU's work and never the host's enqueueing (a replay
+    the host has not submitted when the stream reaches the start event would be charged the host's delay). On the
+    H200 this order gave the steadiest times of the three tried (NOTES.md run 5): with the spin before the flush, or
+    none, a 4-CTA-cluster kernel at batch 1 swung between 7 and 15 us from block to block.
     Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
     hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
     streams. Each block returns the last pair's outputs (candidate and standard on the same redrawn inputs) for
