@@ -8,8 +8,13 @@ matcher stops or `max_tokens` run out. Checks:
 - 100 % of outputs parse (`json.loads`) and validate (`jsonschema`, draft 2020-12), on both paths: a failure
   means the mask or the tokenizer bridge broke, or a schema can outgrow its token budget.
 - The greedy tokens are identical between paths. The one excused difference is a near-tie: the paths may
-  first diverge only where the reference's two best allowed logits are within `tie_tolerance` (a logit
-  drift inside tolerance can flip such an argmax and nothing else).
+  first diverge only where the reference's two best allowed logits are within the tie tolerance (a logit
+  drift inside tolerance can flip such an argmax and nothing else). With a standard path beside (the
+  yardstick, on the GPU) it decodes the same runs, and the tolerance is the larger of the budget's
+  `tie_tolerance` and `slack` x the standard's own largest top-2 gap shift: how far its gap moved from the
+  reference's at a step where their tokens still agreed. On random weights in bf16 a top-k routing flip moves
+  a legitimate path's logits by more than any fixed tolerance would allow at a few steps; the yardstick
+  measures that in the same run, from code the candidate does not touch.
 
 Speculative decoding: for each K > 0 in `spec_tokens` both paths decode again, each step verifying the last
 token and K drafts in one verification step -- the tokens the grammar forces next (llguidance's fast-forward
@@ -28,6 +33,7 @@ ranking changes fails.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import jsonschema
@@ -43,7 +49,7 @@ from model.kimi_k3.tokenizer import token_bytes
 
 from .config import EvalConfig
 from .paths import PathPair, Session
-from .result import Check, EvalResult, Table
+from .result import Check, EvalResult, Table, yardstick_bound
 from .schemas import SCHEMAS
 
 NAME = "structured"
@@ -57,6 +63,8 @@ class StructuredBudget(BaseModel):
     max_tokens: int = Field(256, gt=0, description="tokens a schema's output may take (every schema closes sooner)")
     spec_tokens: tuple[int, ...] = Field((0, 3), min_length=1, description="draft tokens per step; 0 = plain")
     tie_tolerance: float = Field(ge=0, description="top-2 logit gap under which a greedy divergence is a near-tie")
+    slack: float = Field(1.5, ge=1, description="with a standard path beside: the tie tolerance may reach slack x "
+                                               "the standard's own largest top-2 gap shift from the reference")
 
 
 class StructuredConfig(EvalConfig[StructuredBudget]):
@@ -109,12 +117,7 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
     grammar_tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(
         _Vocabulary(tok, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)))
 
-    table = Table(title="greedy JSON per schema", columns=[
-        "schema", "spec tokens", "ref tokens", "cand tokens", "ref valid", "cand valid", "same tokens",
-        "same as plain (ref / cand)", "drafts accepted", "ref output"])
-    runs: list[tuple[str, int, _Output, _Output, str]] = []
-    plain: dict[str, tuple[_Output, _Output]] = {}
-    against_plain: list[tuple[str, int, str, str]] = []
+    generated: list[tuple[str, int, _Output, _Output, _Output | None]] = []
     task = progress.add_task(f"{NAME}: {paths.label}", total=len(budget.schemas) * len(budget.spec_tokens))
     for k in sorted(budget.spec_tokens):
         for name in budget.schemas:
@@ -122,26 +125,37 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
             prompt = [cfg.bos_token_id] + tok.encode(f"Reply with {schema['title']} as JSON:\n",
                                                      add_special_tokens=False).ids
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
-            ref, cand = (_generate(path.session(len(prompt) + budget.max_tokens + k), grammar_tok, grammar, prompt,
-                                   budget.max_tokens, schema, cfg.eos_token_id, k)
-                         for path in (paths.reference, paths.candidate))
-            verdict = _compare(ref.decode, cand.decode, budget.tie_tolerance)
-            runs.append((name, k, ref, cand, verdict))
-            if k == 0:
-                plain[name] = (ref, cand)
-                same_as_plain = "-"
-            else:
-                base = plain.get(name)
-                ref_vs, cand_vs = ((_compare(b.decode, o.decode, budget.tie_tolerance)
-                                    for b, o in zip(base, (ref, cand)))
-                                   if base else ("no plain run", "no plain run"))
-                against_plain.append((name, k, ref_vs, cand_vs))
-                same_as_plain = f"{ref_vs} / {cand_vs}"
-            accepted = sum(cand.decode.accepted)
-            table.add(name, k, len(ref.decode.tokens), len(cand.decode.tokens), ref.valid or ref.problem,
-                      cand.valid or cand.problem, verdict, same_as_plain,
-                      f"{accepted}/{k * len(cand.decode.accepted)}" if k else "-", ref.text)
+            ref, cand, std = (_generate(path.session(len(prompt) + budget.max_tokens + k), grammar_tok, grammar,
+                                        prompt, budget.max_tokens, schema, cfg.eos_token_id, k) if path else None
+                              for path in (paths.reference, paths.candidate, paths.standard))
+            generated.append((name, k, ref, cand, std))
             progress.advance(task)
+    shifts = [_gap_shift(ref.decode, std.decode) for _, _, ref, _, std in generated if std is not None]
+    standard_shift = max(shifts) if shifts else None
+    tie = yardstick_bound(budget.tie_tolerance, standard_shift, budget.slack)
+
+    table = Table(title="greedy JSON per schema", columns=[
+        "schema", "spec tokens", "ref tokens", "cand tokens", "ref valid", "cand valid", "same tokens",
+        "same as plain (ref / cand)", "drafts accepted", "ref output"])
+    runs: list[tuple[str, int, _Output, _Output, str]] = []
+    plain: dict[str, tuple[_Output, _Output]] = {}
+    against_plain: list[tuple[str, int, str, str]] = []
+    for name, k, ref, cand, _ in generated:
+        verdict = _compare(ref.decode, cand.decode, tie)
+        runs.append((name, k, ref, cand, verdict))
+        if k == 0:
+            plain[name] = (ref, cand)
+            same_as_plain = "-"
+        else:
+            base = plain.get(name)
+            ref_vs, cand_vs = ((_compare(b.decode, o.decode, tie) for b, o in zip(base, (ref, cand)))
+                               if base else ("no plain run", "no plain run"))
+            against_plain.append((name, k, ref_vs, cand_vs))
+            same_as_plain = f"{ref_vs} / {cand_vs}"
+        accepted = sum(cand.decode.accepted)
+        table.add(name, k, len(ref.decode.tokens), len(cand.decode.tokens), ref.valid or ref.problem,
+                  cand.valid or cand.problem, verdict, same_as_plain,
+                  f"{accepted}/{k * len(cand.decode.accepted)}" if k else "-", ref.text)
 
     n = len(runs)
     checks = []
@@ -178,7 +192,13 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
         "draft_acceptance": (sum(sum(r[3].decode.accepted) for r in runs if r[1])
                              / max(1, sum(r[1] * len(r[3].decode.accepted) for r in runs if r[1]))),
         "verify_steps": sum(verify_steps),
+        "tie_tolerance": tie,
     }
+    if standard_shift is not None:
+        metrics["standard_gap_shift"] = standard_shift
+    if standard_shift is not None and tie > budget.tie_tolerance:
+        notes.append(f"tie tolerance {tie:.3g}: {budget.slack:g} x the standard path's largest top-2 gap shift from "
+                     f"the reference ({standard_shift:.3g}) exceeds the budget's {budget.tie_tolerance:g}")
     return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table], notes=notes,
                                   budget={"seed": config.seed, **budget.model_dump()})
 
@@ -274,6 +294,17 @@ def _held_to_reference(reference_vs_plain: str, plain_between: str, speculative_
     contexts), and the candidate's speculative tokens agree with the reference's."""
     own_branch = not _agrees(reference_vs_plain) or plain_between != "identical"
     return own_branch and _agrees(speculative_between)
+
+
+def _gap_shift(ref: _Decode, other: _Decode) -> float:
+    """The largest change of the top-2 allowed-logit gap between two paths' runs over the steps where they had
+    decoded the same tokens (so both gaps answer the same context), the first step they part at included: a lower
+    bound on how far the other path's logits moved from the reference's there."""
+    same = next((i for i, (a, b) in enumerate(zip(ref.tokens, other.tokens)) if a != b),
+                min(len(ref.tokens), len(other.tokens)))
+    # a step the grammar forces (one allowed token) has an infinite gap on both paths and says nothing
+    return max((abs(a - b) for a, b in zip(ref.gaps[:same + 1], other.gaps[:same + 1])
+                if math.isfinite(a) and math.isfinite(b)), default=0.0)
 
 
 def _compare(ref: _Decode, cand: _Decode, tie_tolerance: float) -> str:

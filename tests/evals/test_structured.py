@@ -179,3 +179,35 @@ def test_when_the_candidate_is_held_to_the_references_speculative_tokens(referen
     from gates.evals.structured import _held_to_reference
 
     assert _held_to_reference(reference_vs_plain, plain_between, speculative_between) is held
+
+
+def jitter(scale, seed):
+    """A logit transform that adds seeded noise of `scale`: rounding-like drift, not a different model."""
+    gen = torch.Generator().manual_seed(seed)
+    return lambda logits: logits + torch.randn(logits.shape, generator=gen) * scale
+
+
+def test_the_standard_paths_own_gap_shift_widens_the_tie_tolerance(make_pair, progress):
+    """With the standard beside as the yardstick, a divergence within slack x the standard's own gap shift from the
+    reference is excused (on the GPU a routing flip moves a legitimate path that far); the same candidate without
+    the yardstick fails at the budget's fixed tolerance."""
+    pair = make_pair()
+    drifting = replace(pair.candidate, name="drift", logit_transforms=(jitter(0.3, 3),))
+    alone = run(config(schemas=("nested",), spec_tokens=(0,)), replace(pair, candidate=drifting), progress)
+    assert alone.status == Status.FAILED_EVAL and "standard_gap_shift" not in alone.metrics
+    standard = replace(pair.candidate, name="standard", logit_transforms=(jitter(0.5, 4),))
+    beside = run(config(schemas=("nested",), spec_tokens=(0,)),
+                 replace(pair, candidate=drifting, standard=standard), progress)
+    assert beside.status == Status.PASSED, beside.failed_checks
+    shift = beside.metrics["standard_gap_shift"]
+    assert shift > 0.1 and beside.metrics["tie_tolerance"] == pytest.approx(1.5 * shift)
+    assert any("standard path's largest top-2 gap shift" in note for note in beside.notes)
+
+
+def test_a_standard_that_tracks_the_reference_excuses_nothing(make_pair, progress):
+    pair = make_pair()
+    noisy = replace(pair.candidate, name="noise", logit_transforms=(random_logits(),))
+    result = run(config(schemas=("nested",), spec_tokens=(0,)),
+                 replace(pair, candidate=noisy, standard=pair.candidate), progress)
+    assert result.status == Status.FAILED_EVAL
+    assert result.metrics["tie_tolerance"] == CPU.tie_tolerance  # the standard's shift is rounding-small
