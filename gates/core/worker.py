@@ -549,6 +549,39 @@ def handler(kind: str) -> Callable[..., dict]:
     return HANDLERS[kind]
 
 
+# Repository files a candidate may open that its evidence does not cover: the judge's own (the harness digest versions
+# them), every op's contract (the op's own is covered by name; the dispatcher reads the others) and the evidence.
+NOT_COVERED = ("gates/", "contracts/", "evidence/")
+
+
+def _record_opens() -> set[str]:
+    """Every path this process opens from now on (Python's `open` audit event: open(), io.open_code, os.open,
+    so numpy and torch loads too), as an absolute path string; an audit hook cannot be removed, so candidate code
+    cannot stop the recording. Reads from C code that bypass Python (fopen in an extension) are not seen."""
+    opened: set[str] = set()
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open" and args and isinstance(args[0], str):  # an int is an already-open descriptor
+            opened.add(args[0] if os.path.isabs(args[0]) else os.path.join(os.getcwd(), args[0]))
+
+    sys.addaudithook(hook)
+    return opened
+
+
+def _data_files(opened: set[str]) -> set[str]:
+    """The repository files among `opened` that are not bytecode: a table, a .cu or .ptx source, a tuned config
+    the candidate reads at run time changes what it computes, so its evidence covers them as it covers modules."""
+    paths = set()
+    for path in list(opened):
+        if "__pycache__" in path:
+            continue
+        try:
+            paths.add(repository_path(path))
+        except (OSError, ValueError):  # a name that cannot be resolved is no repository file
+            continue
+    return paths
+
+
 def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
@@ -565,6 +598,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     changed, get_handler, save = _changed, handler, _ORIGINAL["torch.save"]
     baseline = set(sys.modules)  # what the worker itself runs on; anything more, candidate code (or a trusted
     # entry) brought in, by an import statement or importlib: the repository files among it are what ran
+    opened = _record_opens()
     while True:
         try:
             data = conn.recv_bytes()
@@ -579,10 +613,11 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
         reply["tampered"] = changed()
-        reply["loaded"] = sorted({path for name in set(sys.modules) - baseline  # the gate's own (e.g. the
-                                  # problems' Case, unpickled with a request) is versioned by the harness digest
-                                  if (path := repository_path(getattr(sys.modules.get(name), "__file__", None)))
-                                  and not path.startswith("gates/")})
+        modules = {repository_path(getattr(sys.modules.get(name), "__file__", None))
+                   for name in set(sys.modules) - baseline}
+        reply["loaded"] = sorted(path for path in modules | _data_files(opened) if path and not path.startswith(
+            NOT_COVERED))  # the gate's own files (e.g. the problems' Case, unpickled with a request) are versioned
+        # by the harness digest
         buf = io.BytesIO()
         save(reply, buf)
         conn.send_bytes(buf.getvalue())

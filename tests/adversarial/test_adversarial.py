@@ -199,6 +199,18 @@ def test_a_helper_loaded_with_importlib_is_covered():
     assert {s.path: s.roles for s in sources}["tests/adversarial/late_helper.py"] == ["loaded"]
 
 
+def test_a_data_file_read_at_run_time_is_covered():
+    contract = kda_contract(implementation="tests.adversarial.reads_table:kda_decode")
+    result = run_gate(numerics.GATE, contract)
+    assert result.status is Status.PASSED, result.reason
+    assert "tests/adversarial/reads_table.json" in result.details["loaded"]
+    assert not any(path.startswith(("gates/", "contracts/", "evidence/")) or "__pycache__" in path
+                   for path in result.details["loaded"])  # the judge's own files are versioned by its digest
+    sources = covered_sources(contract, KDA_CONTRACT, load_problem("kda_decode").source,
+                              loaded=result.details["loaded"])
+    assert {s.path: s.roles for s in sources}["tests/adversarial/reads_table.json"] == ["loaded"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="nvidia-cutlass-dsl not installed")
 def test_the_compile_gate_builds_the_module_that_defines_the_entry_point():
     """The named module re-exports the entry point and offers another kernel's compile protocol: the gate asks the
