@@ -511,10 +511,12 @@ if _IMPORT_ERROR is None:
                     hi = _pack_bf16x2(x0, x1)
                     sQf[ks, 0, qlane, j] = hi
                     sQf[ks, 1, qlane, j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
-            for i in cutlass.range_constexpr(-(-MAX_HEADS * PS // NT)):  # rows past H stay 0
+            # rows past H stay 0. Only the TILE columns the P ldmatrix reads: the last row's padding is past sPb's
+            # allocation, where sM lies (zeroing it raced with init_state's -inf: NOTES.md, mma path, GPU run)
+            for i in cutlass.range_constexpr(-(-MAX_HEADS * TILE // NT)):
                 idx = tidx + i * NT
-                if idx < MAX_HEADS * PS:
-                    sPb[idx // PS, idx % PS] = BFloat16(0.0)
+                if idx < MAX_HEADS * TILE:
+                    sPb[idx // TILE, idx % TILE] = BFloat16(0.0)
             self.init_state(sM, sL, sA)
             acc = cute.make_rmem_tensor((NTW, 4), Float32)  # C fragments: (head g, 2t..2t+1), (g + 8, 2t..)
             for j in cutlass.range_constexpr(NTW):
