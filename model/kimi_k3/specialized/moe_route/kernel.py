@@ -125,15 +125,16 @@ class RouteConfig:
         self.gemv.check(m, k)
 
 
-def _tree_argmax(keys: list, index, select):
-    """(largest key, its position) over the list, the lower position on equal keys: a balanced tree in which
-    the left operand of every comparison holds the lower positions, and the right one wins only if larger."""
-    items = [(key, index(i)) for i, key in enumerate(keys)]
+def _tree_argmax(keys: list, vals: list, index, select):
+    """(largest key, its position, its val) over the lists, the lower position on equal keys: a balanced tree in
+    which the left operand of every comparison holds the lower positions, and the right one wins only if larger.
+    The val rides along the tree (log2 P selects deep), not looked up afterwards by position (P deep)."""
+    items = [(key, index(i), val) for i, (key, val) in enumerate(zip(keys, vals))]
     while len(items) > 1:
         paired = []
-        for (ka, ia), (kb, ib) in zip(items[0::2], items[1::2]):
+        for (ka, ia, va), (kb, ib, vb) in zip(items[0::2], items[1::2]):
             right = kb > ka
-            paired.append((select(right, kb, ka), select(right, ib, ia)))
+            paired.append((select(right, kb, ka), select(right, ib, ia), select(right, vb, va)))
         items = paired + items[len(paired) * 2:]
     return items[0]
 
@@ -155,13 +156,10 @@ def warp_top_k(keys: list, vals: list, lane, top_k: int, experts: int, ops):
     if WARP * P > experts:
         keys = [ops.select(lane * P + ops.index(i) < experts, key, ops.dropped) for i, key in enumerate(keys)]
     got_id, got_val, got_key = ops.zero_id, ops.zero_val, ops.dropped
-    best, pos = _tree_argmax(keys, ops.index, ops.select)
+    best, pos, val = _tree_argmax(keys, vals, ops.index, ops.select)
     for r in range(top_k):
         top = ops.umax(best)
         winner = ops.lowest(ops.ballot(best == top))
-        val = vals[0]
-        for i in range(1, P):
-            val = ops.select(pos == ops.index(i), vals[i], val)
         expert = lane * P + pos
         got_id = ops.select(lane == r, ops.shuffle(expert, winner), got_id)
         got_val = ops.select(lane == r, ops.shuffle(val, winner), got_val)
@@ -169,7 +167,7 @@ def warp_top_k(keys: list, vals: list, lane, top_k: int, experts: int, ops):
         if r + 1 < top_k:
             mine = lane == winner
             keys = [ops.select(mine & (pos == ops.index(i)), ops.dropped, key) for i, key in enumerate(keys)]
-            best, pos = _tree_argmax(keys, ops.index, ops.select)
+            best, pos, val = _tree_argmax(keys, vals, ops.index, ops.select)
     return got_id, got_val, got_key
 
 
