@@ -554,32 +554,34 @@ def handler(kind: str) -> Callable[..., dict]:
 NOT_COVERED = ("gates/", "contracts/", "evidence/")
 
 
-def _record_opens() -> set[str]:
-    """Every path this process opens from now on (Python's `open` audit event: open(), io.open_code, os.open,
-    so numpy and torch loads too), as an absolute path string; an audit hook cannot be removed, so candidate code
-    cannot stop the recording. Reads from C code that bypass Python (fopen in an extension) are not seen."""
+def _record_opens() -> Callable[[], set[str]]:
+    """Start recording every path this process opens (Python's `open` audit event: open(), io.open_code, os.open,
+    so numpy and torch loads too); an audit hook cannot be removed, so candidate code cannot stop the recording.
+    Reads from C code that bypass Python (fopen in an extension) are not seen. Returns the function that gives the
+    repository files opened so far that are not bytecode: a table, a .cu or .ptx source, a tuned config the
+    candidate reads at run time changes what it computes, so its evidence covers them as it covers modules. Each
+    path is resolved once, when the first reply after its opening asks (the hook itself stays a set insert)."""
     opened: set[str] = set()
+    files: set[str] = set()
 
     def hook(event: str, args: tuple) -> None:
         if event == "open" and args and isinstance(args[0], str):  # an int is an already-open descriptor
             opened.add(args[0] if os.path.isabs(args[0]) else os.path.join(os.getcwd(), args[0]))
 
+    def repository_files() -> set[str]:
+        while opened:
+            path = opened.pop()
+            if "__pycache__" in path:
+                continue
+            try:
+                if rel := repository_path(path):
+                    files.add(rel)
+            except (OSError, ValueError):  # a name that cannot be resolved is no repository file
+                continue
+        return files
+
     sys.addaudithook(hook)
-    return opened
-
-
-def _data_files(opened: set[str]) -> set[str]:
-    """The repository files among `opened` that are not bytecode: a table, a .cu or .ptx source, a tuned config
-    the candidate reads at run time changes what it computes, so its evidence covers them as it covers modules."""
-    paths = set()
-    for path in list(opened):
-        if "__pycache__" in path:
-            continue
-        try:
-            paths.add(repository_path(path))
-        except (OSError, ValueError):  # a name that cannot be resolved is no repository file
-            continue
-    return paths
+    return repository_files
 
 
 def serve(conn, env: dict[str, str], stack_file: str) -> None:
@@ -598,7 +600,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     changed, get_handler, save = _changed, handler, _ORIGINAL["torch.save"]
     baseline = set(sys.modules)  # what the worker itself runs on; anything more, candidate code (or a trusted
     # entry) brought in, by an import statement or importlib: the repository files among it are what ran
-    opened = _record_opens()
+    repository_files = _record_opens()
     while True:
         try:
             data = conn.recv_bytes()
@@ -615,7 +617,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
         reply["tampered"] = changed()
         modules = {repository_path(getattr(sys.modules.get(name), "__file__", None))
                    for name in set(sys.modules) - baseline}
-        reply["loaded"] = sorted(path for path in modules | _data_files(opened) if path and not path.startswith(
+        reply["loaded"] = sorted(path for path in modules | repository_files() if path and not path.startswith(
             NOT_COVERED))  # the gate's own files (e.g. the problems' Case, unpickled with a request) are versioned
         # by the harness digest
         buf = io.BytesIO()
