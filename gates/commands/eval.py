@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as RichTable
 
 from gates.evals import EVALS, accuracy, run_eval
-from gates.evals.paths import BACKENDS
+from gates.evals.paths import BACKENDS, backend_path
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
 from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
@@ -47,6 +48,9 @@ def register(sub) -> None:
                    f"{accuracy.NAME} runs by default on a trained checkpoint")
     p.add_argument("--candidate", default="latency_specialized", choices=[b for b in BACKENDS if b != "reference"],
                    help="decode backend compared with the reference path (default latency_specialized)")
+    p.add_argument("--ops", metavar="OP[,OP...]",
+                   help="with latency_specialized: these ops' kernels only, every other op standard (as the gate "
+                        "runs one contract's kernel)")
     p.add_argument("--perturb-logits", type=float, metavar="SCALE",
                    help="scale the candidate's logits (a known-bad path, e.g. 1.05: the evals must fail it)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -67,12 +71,18 @@ def run(args) -> int:
         raise UsageError("--perturb-logits: must be > 0")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     ckpt = args.ckpt or (None if args.preset else accuracy.default_ckpt())
+    candidate = args.candidate
+    if args.ops:
+        if args.candidate != "latency_specialized":
+            raise UsageError("--ops: choosing kernels needs --candidate latency_specialized")
+        only = [op.strip() for op in args.ops.split(",") if op.strip()]
+        candidate = partial(_backend_only, backend=args.candidate, only=only)
     preset = args.preset or "tiny"
     names = list(dict.fromkeys(args.only or [*EVALS, *([accuracy.NAME] if accuracy.trained(ckpt) else [])]))
     err = Console(stderr=True, highlight=False)
 
     with err.status(escape(f"loading {ckpt or preset}")):
-        paths = load_pair(args.candidate, ckpt=ckpt, preset_name=preset, layers=args.layers,
+        paths = load_pair(candidate, ckpt=ckpt, preset_name=preset, layers=args.layers,
                           seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits,
                           yardstick=device.type == "cuda")
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -100,6 +110,13 @@ def run(args) -> int:
             _render(result, out)
     failed = any(r.status in (Status.FAILED_EVAL, Status.ERROR) for r in results)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _backend_only(model, backend: str, only: list[str]):
+    try:
+        return backend_path(model, backend, only)
+    except ValueError as e:
+        raise UsageError(f"--ops: {e}") from None
 
 
 def _config(name: str, ckpt, device: torch.device, seed: int):

@@ -10,23 +10,30 @@ single cache slot, so two paths can be stepped side by side on the same tokens.
 - `latency_specialized`: the contracted kernels inside their envelopes, the standard ops elsewhere.
 - `perturbed(path)`: a known-bad path, the same engine with logits scaled by 1.05 (temperature / 1.05);
   every eval must be able to tell it apart from its base where the behaviour it checks is affected.
+
+A session of a path run in this process can record its router's choices (`RoutingTap`): the selection keys of
+every MoE layer at every sequence position, and, asked to, decode with one near-tie choice swapped -- the branch
+a legitimate rounding difference can take (gates/evals/structured.py uses both; the candidate's own process is
+never asked, since what it would report is the candidate's to forge).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from tokenizers import Tokenizer
 
 from model.kimi_k3.batch import StepBatch
 from model.kimi_k3.config import KimiK3Config
-from model.kimi_k3.dispatch import Dispatcher
+from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.engine import Engine
 from model.kimi_k3.model import KimiK3Model
-from model.kimi_k3.ops.registry import OPS
+from model.kimi_k3.ops.moe_route import moe_route
+from model.kimi_k3.ops.registry import CONTRACTS_DIR, OPS, load_specialized
 from model.kimi_k3.sampling import sample
 
 BACKENDS = ("reference", "auto", "latency_specialized")
@@ -68,8 +75,8 @@ class DecodePath:
     logit_transforms: tuple[LogitTransform, ...] = ()
     sampler: Sampler = sample
 
-    def session(self, max_len: int) -> "Session":
-        return Session(self, max_len)
+    def session(self, max_len: int, routing: "RoutingTap | None" = None) -> "Session":
+        return Session(self, max_len, routing)
 
 
 @dataclass(frozen=True)
@@ -100,14 +107,26 @@ class PathPair:
         return f"{self.candidate.name} vs {self.reference.name}"
 
 
-def backend_path(model: KimiK3Model, backend: str) -> DecodePath:
-    """A path's engines share one dispatcher, so its `report()` counts what the path ran."""
+def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = None) -> DecodePath:
+    """A path's engines share one dispatcher, so its `report()` counts what the path ran. `only` (with
+    latency_specialized): the kernels of these ops alone, every other op standard, as a gate runs one contract."""
     if backend == "reference":
         ops = ReferenceDispatcher.for_model(model)
-    elif backend in BACKENDS:
+    elif backend not in BACKENDS:
+        raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
+    elif only is None:
         ops = Dispatcher.for_model(model, backend)
     else:
-        raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
+        if backend != "latency_specialized":
+            raise ValueError(f"choosing kernels by op needs the latency_specialized backend, not {backend!r}")
+        target = Target.of(model)
+        kernels = load_specialized(CONTRACTS_DIR, arch=target.arch)
+        unknown = sorted(set(only) - set(kernels))
+        if unknown:
+            raise ValueError(f"no contract for op(s) {', '.join(unknown)} in {CONTRACTS_DIR}; "
+                             f"choose from {', '.join(sorted(kernels))}")
+        ops = Dispatcher(target, backend, {op: kernels[op] for op in only})
+        return DecodePath(f"{backend}[{','.join(only)}]", partial(DispatchedEngine, model, ops=ops))
     return DecodePath(backend, partial(DispatchedEngine, model, ops=ops))
 
 
@@ -116,13 +135,84 @@ def perturbed(path: DecodePath, scale: float = PERTURB_SCALE) -> DecodePath:
     return replace(path, name=f"{path.name}*{scale:g}", logit_transforms=(*path.logit_transforms, lambda x: x * scale))
 
 
-class Session:
-    """One sequence on one path: feed tokens, read the logits after the last one and the KDA states."""
+@dataclass(frozen=True)
+class RouteSwap:
+    """A near-tie router choice to swap: at sequence `position`, in the `layer`-th MoE layer of the step (counted
+    from 0 in call order), the last expert chosen gives way to the best one left out."""
 
-    def __init__(self, path: DecodePath, max_len: int):
+    position: int
+    layer: int
+
+
+class RoutingTap:
+    """Stands for a path's dispatcher (forwarding every call) and records every `moe_route` call's selection keys
+    -- sigmoid(x W^T) + bias in fp32, the reference's formula on the path's own router input -- by sequence position
+    and MoE layer: `keys[position][layer]` is a [E] tensor on the CPU. A position decoded again (a rejected draft's)
+    is recorded again. With `swap`, the choice it names is swapped before the experts run."""
+
+    _ARGS = inspect.signature(moe_route)
+
+    def __init__(self, swap: RouteSwap | None = None):
+        self.swap = swap
+        self.keys: dict[int, list[torch.Tensor]] = {}
+        self.swapped = 0  # how often the swap was applied (0: its position was never decoded)
+        self._ops: Dispatcher | None = None
+        self._start = self._layer = 0
+
+    def wrap(self, ops: Dispatcher) -> "RoutingTap":
+        self._ops = ops
+        return self
+
+    def begin_step(self, batch: StepBatch) -> None:
+        """The step's positions (a session's steps have one sequence), then the dispatcher's own bookkeeping."""
+        if batch.batch_size != 1:
+            raise ValueError(f"RoutingTap: a step of {batch.batch_size} sequences (it records one session's)")
+        self._start, self._layer = batch.context_lens[0], 0
+        for position in range(self._start, self._start + batch.query_lens[0]):
+            self.keys[position] = []
+        self._ops.begin_step(batch)
+
+    def __getattr__(self, name: str):
+        return getattr(self._ops, name)
+
+    def call(self, name: str, *args, **kwargs):
+        out = self._ops.call(name, *args, **kwargs)
+        if name != "moe_route":
+            return out
+        a = self._ARGS.bind(*args, **kwargs).arguments
+        scores = torch.sigmoid(a["x"].float() @ a["gate_w"].float().t())
+        keys = scores + a["bias"].float()
+        for row, k in enumerate(keys.cpu()):
+            self.keys[self._start + row].append(k)
+        swap, layer = self.swap, self._layer
+        self._layer += 1
+        if swap is None or swap.layer != layer or not 0 <= swap.position - self._start < keys.shape[0]:
+            return out
+        row, top_k = swap.position - self._start, a["top_k"]
+        ids, weights = (t.clone() for t in out)
+        order = keys[row].argsort(descending=True, stable=True)
+        ids[row] = torch.cat([order[:top_k - 1], order[top_k:top_k + 1]])
+        w = scores[row].gather(0, ids[row])
+        if a["renormalize"]:
+            w = w / (w.sum() + 1e-20)
+        weights[row] = w * a["scaling"]
+        self.swapped += 1
+        return ids, weights
+
+
+class Session:
+    """One sequence on one path: feed tokens, read the logits after the last one and the KDA states; with a
+    `RoutingTap`, its router's choices are recorded (and one swapped, if the tap says so)."""
+
+    def __init__(self, path: DecodePath, max_len: int, routing: RoutingTap | None = None):
         self.path = path
         self.engine = path.make_engine(max_len)
         self.slot = self.engine.cache.allocate()
+        self.routing = routing
+        if routing is not None:
+            if not isinstance(self.engine, DispatchedEngine):
+                raise TypeError(f"path {path.name}: recording its routing needs a DispatchedEngine")
+            self.engine.ops = routing.wrap(self.engine.ops)
 
     @property
     def length(self) -> int:

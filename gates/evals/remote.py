@@ -58,6 +58,7 @@ class RemoteSession(Session):
 
     def __init__(self, path: RemotePath, max_len: int):
         self.path, self._remote, self._length = path, path.remote, 0
+        self.routing = None  # what the child would report of its routing is the candidate's to forge
         self.id = self._request("eval_session", max_len=max_len)["id"]
 
     @property

@@ -15,6 +15,15 @@ matcher stops or `max_tokens` run out. Checks:
   reference's at a step where their tokens still agreed. On random weights in bf16 a top-k routing flip moves
   a legitimate path's logits by more than any fixed tolerance would allow at a few steps; the yardstick
   measures that in the same run, from code the candidate does not touch.
+- A wider divergence is excused only where a routing near-tie explains it, verified rather than assumed: the
+  reference's own selection keys (recorded in this process; `paths.RoutingTap`) name the MoE choices within the
+  routing tolerance of going the other way (the k-th expert's key within it of the next one's) at the positions
+  the parted token depends on; the reference decodes again with one such choice swapped (up to `route_swaps` of
+  them, the position where the candidate's gaps first moved first), and the divergence is excused when that
+  branch decodes the candidate's tokens. The routing tolerance is the larger of the budget's
+  `route_tie_tolerance` and `slack` x twice the standard's largest selection-key shift from the reference (a key
+  pair's margin moves by up to twice one key's shift) while their contexts agree. A candidate is so held to a
+  branch the reference itself takes after a near-tie; nothing it reports about its own routing is used.
 
 Speculative decoding: for each K > 0 in `spec_tokens` both paths decode again, each step verifying the last
 token and K drafts in one verification step -- the tokens the grammar forces next (llguidance's fast-forward
@@ -35,6 +44,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import jsonschema
 import llguidance
@@ -48,7 +59,7 @@ from model.kimi_k3.engine import Generation
 from model.kimi_k3.tokenizer import token_bytes
 
 from .config import EvalConfig
-from .paths import PathPair, Session
+from .paths import PathPair, RouteSwap, RoutingTap, Session
 from .result import Check, EvalResult, Table, yardstick_bound
 from .schemas import SCHEMAS
 
@@ -63,14 +74,19 @@ class StructuredBudget(BaseModel):
     max_tokens: int = Field(256, gt=0, description="tokens a schema's output may take (every schema closes sooner)")
     spec_tokens: tuple[int, ...] = Field((0, 3), min_length=1, description="draft tokens per step; 0 = plain")
     tie_tolerance: float = Field(ge=0, description="top-2 logit gap under which a greedy divergence is a near-tie")
+    route_tie_tolerance: float = Field(ge=0, description="selection-key margin under which a router choice is a "
+                                                         "near-tie a divergence may be traced to")
+    route_swaps: int = Field(4, ge=0, description="near-tie router choices swapped, one at a time, to explain a "
+                                                 "divergence")
     slack: float = Field(1.5, ge=1, description="with a standard path beside: the tie tolerance may reach slack x "
                                                "the standard's own largest top-2 gap shift from the reference")
 
 
 class StructuredConfig(EvalConfig[StructuredBudget]):
     # Twice the long-context eval's logit tolerance for the same dtype: the gap a drift within it can flip.
-    cpu: StructuredBudget = StructuredBudget(tie_tolerance=2e-3)
-    gpu: StructuredBudget = StructuredBudget(tie_tolerance=0.5)
+    # Route tolerances: fp32 rounding on the CPU; on the GPU a floor under the yardstick (bf16 router inputs).
+    cpu: StructuredBudget = StructuredBudget(tie_tolerance=2e-3, route_tie_tolerance=1e-6)
+    gpu: StructuredBudget = StructuredBudget(tie_tolerance=0.5, route_tie_tolerance=1e-3)
 
 
 class _Vocabulary:
@@ -97,6 +113,8 @@ class _Decode:
     accepted: list[int] = field(default_factory=list)  # drafts accepted at each verification step
     stopped: bool = False
     error: str = ""
+    prompt_len: int = 0  # the token of step s is chosen from the logits at position prompt_len - 1 + s
+    keys: dict[int, list[torch.Tensor]] | None = None  # RoutingTap.keys of a path recorded in this process
 
 
 @dataclass
@@ -118,6 +136,7 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
         _Vocabulary(tok, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)))
 
     generated: list[tuple[str, int, _Output, _Output, _Output | None]] = []
+    redo: dict[tuple[str, int], Callable[[RouteSwap], _Output]] = {}  # the reference again, one choice swapped
     task = progress.add_task(f"{NAME}: {paths.label}", total=len(budget.schemas) * len(budget.spec_tokens))
     for k in sorted(budget.spec_tokens):
         for name in budget.schemas:
@@ -125,14 +144,31 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
             prompt = [cfg.bos_token_id] + tok.encode(f"Reply with {schema['title']} as JSON:\n",
                                                      add_special_tokens=False).ids
             grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS)
-            ref, cand, std = (_generate(path.session(len(prompt) + budget.max_tokens + k), grammar_tok, grammar,
-                                        prompt, budget.max_tokens, schema, cfg.eos_token_id, k) if path else None
-                              for path in (paths.reference, paths.candidate, paths.standard))
+            generate = partial(_generate, grammar_tok=grammar_tok, grammar=grammar, prompt=prompt,
+                               max_tokens=budget.max_tokens, schema=schema, eos=cfg.eos_token_id, spec_tokens=k)
+            max_len = len(prompt) + budget.max_tokens + k
+            ref = generate(paths.reference.session(max_len, RoutingTap()))
+            cand = generate(paths.candidate.session(max_len))  # its process is not asked about its routing
+            std = generate(paths.standard.session(max_len, RoutingTap())) if paths.standard else None
             generated.append((name, k, ref, cand, std))
+            redo[name, k] = lambda swap, generate=generate, max_len=max_len: generate(
+                paths.reference.session(max_len, RoutingTap(swap)))
             progress.advance(task)
+    top_k = cfg.num_experts_per_token
     shifts = [_gap_shift(ref.decode, std.decode) for _, _, ref, _, std in generated if std is not None]
     standard_shift = max(shifts) if shifts else None
     tie = yardstick_bound(budget.tie_tolerance, standard_shift, budget.slack)
+    key_shifts = [_key_shift(ref.decode, std.decode, top_k) for _, _, ref, _, std in generated if std is not None]
+    standard_key_shift = max(key_shifts) if key_shifts else None
+    route_tie = yardstick_bound(budget.route_tie_tolerance,
+                                None if standard_key_shift is None else 2 * standard_key_shift, budget.slack)
+
+    def between_paths(name: str, k: int, ref: _Output, cand: _Output) -> str:
+        verdict = _compare(ref.decode, cand.decode, tie)
+        if _agrees(verdict) or not budget.route_swaps:
+            return verdict
+        return _traced_to_routing(ref.decode, cand.decode, tie, route_tie, top_k, budget.route_swaps,
+                                  redo[name, k]) or verdict
 
     table = Table(title="greedy JSON per schema", columns=[
         "schema", "spec tokens", "ref tokens", "cand tokens", "ref valid", "cand valid", "same tokens",
@@ -141,7 +177,7 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
     plain: dict[str, tuple[_Output, _Output]] = {}
     against_plain: list[tuple[str, int, str, str]] = []
     for name, k, ref, cand, _ in generated:
-        verdict = _compare(ref.decode, cand.decode, tie)
+        verdict = between_paths(name, k, ref, cand)
         runs.append((name, k, ref, cand, verdict))
         if k == 0:
             plain[name] = (ref, cand)
@@ -193,9 +229,12 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
                              / max(1, sum(r[1] * len(r[3].decode.accepted) for r in runs if r[1]))),
         "verify_steps": sum(verify_steps),
         "tie_tolerance": tie,
+        "route_tie_tolerance": route_tie,
     }
     if standard_shift is not None:
         metrics["standard_gap_shift"] = standard_shift
+    if standard_key_shift is not None:
+        metrics["standard_key_shift"] = standard_key_shift
     if standard_shift is not None and tie > budget.tie_tolerance:
         notes.append(f"tie tolerance {tie:.3g}: {budget.slack:g} x the standard path's largest top-2 gap shift from "
                      f"the reference ({standard_shift:.3g}) exceeds the budget's {budget.tie_tolerance:g}")
@@ -203,12 +242,14 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
                                   budget={"seed": config.seed, **budget.model_dump()})
 
 
-def _generate(session: Session, grammar_tok: llguidance.LLTokenizer, grammar: str, prompt: list[int],
+def _generate(session: Session, *, grammar_tok: llguidance.LLTokenizer, grammar: str, prompt: list[int],
               max_tokens: int, schema: dict, eos: int, spec_tokens: int) -> _Output:
     matcher = llguidance.LLMatcher(grammar_tok, grammar, log_level=0)
     if matcher.is_error():
         raise ValueError(f"schema {schema.get('title')!r}: llguidance refused the grammar: {matcher.get_error()}")
     decode = _greedy(session, matcher, prompt, max_tokens, spec_tokens)
+    decode.prompt_len = len(prompt)
+    decode.keys = session.routing.keys if session.routing is not None else None
     out = _Output(decode)
     if decode.error or not decode.stopped:
         out.problem = decode.error or f"no end within {max_tokens} tokens"
@@ -284,7 +325,7 @@ def _allowed(matcher: llguidance.LLMatcher, vocab: int) -> torch.Tensor:
 
 
 def _agrees(verdict: str) -> bool:
-    return verdict == "identical" or verdict.startswith("near-tie")
+    return verdict == "identical" or verdict.startswith(("near-tie", "routing near-tie"))
 
 
 def _held_to_reference(reference_vs_plain: str, plain_between: str, speculative_between: str) -> bool:
@@ -300,18 +341,71 @@ def _gap_shift(ref: _Decode, other: _Decode) -> float:
     """The largest change of the top-2 allowed-logit gap between two paths' runs over the steps where they had
     decoded the same tokens (so both gaps answer the same context), the first step they part at included: a lower
     bound on how far the other path's logits moved from the reference's there."""
-    same = next((i for i, (a, b) in enumerate(zip(ref.tokens, other.tokens)) if a != b),
-                min(len(ref.tokens), len(other.tokens)))
+    same = _first_difference(ref, other)
     # a step the grammar forces (one allowed token) has an infinite gap on both paths and says nothing
     return max((abs(a - b) for a, b in zip(ref.gaps[:same + 1], other.gaps[:same + 1])
                 if math.isfinite(a) and math.isfinite(b)), default=0.0)
 
 
+def _first_difference(ref: _Decode, other: _Decode) -> int:
+    """The first step at which two runs' tokens differ (the shorter run's length if one is a prefix)."""
+    return next((i for i, (a, b) in enumerate(zip(ref.tokens, other.tokens)) if a != b),
+                min(len(ref.tokens), len(other.tokens)))
+
+
+def _margin(keys: torch.Tensor, top_k: int) -> float:
+    """How far a router choice was from going the other way: the k-th largest key minus the next one."""
+    top = keys.topk(top_k + 1).values
+    return float(top[top_k - 1] - top[top_k])
+
+
+def _key_shift(ref: _Decode, other: _Decode, top_k: int) -> float:
+    """The largest selection-key change between two paths' runs while their contexts agree: over the positions up
+    to the one the first parted token was chosen at, through the first position where a MoE layer chose other
+    experts (later positions see other hidden states)."""
+    if ref.keys is None or other.keys is None:
+        return 0.0
+    last = ref.prompt_len - 1 + _first_difference(ref, other)
+    shift = 0.0
+    for position in range(last + 1):
+        layers = list(zip(ref.keys.get(position, []), other.keys.get(position, [])))
+        for a, b in layers:
+            shift = max(shift, float((a - b).abs().max()))
+        if any(set(a.topk(top_k).indices.tolist()) != set(b.topk(top_k).indices.tolist()) for a, b in layers):
+            break
+    return shift
+
+
+def _traced_to_routing(ref: _Decode, cand: _Decode, tie: float, route_tie: float, top_k: int, swaps: int,
+                       redo: Callable[[RouteSwap], _Output]) -> str | None:
+    """The verdict when a swapped near-tie router choice of the reference decodes the candidate's tokens (None when
+    none of the `swaps` tried does): the reference's choices within `route_tie` at the positions the parted token
+    depends on, the position where the candidate's gap first left the reference's by more than `tie` first, then
+    by margin."""
+    if ref.keys is None:
+        return None
+    step = _first_difference(ref, cand)
+    last = ref.prompt_len - 1 + step
+    moved = next((i for i, (a, b) in enumerate(zip(ref.gaps[:step + 1], cand.gaps[:step + 1]))
+                  if math.isfinite(a) and math.isfinite(b) and abs(a - b) > tie), step)
+    first_moved = ref.prompt_len - 1 + moved
+    near = sorted((position != first_moved, margin, position, layer)
+                  for position in range(last + 1) for layer, keys in enumerate(ref.keys.get(position, []))
+                  for margin in [_margin(keys, top_k)] if margin <= route_tie)
+    gap = ref.gaps[step] if step < len(ref.gaps) else float("inf")
+    for _, margin, position, layer in near[:swaps]:
+        branch = redo(RouteSwap(position, layer)).decode
+        verdict = _compare(branch, cand, tie)
+        if _agrees(verdict):
+            return (f"routing near-tie at step {step} (reference top-2 gap {gap:.3g}; MoE layer {layer} at position "
+                    f"{position} within {margin:.3g} of another expert: the reference with it swapped: {verdict})")
+    return None
+
+
 def _compare(ref: _Decode, cand: _Decode, tie_tolerance: float) -> str:
     if ref.tokens == cand.tokens:
         return "identical"
-    step = next((i for i, (a, b) in enumerate(zip(ref.tokens, cand.tokens)) if a != b),
-                min(len(ref.tokens), len(cand.tokens)))
+    step = _first_difference(ref, cand)
     gap = ref.gaps[step] if step < len(ref.gaps) else float("inf")
     kind = "near-tie" if gap <= tie_tolerance else "diverged"
     return f"{kind} at step {step} (reference top-2 gap {gap:.3g})"

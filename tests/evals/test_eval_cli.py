@@ -1,5 +1,6 @@
 """`k3forge eval` as a user types it: the default candidate (latency_specialized) against the reference, a
-checkpoint's evals as JSON, a known-bad candidate fails the command, and k3 shapes are refused on CPU."""
+checkpoint's evals as JSON, a known-bad candidate fails the command, one op's kernel alone (as a gate runs it), and
+k3 shapes are refused on CPU."""
 
 from __future__ import annotations
 
@@ -53,3 +54,12 @@ def test_a_failing_run_reports_as_html_and_markdown(capsys, tiny_ckpt, tmp_path)
 def test_k3_shapes_refused_on_cpu(capsys):
     code, _, err = run(capsys, "--preset", "k3", "--device", "cpu")
     assert code == 2 and "need a GPU" in err
+
+
+def test_one_ops_kernel_alone(capsys):
+    code, out, _ = run(capsys, "--preset", "tiny", "--only", "structured", "--ops", "attn_res", "--json")
+    assert code == 0 and json.loads(out)["subject"]["candidate"] == "latency_specialized[attn_res]"
+    code, _, err = run(capsys, "--preset", "tiny", "--ops", "nope")
+    assert code == 2 and "--ops: no contract for op(s) nope" in err
+    code, _, err = run(capsys, "--preset", "tiny", "--candidate", "auto", "--ops", "attn_res")
+    assert code == 2 and "--ops: choosing kernels needs --candidate latency_specialized" in err

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gates.evals import run_eval, single_threaded_on_cpu
-from gates.evals.paths import DecodePath, backend_path, perturbed
+from gates.evals.paths import DecodePath, RouteSwap, RoutingTap, backend_path, perturbed
 from gates.evals.result import Status
 from gates.evals.subject import first_layers, load_pair, random_model
 from model.kimi_k3.config import ConfigError, preset
@@ -76,6 +76,38 @@ def test_backends(tiny_model):
     assert session.engine.ops.report()["ops"]["attn_res"]["specialized"] > 0
     with pytest.raises(ValueError, match="unknown decode backend 'fast'"):
         backend_path(tiny_model, "fast")
+    only = backend_path(tiny_model, "latency_specialized", only=["attn_res"])
+    assert only.name == "latency_specialized[attn_res]"
+    with pytest.raises(ValueError, match="no contract for op\\(s\\) nope"):
+        backend_path(tiny_model, "latency_specialized", only=["nope"])
+
+
+def test_a_routing_tap_records_every_position_and_moe_layer(make_pair, tiny_cfg):
+    """Keys are the reference formula on the router's input, one [E] row per position per MoE layer; a rejected
+    draft's position is recorded again when it is decoded again."""
+    tap = RoutingTap()
+    session = make_pair().reference.session(16, tap)
+    session.feed(PROMPT)
+    session.verify([7, 8, 9])
+    session.keep(1)
+    session.feed([8])
+    moe_layers = sum(map(tiny_cfg.is_moe_layer, range(tiny_cfg.num_hidden_layers)))
+    assert moe_layers > 0 and sorted(tap.keys) == list(range(len(PROMPT) + 3))
+    assert all(len(layers) == moe_layers and all(k.shape == (tiny_cfg.num_experts,) for k in layers)
+               for layers in tap.keys.values())
+    assert all(((k >= -1e3) & torch.isfinite(k)).all() for layers in tap.keys.values() for k in layers)
+
+
+def test_a_swapped_router_choice_changes_that_position_and_later_ones_only(make_pair):
+    pair, position = make_pair(), len(PROMPT) + 1
+    plain, tap = decode(pair.reference, steps=4), RoutingTap(RouteSwap(position, 0))
+    session = pair.reference.session(len(PROMPT) + 4, tap)
+    logits = [session.feed(PROMPT)]
+    for t in range(4):
+        logits.append(session.feed([int(plain[t].argmax())]))
+    swapped = torch.stack(logits)
+    assert tap.swapped == 1
+    assert torch.equal(swapped[:2], plain[:2]) and not torch.allclose(swapped[2], plain[2])
 
 
 def test_run_eval_records_a_crashing_path(make_pair, progress):

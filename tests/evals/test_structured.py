@@ -5,15 +5,28 @@ runs out is a failure."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import llguidance
 import pytest
 import torch
 
-from gates.evals.paths import Session, perturbed
+from gates.evals.paths import RouteSwap, RoutingTap, Session, perturbed
 from gates.evals.result import Status
 from gates.evals.schemas import SCHEMAS
-from gates.evals.structured import GRAMMAR_OPTIONS, StructuredConfig, _allowed, _compare, _Decode, _Vocabulary, run
+from gates.evals.structured import (
+    GRAMMAR_OPTIONS,
+    StructuredConfig,
+    _allowed,
+    _compare,
+    _Decode,
+    _first_difference,
+    _generate,
+    _key_shift,
+    _margin,
+    _Vocabulary,
+    run,
+)
 from model.kimi_k3.config import preset
 from model.kimi_k3.tokenizer import build_tokenizer
 
@@ -211,3 +224,81 @@ def test_a_standard_that_tracks_the_reference_excuses_nothing(make_pair, progres
                  replace(pair, candidate=noisy, standard=pair.candidate), progress)
     assert result.status == Status.FAILED_EVAL
     assert result.metrics["tie_tolerance"] == CPU.tie_tolerance  # the standard's shift is rounding-small
+
+
+def swapped(path, swap):
+    """The reference's own branch with one router choice swapped: where a rounding difference can take a path."""
+    def make_engine(max_len):
+        engine = path.make_engine(max_len)
+        engine.ops = RoutingTap(swap).wrap(engine.ops)
+        return engine
+
+    return replace(path, name="swapped", make_engine=make_engine)
+
+
+@pytest.fixture(scope="module")
+def near_tie_branch(make_pair):
+    """The reference's nearest router choice (smallest key margin) on the nested schema whose swap changes the
+    greedy tokens: (swap, its margin)."""
+    pair, cfg = make_pair(), make_pair().cfg
+    schema = SCHEMAS["nested"]
+    prompt = [cfg.bos_token_id] + pair.tokenizer.encode(f"Reply with {schema['title']} as JSON:\n",
+                                                        add_special_tokens=False).ids
+    vocabulary = _Vocabulary(pair.tokenizer, cfg.vocab_size, cfg.eos_token_id, cfg.bos_token_id)
+    generate = partial(_generate, grammar_tok=llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocabulary)),
+                       grammar=llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=GRAMMAR_OPTIONS),
+                       prompt=prompt, max_tokens=CPU.max_tokens, schema=schema, eos=cfg.eos_token_id, spec_tokens=0)
+    max_len = len(prompt) + CPU.max_tokens
+    ref = generate(pair.reference.session(max_len, RoutingTap())).decode
+    k = cfg.num_experts_per_token
+    for margin, position, layer in sorted((_margin(keys, k), position, layer) for position, layers in ref.keys.items()
+                                          for layer, keys in enumerate(layers))[:8]:
+        swap = RouteSwap(position, layer)
+        if generate(pair.reference.session(max_len, RoutingTap(swap))).decode.tokens != ref.tokens:
+            return swap, margin
+    pytest.fail("no near-tie router choice of the tiny model changes the nested schema's tokens")
+
+
+def test_a_divergence_traced_to_a_near_tie_router_choice_is_excused(make_pair, progress, near_tie_branch):
+    """The candidate is the reference's branch at a router choice within the routing tolerance: the reference,
+    swapped there, decodes its tokens, so the divergence is excused and says where it came from."""
+    swap, margin = near_tie_branch
+    pair = make_pair()
+    result = run(config(schemas=("nested",), spec_tokens=(0,), route_tie_tolerance=margin * 1.01),
+                 replace(pair, candidate=swapped(pair.reference, swap)), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    verdict = result.tables[0].rows[0][6]
+    assert verdict.startswith("routing near-tie") and f"position {swap.position}" in verdict, verdict
+
+
+@pytest.mark.parametrize("update", [{"route_tie_tolerance_factor": 0.5}, {"route_swaps": 0}])
+def test_a_router_branch_beyond_the_tolerance_or_untried_fails(make_pair, progress, near_tie_branch, update):
+    swap, margin = near_tie_branch
+    pair = make_pair()
+    budget = {"route_tie_tolerance": margin * update.pop("route_tie_tolerance_factor", 1.01), **update}
+    result = run(config(schemas=("nested",), spec_tokens=(0,), **budget),
+                 replace(pair, candidate=swapped(pair.reference, swap)), progress)
+    assert result.status == Status.FAILED_EVAL
+    assert result.tables[0].rows[0][6].startswith("diverged")
+
+
+def test_a_candidate_no_router_branch_explains_fails_however_wide_the_routing_tolerance(make_pair, progress):
+    """Every choice a near-tie (tolerance 1): the swaps tried decode the reference's branches, never the noise."""
+    pair = make_pair()
+    noisy = replace(pair.candidate, name="noise", logit_transforms=(random_logits(),))
+    result = run(config(schemas=("nested",), spec_tokens=(0,), route_tie_tolerance=1.0, route_swaps=2),
+                 replace(pair, candidate=noisy), progress)
+    assert result.status == Status.FAILED_EVAL and result.tables[0].rows[0][6].startswith("diverged")
+
+
+def test_key_shift_stops_where_the_contexts_part():
+    """Over the positions up to the parted token's, through the first where a layer chose other experts."""
+    base = torch.tensor([0.9, 0.8, 0.1, 0.0])
+    ref = _Decode(tokens=[1, 2, 3], prompt_len=2, keys={p: [base] for p in range(4)})
+    moved = {0: [base + 0.01], 1: [torch.tensor([0.9, 0.05, 0.1, 0.0])], 2: [base + 0.5], 3: [base + 0.7]}
+    other = _Decode(tokens=[1, 2, 4], prompt_len=2, keys=moved)
+    assert _first_difference(ref, other) == 2
+    assert _key_shift(ref, other, top_k=2) == pytest.approx(0.75)  # position 1 swapped experts: 2 and 3 unseen
+    ref.prompt_len = 1  # the first token was chosen at position 0: parted there, only position 0 counts
+    assert _key_shift(ref, _Decode(tokens=[9], keys=moved), top_k=2) == pytest.approx(0.01)
+    assert _margin(base, 2) == pytest.approx(0.7)
