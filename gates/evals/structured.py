@@ -86,7 +86,7 @@ class StructuredConfig(EvalConfig[StructuredBudget]):
     # Twice the long-context eval's logit tolerance for the same dtype: the gap a drift within it can flip.
     # Route tolerances: fp32 rounding on the CPU; on the GPU a floor under the yardstick (bf16 router inputs).
     cpu: StructuredBudget = StructuredBudget(tie_tolerance=2e-3, route_tie_tolerance=1e-6)
-    gpu: StructuredBudget = StructuredBudget(tie_tolerance=0.5, route_tie_tolerance=1e-3)
+    gpu: StructuredBudget = StructuredBudget(tie_tolerance=0.5, route_tie_tolerance=1e-3, route_swaps=8)
 
 
 class _Vocabulary:
