@@ -7,7 +7,7 @@ and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions
 torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host synchronisation and no
 data-dependent host logic (the split count depends on B and L only), so a call can be captured in a CUDA graph.
 
-Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path, the default). Grid (splits, B), `threads` threads
+Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path; default "mma"). Grid (splits, B), `threads` threads
 (8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an
 empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
   1. load: warp w loads rows w T / 8 .. + T / 8 of the tile, 8 lanes a row, lane l the 16-byte chunks l % 8 + 8 i
@@ -48,8 +48,8 @@ split is empty), w_s = exp(lse_s - top), latent = sum_s w_s o_s / sum_s w_s (div
 ascending order: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
-path has never run. The slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses L x W >=
-2^31).
+path (the default) reaches 1.5-2.3 TB/s, under half the bandwidth: one tile in flight per warp, no TMA. The
+slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses L x W >= 2^31).
 """
 
 from __future__ import annotations
@@ -93,8 +93,9 @@ class MlaConfig:
     ctas_per_sm: int = 2  # the split heuristic aims at ctas_per_sm x SMs CTAs
     min_split_rows: int = 128  # ... but gives no split fewer rows than this (the partials' own traffic)
     score_rows: int = 2  # rows whose elements a lane holds at once in the score step (registers: 18 per row)
-    # "fma": the per-tile math on CUDA cores (v1); "mma": on tensor cores (mma.sync m16n8k16 bf16, heads on M)
-    path: str = "fma"
+    # "mma": the per-tile math on tensor cores (mma.sync m16n8k16 bf16, heads on M; faster at every measured
+    # point); "fma": on CUDA cores in fp32 (v1: exact to ~1e-6 where mma's bf16 P gives ~5e-4 relative)
+    path: str = "mma"
 
     def __post_init__(self):
         if self.path not in PATHS:
