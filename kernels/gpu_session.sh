@@ -9,6 +9,8 @@
 #   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
 # contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
+# Budget: the KDA gate takes ~920 s of device time on a fresh machine (numerics ~430 s, benchmarks ~300 s, evals
+# ~150 s), linear's ~300 s; after a gate, `cache` brings Triton's autotuned cache back for the next fresh machine.
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs; TEST_GROUPS=route,experts (names in run_tests) runs only those. COMMIT is the hash of the
 # working tree's commit, taken on the machine that sends the call: the runner's copy of the tree can sit on
@@ -37,6 +39,13 @@
 # out of service.
 set -u
 OUT=${OUT:-/tmp/out}
+# Every call needs the wheels on PYTHONPATH and Triton's cache dir: a call that did not source the installer itself
+# (an easy slip between back-to-back calls) gets them here instead of failing on `import cutlass` minutes in.
+if [ -z "${TRITON_CACHE_DIR:-}" ] || ! python3 -c "import cutlass" 2>/dev/null; then
+  # shellcheck source=kernels/device_install.sh
+  source kernels/device_install.sh > /dev/null 2>&1
+fi
+export HUMMING_CACHE_DIR=${HUMMING_CACHE_DIR:-/root/hcache} HUMMING_TMP_DIR=${HUMMING_TMP_DIR:-/root/htmp}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # multicast off, always
 RUN=/root/k3forge-gpu
 mkdir -p "$OUT" "$RUN"
