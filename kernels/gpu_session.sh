@@ -43,7 +43,7 @@ OUT=${OUT:-/tmp/out}
 # (an easy slip between back-to-back calls) gets them here instead of failing on `import cutlass` minutes in.
 if [ -z "${TRITON_CACHE_DIR:-}" ] || ! python3 -c "import cutlass" 2>/dev/null; then
   # shellcheck source=kernels/device_install.sh
-  source kernels/device_install.sh > /dev/null 2>&1
+  source kernels/device_install.sh /tmp/site > /dev/null 2>&1  # its $1 would otherwise be this script's
 fi
 export HUMMING_CACHE_DIR=${HUMMING_CACHE_DIR:-/root/hcache} HUMMING_TMP_DIR=${HUMMING_TMP_DIR:-/root/htmp}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # multicast off, always
