@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
     _IMPORT_ERROR,
+    MERGE_COLS,
+    MERGE_UNROLL,
     MMA_K,
     MMA_N,
     PATHS,
@@ -307,6 +310,15 @@ def test_config_paths():
     assert MlaConfig().path == "mma"  # faster than fma at every point measured on the H200 (NOTES.md, run 3)
 
 
+def ptx_entry(ptx: str, name: str) -> str:
+    """The PTX of the one kernel whose entry name contains `name` (`partial` or `merge`), from its `.entry` to the
+    next kernel's: one launch's instructions counted apart from the other's."""
+    starts = [m.start() for m in re.finditer(r"\.entry\s+\w+", ptx)] + [len(ptx)]
+    found = [ptx[a:b] for a, b in zip(starts, starts[1:]) if name in ptx[a:ptx.find("(", a)]]
+    assert len(found) == 1, f"{len(found)} PTX entries are named like {name!r}"
+    return found[0]
+
+
 def path_keys(path):
     return [(dataclasses.replace(cfg, path=path), h, c, r) for cfg, h, c, r in mk.compile_keys(CONTRACT)]
 
@@ -331,7 +343,7 @@ def test_mma_path_ptx(key):
     16-byte loads (the first tile's before the loop); nothing in local memory."""
     cfg, h, c, r = key
     rep = mk.compile(key, "sm_90a")
-    counts = ptx_instruction_counts(rep.ptx, {
+    counts = ptx_instruction_counts(ptx_entry(rep.ptx, "partial"), {
         "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
         "ldmatrix": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16\b",
         "ldmatrix.trans": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16\b",
@@ -346,6 +358,19 @@ def test_mma_path_ptx(key):
     assert counts["q fragments"] == 2 * steps  # hi and lo, 16 bytes each
     assert counts["tile loads"] == 2 * (TILE * w // VEC // cfg.threads)  # the first tile's, then the next tile's
     assert counts["bar.sync"] == 1 + 4 and counts["local"] == 0
+
+
+@needs_dsl
+def test_merge_keeps_splits_in_flight():
+    """`merge`'s loop over the splits is unrolled: MERGE_UNROLL splits' partial loads in one body (at batch 1 a
+    sequence has ~256 splits: one load round trip after another would cost ~60 µs); two barriers (the weights'
+    maximum, then the weights); nothing in local memory."""
+    rep = mk.compile(mk.compile_keys(CONTRACT)[-1], "sm_90a")
+    counts = ptx_instruction_counts(ptx_entry(rep.ptx, "merge"), {
+        "partial loads": r"\bld\.global(?:\.[\w:]+)*\.[bf]32\b", "bar.sync": r"\bbar(?:rier)?\.sync\b",
+        "local": r"\b(?:ld|st)\.local\b"})
+    assert counts["partial loads"] >= MERGE_UNROLL * MERGE_COLS, counts
+    assert counts["bar.sync"] == 2 and counts["local"] == 0, counts
 
 
 # --- the mma path's fragment maps through models of ldmatrix and mma.sync (PTX ISA layouts) ---------------------------

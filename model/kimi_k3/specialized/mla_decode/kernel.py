@@ -44,8 +44,9 @@ the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows 
   Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
 
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
-split is empty), w_s = exp(lse_s - top), latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in
-ascending order: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
+split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
+MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
+MERGE_UNROLL of them in flight: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path (the default) reaches 1.5-2.3 TB/s, under half the bandwidth: one tile in flight per warp, no TMA. The
@@ -78,6 +79,8 @@ TILE = 32  # rows per tile = lanes per warp (the softmax step maps row t to lane
 VEC = 8  # bf16 per 16-byte load
 MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
+MAX_SPLITS = 1024  # splits a sequence may have: `merge` keeps their weights in shared memory (4 KB)
+MERGE_UNROLL = 8  # splits `merge` has in flight per thread
 PATHS = ("fma", "mma")
 MMA_K = 16  # k of mma.sync m16n8k16
 MMA_N = 8  # n of mma.sync m16n8k16
@@ -188,7 +191,7 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
     num_sms CTAs over the batch, with no chunk under min_split_rows. Depends only on the host values B, L, SMs."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"batch {batch} and max_len {max_len} must be >= 1")
-    want = max(1, -(-cfg.ctas_per_sm * num_sms // batch))
+    want = min(MAX_SPLITS, max(1, -(-cfg.ctas_per_sm * num_sms // batch)))
     most = max(1, -(-max_len // cfg.min_split_rows))
     splits = min(want, most)
     chunk = -(-max_len // splits)
@@ -597,17 +600,35 @@ if _IMPORT_ERROR is None:
         def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mLat: cute.Tensor, splits: Int32):
             tidx, _, _ = cute.arch.thread_idx()
             h, b, _ = cute.arch.block_idx()
-            c0 = tidx * MERGE_COLS
+            threads = self.c // MERGE_COLS
+            smem = cutlass.memory.SmemAllocator()
+            sW = smem.allocate_tensor(Float32, cute.make_layout((MAX_SPLITS,)), byte_alignment=16)
+            sTop = smem.allocate_tensor(Float32, cute.make_layout((threads // 32,)), byte_alignment=16)
+            # top = max_s lse_s, the splits spread over the threads (a max is exact in any order)
             top = Float32(-math.inf)
-            for s in cutlass.range(splits):
+            for s in cutlass.range(tidx, splits, threads):
                 top = cutlass.max(top, mLse[b, s, h])
+            for off in (16, 8, 4, 2, 1):
+                top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
+            if cute.arch.lane_idx() == 0:
+                sTop[cute.arch.warp_idx()] = top
+            cute.arch.sync_threads()
+            top = sTop[0]
+            for w in cutlass.range_constexpr(1, threads // 32):
+                top = cutlass.max(top, sTop[w])
             top = cutlass.select_(top > Float32(-math.inf), top, Float32(0.0))
+            for s in cutlass.range(tidx, splits, threads):
+                sW[s] = cute.math.exp(mLse[b, s, h] - top)
+            cute.arch.sync_threads()
+            # the weighted sum in ascending split order (deterministic, the emulation's order); unrolled so that
+            # several splits' loads are in flight at once: at batch 1 there are ~256 splits and 12 CTAs
+            c0 = tidx * MERGE_COLS
             out = cute.make_rmem_tensor((MERGE_COLS,), Float32)
             for j in cutlass.range_constexpr(MERGE_COLS):
                 out[j] = Float32(0.0)
             total = Float32(0.0)
-            for s in cutlass.range(splits):
-                wgt = cute.math.exp(mLse[b, s, h] - top)
+            for s in cutlass.range(splits, unroll=MERGE_UNROLL):
+                wgt = sW[s]
                 total = total + wgt
                 for j in cutlass.range_constexpr(MERGE_COLS):
                     out[j] = out[j] + wgt * mPart[b, s, h, c0 + j]
