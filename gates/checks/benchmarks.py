@@ -12,16 +12,19 @@ fraction of the roofline are settled (gates.core.estimate: each block one observ
 only raw samples come back, and medians, speedups, intervals and verdicts are computed here. The step's
 activation (every op's first argument) is redrawn for every timed replay, so no cached output is ever right;
 each block's last pair of outputs, candidate against standard on the same redrawn inputs, must agree
-(`spot_problems`), and after timing every input set's outputs are checked against the reference. A time under the
-roofline floor is an error (nothing runs faster than memory and math allow); a speedup over 10× is flagged for the
-reviewer, not celebrated.
+(`spot_problems`), of the one-call replays and of one in-pipeline input set; how many pairs a block has and which
+set is checked are drawn from the gate's secret seed (`block_plan`), so code counting its calls on the device
+cannot know which replay is looked at. After timing every input set's outputs are checked against the reference.
+A time under the roofline floor is an error (nothing runs faster than memory and math allow); a speedup over 10× is
+flagged for the reviewer, not celebrated.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 from pydantic import (
@@ -91,12 +94,22 @@ def block_estimates(blocks: list[dict], floor_us: float | None,
     return Estimate(speedups), Estimate(fractions) if fractions else None
 
 
+def block_plan(seed: int, pairs: int, sets: int) -> Iterator[tuple[int, int]]:
+    """Each block's (pairs, in-pipeline input set whose outputs are checked), drawn from a secret seed: between half
+    and one and a half times `pairs`, so the checked replays fall at positions a call counter cannot predict."""
+    rng = random.Random(seed)
+    while True:
+        yield rng.randint(max(1, pairs // 2), pairs + pairs // 2), rng.randrange(sets)
+
+
 def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required: float,
-               min_fraction: float | None, progress) -> list[dict]:
-    """Blocks of paired device times from the open bench session, until the bounded statistics are settled."""
+               min_fraction: float | None, progress, plan: Iterator[tuple[int, int]]) -> list[dict]:
+    """Blocks of paired device times from the open bench session (sized and checked as `plan` says), until the
+    bounded statistics are settled."""
     blocks: list[dict] = []
     while True:
-        blocks.append(box.request("bench_block", pairs=opts.bench_pairs, timeout_s=BLOCK_TIMEOUT_S))
+        pairs, check_set = next(plan)
+        blocks.append(box.request("bench_block", pairs=pairs, check_set=check_set, timeout_s=BLOCK_TIMEOUT_S))
         speedup, fraction = block_estimates(blocks, floor_us)
         bounded = [(speedup, required)] + ([(fraction, min_fraction)] if fraction is not None else [])
         progress(f"block {len(blocks)}: {speedup.mean:.2f}× ± {speedup.half_width:.2f}")
@@ -105,32 +118,37 @@ def time_point(box: Sandbox, opts: GateOptions, floor_us: float | None, required
 
 
 def spot_problems(blocks: list[dict], where: str) -> list[str]:
-    """Per block, where the candidate's outputs on the last timed pair's inputs are not the standard's on the same
-    inputs (SPOT_REL_L2): a candidate fast because its timed replays skipped work."""
+    """Per block and checked replay (the last one-call pair, one in-pipeline set of the last pipeline pair), where
+    the candidate's outputs are not the standard's on the same inputs (SPOT_REL_L2): a candidate fast because its
+    timed replays skipped work."""
     problems = []
     for b, block in enumerate(blocks, 1):
-        at = f"{where}, block {b}, last timed pair"
-        spot = block["spot"]
-        problems += [f"{at}: {m}" for m in spot["candidate"]["problems"]]
-        got = dict(spot["candidate"]["outputs"])
-        for name, want in spot["standard"]["outputs"]:
-            mine = got.get(name)
-            if mine is None or mine.shape != want.shape:
-                problems.append(f"{at}: no {name} of the standard's shape {tuple(want.shape)}")
-                continue
-            if not want.is_floating_point():
-                mismatch = (mine != want).double().mean().item() if want.numel() else 0.0
-                if mismatch > SPOT_MISMATCH:
-                    problems.append(f"{at}: {mismatch:.0%} of {name} differ from the standard's on the same redrawn "
-                                    f"inputs (bound {SPOT_MISMATCH:.0%}): outputs that do not follow their inputs")
-                continue
-            want64 = want.double()
-            if not torch.isfinite(want64).all():
-                continue  # the standard's own fault: the recheck against the reference reports the candidate's
-            rel = ((mine.double() - want64).norm() / want64.norm().clamp_min(1e-30)).item()
-            if not rel <= SPOT_REL_L2:  # NaN included
-                problems.append(f"{at}: {name} is {rel:.3g} (relative L2) from the standard's on the same redrawn "
-                                f"inputs (bound {SPOT_REL_L2:g}): outputs that do not follow their inputs")
+        for spot in block["spots"]:
+            problems += _spot_problems(spot, f"{where}, block {b}, {spot['where']}")
+    return problems
+
+
+def _spot_problems(spot: dict, at: str) -> list[str]:
+    problems = [f"{at}: {m}" for m in spot["candidate"]["problems"]]
+    got = dict(spot["candidate"]["outputs"])
+    for name, want in spot["standard"]["outputs"]:
+        mine = got.get(name)
+        if mine is None or mine.shape != want.shape:
+            problems.append(f"{at}: no {name} of the standard's shape {tuple(want.shape)}")
+            continue
+        if not want.is_floating_point():
+            mismatch = (mine != want).double().mean().item() if want.numel() else 0.0
+            if mismatch > SPOT_MISMATCH:
+                problems.append(f"{at}: {mismatch:.0%} of {name} differ from the standard's on the same redrawn "
+                                f"inputs (bound {SPOT_MISMATCH:.0%}): outputs that do not follow their inputs")
+            continue
+        want64 = want.double()
+        if not torch.isfinite(want64).all():
+            continue  # the standard's own fault: the recheck against the reference reports the candidate's
+        rel = ((mine.double() - want64).norm() / want64.norm().clamp_min(1e-30)).item()
+        if not rel <= SPOT_REL_L2:  # NaN included
+            problems.append(f"{at}: {name} is {rel:.3g} (relative L2) from the standard's on the same redrawn "
+                            f"inputs (bound {SPOT_REL_L2:g}): outputs that do not follow their inputs")
     return problems
 
 
@@ -324,8 +342,9 @@ def run(ctx: GateContext) -> GateResult:
                 started = box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
                                       names=names, state=sets[0].state, sets=[s.args for s in sets],
                                       timeout_s=START_TIMEOUT_S)
+                plan = block_plan(seed_for(opts.seed, NAME, point.label, "blocks"), opts.bench_pairs, len(sets))
                 blocks = time_point(box, opts, floor_us, required, min_fraction,
-                                    lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"))
+                                    lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"), plan)
                 for message in spot_problems(blocks, f"{point.label}, candidate while timed"):
                     findings.add("timed", message)
                 finish = box.request("bench_finish", host_iters=opts.host_iters)
@@ -360,7 +379,8 @@ def run(ctx: GateContext) -> GateResult:
                          f"an identical graph of the flushes alone replayed beside it and subtracted; one call "
                          f"per graph replay beside it (input sets rotated, L2 flushed before each replay); both in "
                          f"interleaved (candidate, standard) pairs with the stream held by a spin kernel before each "
-                         f"timed replay; blocks of {opts.bench_pairs} pairs until the in-pipeline speedup (median of "
+                         f"timed replay; blocks of {opts.bench_pairs // 2}-{opts.bench_pairs * 3 // 2} pairs (a "
+                         f"secret draw) until the in-pipeline speedup (median of "
                          f"paired ratios) and the fraction of the roofline have a 95 % interval over blocks clear of "
                          f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
                          f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize",

@@ -323,8 +323,9 @@ class BenchSession:
     none, a 4-CTA-cluster kernel at batch 1 swung between 7 and 15 us from block to block.
     Candidate and standard alternate within each pair, in alternating order, so a slow phase of the machine
     hits both. Host wall time is replay plus a device-wide synchronize, which also counts work left on other
-    streams. Each block returns the last pair's outputs (candidate and standard on the same redrawn inputs) for
-    the gate to compare: a candidate fast because it skipped work returns outputs that do not follow their inputs.
+    streams. Each block returns the last pair's outputs (candidate and standard on the same redrawn inputs), of the
+    one-call replays and of one input set (`check_set`, the gate's secret choice) of the in-pipeline replays, for the
+    gate to compare: a candidate fast because it skipped work returns outputs that do not follow their inputs.
     Finally every input set is replayed once more, as drawn, and the outputs returned for the gate to check.
 
     In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
@@ -359,8 +360,10 @@ class BenchSession:
         set_bytes = min(sum(t.numel() * t.element_size() for _, t in leaves(s, "set")) for s in self.sets)
         self.pipeline = "cold_sets" if (len(self.sets) - 1) * set_bytes >= self.flush.nbytes else "flushed"
         flush = self.flush if self.pipeline == "flushed" else None
-        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args: fn(*args)
-                                                  for args in self.buffers[name]], flush)
+        self.pipe_outs: dict[str, list[dict]] = {name: [{} for _ in self.sets] for name in self.fns}
+        self.pipelines = {name: capture_pipeline([lambda fn=fn, args=args, held=held: held.update(out=fn(*args))
+                                                  for args, held in zip(self.buffers[name], self.pipe_outs[name])],
+                                                 flush)
                           for name, fn in self.fns.items()}
         self.flushes = capture_pipeline([lambda: None] * len(self.sets), flush, warmup=1) if flush else None
         # cold_sets: what precedes a timed replay reads twice the L2 instead of writing it, so the dirty lines of
@@ -380,12 +383,16 @@ class BenchSession:
         self._load(self.buffers[name][k], k, self.replays)
         return self.graphs[name][k]
 
-    def _outputs(self, name: str, k: int) -> dict:
+    @staticmethod
+    def _outputs(out) -> dict:
+        """Plain copies of a call's outputs (the graph's own buffers: valid until that graph's next replay)."""
         problems: list[str] = []
-        return {"outputs": [(n, c) for n, t in leaves(self.outs[name][k], "out")
+        return {"outputs": [(n, c) for n, t in leaves(out, "out")
                             if (c := plain_copy(n, t, "cuda", problems)) is not None], "problems": problems}
 
-    def block(self, pairs: int) -> dict:
+    def block(self, pairs: int, check_set: int = 0) -> dict:
+        if not 0 <= check_set < len(self.sets):
+            raise ValueError(f"check_set {check_set}: {len(self.sets)} input sets")
         order, events = list(self.fns), []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
@@ -393,7 +400,7 @@ class BenchSession:
             self.replays += 1
         _synchronize()
         last = (self.replays - 1) % len(self.sets)  # the outputs stay in the graphs' buffers until their next replay
-        spot = {name: self._outputs(name, last) for name in self.fns}
+        spots = [{"where": "last timed pair", **{name: self._outputs(self.outs[name][last]) for name in self.fns}}]
         piped = []
         for i in range(pairs):
             for name in (order if i % 2 == 0 else order[::-1]):
@@ -403,6 +410,8 @@ class BenchSession:
                               self._timed(self.flushes) if self.flushes else None))
             self.piped += 1
         _synchronize()
+        spots.append({"where": f"last in-pipeline pair, input set {check_set + 1}",
+                      **{name: self._outputs(self.pipe_outs[name][check_set]["out"]) for name in self.fns}})
         device_us: dict[str, list[float]] = {name: [] for name in self.fns}
         for name, start, end in events:
             device_us[name].append(_elapsed_time(start, end) * 1e3)
@@ -411,7 +420,7 @@ class BenchSession:
         for name, (s1, e1), flushes in piped:
             subtract = _elapsed_time(*flushes) if flushes else 0.0
             pipeline_us[name].append((_elapsed_time(s1, e1) - subtract) * 1e3 / n)
-        return {"device_us": device_us, "pipeline_us": pipeline_us, "spot": spot}
+        return {"device_us": device_us, "pipeline_us": pipeline_us, "spots": spots}
 
     def _timed(self, graph) -> tuple:
         """Replay a graph from a cold L2 behind a spin kernel, bracketed by events (not yet read)."""
@@ -441,7 +450,7 @@ class BenchSession:
                 copy_into(buffer, s)  # as drawn: the gate holds the reference's outputs for these
                 _replay(graph)
                 _synchronize()
-                got = self._outputs(name, k)
+                got = self._outputs(self.outs[name][k])
                 got["states"] = [(n, plain_copy(n, t, "cuda", got["problems"]))
                                  for n, t in state_leaves(buffer, self.state, self.names)]
                 recheck[name].append(got)
@@ -461,10 +470,10 @@ def bench_start(**session) -> dict:
     return {"pipeline": _bench.pipeline}
 
 
-def bench_block(*, pairs: int) -> dict:
+def bench_block(*, pairs: int, check_set: int = 0) -> dict:
     if _bench is None:
         raise RuntimeError("bench_block before bench_start")
-    return _bench.block(pairs)
+    return _bench.block(pairs, check_set)
 
 
 def bench_finish(*, host_iters: int) -> dict:

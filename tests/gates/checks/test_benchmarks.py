@@ -99,9 +99,14 @@ class ScriptedBox:
         self.blocks, self.served = list(blocks), 0
 
     def request(self, kind: str, **payload) -> dict:
-        assert kind == "bench_block" and payload == {"pairs": 50, "timeout_s": benchmarks.BLOCK_TIMEOUT_S}
+        assert kind == "bench_block" and set(payload) == {"pairs", "check_set", "timeout_s"}
+        assert 25 <= payload["pairs"] <= 75 and 0 <= payload["check_set"] < 8
         self.served += 1
         return self.blocks.pop(0)
+
+
+def plan():
+    return benchmarks.block_plan(seed=1, pairs=50, sets=8)
 
 
 def block(candidate: float, standard: float) -> dict:
@@ -111,10 +116,10 @@ def block(candidate: float, standard: float) -> dict:
 def test_timing_stops_once_the_speedup_is_settled():
     options = GateOptions(seed=0)
     steady = ScriptedBox([block(10.0, 30.0)] * 12)
-    assert len(time_point(steady, options, None, 2.8, None, lambda _: None)) == options.min_blocks
+    assert len(time_point(steady, options, None, 2.8, None, lambda _: None, plan())) == options.min_blocks
     # one block from a slow phase of the candidate alone: more blocks, and the outlier does not decide
     noisy = ScriptedBox([block(10.0, 30.0), block(30.0, 30.0)] + [block(10.0, 30.0)] * 10)
-    blocks = time_point(noisy, options, None, 2.8, None, lambda _: None)
+    blocks = time_point(noisy, options, None, 2.8, None, lambda _: None, plan())
     assert options.min_blocks < len(blocks) <= options.max_blocks
     row, flags, slower = judge_point(POINT, blocks, timed([10.0], [30.0])[1], None, 2.8, None)
     assert slower == [] and row["speedup"] > 2.8 and row["blocks"] == len(blocks)
@@ -191,9 +196,24 @@ def test_redraw_gives_new_contents_of_the_same_magnitudes_and_keeps_integers():
     assert torch.equal(again[0], first[0])  # both implementations of a pair see the same inputs
 
 
-def spot_block(candidate, standard, problems=()):
-    return {"spot": {"candidate": {"outputs": [("out", candidate)], "problems": list(problems)},
-                     "standard": {"outputs": [("out", standard)], "problems": []}}}
+def test_block_sizes_and_checked_sets_are_secret_draws():
+    """A call counter on the device cannot know which replay is checked: the pairs before each block's check and the
+    in-pipeline set checked vary from block to block, reproducibly from the seed, within their bounds."""
+    import itertools
+
+    draws = list(itertools.islice(benchmarks.block_plan(seed=7, pairs=50, sets=8), 200))
+    assert draws == list(itertools.islice(benchmarks.block_plan(seed=7, pairs=50, sets=8), 200))
+    assert draws != list(itertools.islice(benchmarks.block_plan(seed=8, pairs=50, sets=8), 200))
+    pairs, sets = zip(*draws)
+    assert min(pairs) >= 25 and max(pairs) <= 75 and len(set(pairs)) > 30
+    assert set(sets) == set(range(8))
+    positions = set(itertools.accumulate(pairs))  # the global index of each block's checked pair
+    assert len({p % 50 for p in positions}) > 30 and len({p % 2 for p in positions}) == 2
+
+
+def spot_block(candidate, standard, problems=(), where="last timed pair"):
+    return {"spots": [{"where": where, "candidate": {"outputs": [("out", candidate)], "problems": list(problems)},
+                      "standard": {"outputs": [("out", standard)], "problems": []}}]}
 
 
 def test_outputs_that_do_not_follow_their_inputs_while_timed_are_found():
@@ -211,6 +231,10 @@ def test_outputs_that_do_not_follow_their_inputs_while_timed_are_found():
     assert "no out of the standard's shape" in benchmarks.spot_problems([spot_block(near[:2], std)], "p")[0]
     assert benchmarks.spot_problems([spot_block(near, std, ["out is a subclass"])], "p") == [
         "p, block 1, last timed pair: out is a subclass"]
+    piped = spot_block(near, std)
+    piped["spots"] += spot_block(stale, std, where="last in-pipeline pair, input set 3")["spots"]
+    found = benchmarks.spot_problems([piped], "p")
+    assert len(found) == 1 and found[0].startswith("p, block 1, last in-pipeline pair, input set 3: out is")
 
 
 def test_integer_outputs_may_break_a_near_tie_but_not_follow_other_inputs():
@@ -244,7 +268,9 @@ def test_a_candidate_whose_timed_outputs_ignore_their_inputs_fails_the_spot_chec
     from gates.core.worker import BenchSession
 
     sets = [(torch.randn(4096), 2.0) for _ in range(4)]
-    for candidate, caught in ((f"{__name__}:scaled", False), (f"{__name__}:scaled_once", True)):
+    for candidate, caught in ((f"{__name__}:scaled", 0), (f"{__name__}:scaled_once", 2)):
         session = BenchSession({"candidate": candidate, "standard": f"{__name__}:scaled"}, ["x", "scale"], (), sets)
-        assert bool(benchmarks.spot_problems([session.block(2)], "p")) is caught, candidate
+        found = benchmarks.spot_problems([session.block(3, check_set=2)], "p")
+        assert len(found) == caught, (candidate, found)  # the one-call pair's and the in-pipeline set's
+        assert not caught or "last in-pipeline pair, input set 3" in found[1]
 
