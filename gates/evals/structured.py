@@ -210,8 +210,10 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
             held_to_reference = _held_to_reference(r, between.get((name, 0), "identical"), between[name, k])
             agree.append(_agrees(c) or held_to_reference)
             if held_to_reference and not _agrees(c):
+                plain = between.get((name, 0), "identical")
                 which = (f"the reference's own speculative run left its plain run ({r})" if not _agrees(r) else
-                         f"the candidate's plain run left the reference's ({between[name, 0]})")
+                         f"the candidate's plain run left the reference's ({plain})" if plain != "identical" else
+                         "the candidate's speculative run took a routing branch of the reference's")
                 notes.append(f"{name} (spec {k}): {which}; the candidate's speculative tokens match the "
                              f"reference's ({between[name, k]})")
         differ = "; ".join(f"{name} (spec {k}): reference {r}, candidate {c}, between paths {between[name, k]}"
@@ -330,10 +332,12 @@ def _agrees(verdict: str) -> bool:
 
 def _held_to_reference(reference_vs_plain: str, plain_between: str, speculative_between: str) -> bool:
     """Whether the candidate's speculative run is judged by the reference's speculative run instead of by its own
-    plain run: where a plain run took a branch of its own, the reference's (its speculative run left it) or the
-    candidate's (it left the reference's plain run at an excused near-tie, so its later tokens answer other
-    contexts), and the candidate's speculative tokens agree with the reference's."""
-    own_branch = not _agrees(reference_vs_plain) or plain_between != "identical"
+    plain run: where a run took a branch of its own, the reference's (its speculative run left its plain run), or
+    the candidate's (its plain run left the reference's at an excused near-tie, so its later tokens answer other
+    contexts; or its speculative run took a near-tie routing branch, which the reference decoded), and the
+    candidate's speculative tokens agree with the reference's."""
+    own_branch = (not _agrees(reference_vs_plain) or plain_between != "identical"
+                  or speculative_between.startswith("routing near-tie"))
     return own_branch and _agrees(speculative_between)
 
 

@@ -186,6 +186,8 @@ def test_divergence_is_excused_only_at_a_near_tie(cand, gap, verdict):
     ("identical", "near-tie at step 6", "near-tie at step 7", True),  # the candidate's plain run took a near-tie
     ("identical", "near-tie at step 6", "diverged at step 2", False),  # ... but its speculative run is not the ref's
     ("diverged at step 3", "identical", "diverged at step 2", False),
+    # the candidate's speculative run took a near-tie routing branch the reference itself decodes
+    ("identical", "identical", "routing near-tie at step 30 (...: identical)", True),
 ])
 def test_when_the_candidate_is_held_to_the_references_speculative_tokens(reference_vs_plain, plain_between,
                                                                         speculative_between, held):
@@ -269,6 +271,17 @@ def test_a_divergence_traced_to_a_near_tie_router_choice_is_excused(make_pair, p
     assert result.status == Status.PASSED, result.failed_checks
     verdict = result.tables[0].rows[0][6]
     assert verdict.startswith("routing near-tie") and f"position {swap.position}" in verdict, verdict
+
+
+def test_a_router_branch_passes_with_speculative_decoding_too(make_pair, progress, near_tie_branch):
+    swap, margin = near_tie_branch
+    pair = make_pair()
+    result = run(config(schemas=("nested",), spec_tokens=(0, 3), route_tie_tolerance=margin * 1.01),
+                 replace(pair, candidate=swapped(pair.reference, swap)), progress)
+    assert result.status == Status.PASSED, result.failed_checks
+    plain, speculative = result.tables[0].rows
+    assert plain[6].startswith("routing near-tie"), plain[6]
+    assert speculative[6].startswith(("routing near-tie", "identical")), speculative[6]
 
 
 @pytest.mark.parametrize("update", [{"route_tie_tolerance_factor": 0.5}, {"route_swaps": 0}])
