@@ -13,7 +13,8 @@ ones that can only be cheating fail the contracts gate, before any candidate cal
 - writing, moving or deleting a file named from `__file__` or a repository path.
 The rest is listed for review, never failed: other monkeypatching, reading `sys.modules`, `gc`, `inspect`,
 environment and process inspection (`os.environ`, `sys.argv`, `psutil`, `/proc`), dynamic imports
-(`importlib`, `__import__`), code built at run time (`exec`, `eval`), file writes elsewhere. Kernels legitimately
+(`importlib`, `__import__`), code built at run time (`exec`, `eval`), file writes elsewhere, and starting a thread
+or a process (work that can run while the gate times the standard, or outside the timed stream). Kernels legitimately
 read an environment variable or a tuned config; a reviewer judges those.
 """
 
@@ -46,6 +47,12 @@ WRITE_CALLS = frozenset({"os.remove", "os.unlink", "os.rename", "os.replace", "o
                          "os.makedirs", "os.mkdir", "os.utime", "os.chmod", "os.truncate", "os.symlink", "os.link",
                          "shutil.rmtree", "shutil.move", "shutil.copy", "shutil.copy2", "shutil.copyfile",
                          "shutil.copytree", "py_compile.compile", "marshal.dump"})
+CONCURRENCY_CALLS = frozenset({"threading.Thread", "threading.Timer", "_thread.start_new_thread",
+                               "_thread.start_new", "concurrent.futures.ThreadPoolExecutor",
+                               "concurrent.futures.ProcessPoolExecutor", "multiprocessing.Process",
+                               "multiprocessing.Pool", "multiprocessing.get_context", "os.fork", "os.forkpty",
+                               "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp", "subprocess.Popen",
+                               "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output"})
 WRITE_METHODS = frozenset({"write_text", "write_bytes", "unlink", "touch", "rmdir", "symlink_to", "hardlink_to"})
 REPO_PATH = re.compile(r"(^|/)(gates|contracts|evidence|kernels|model|tests|agent_tasks)/|__pycache__|\.pyc$")
 HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
@@ -53,7 +60,7 @@ HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # monkeypatch, frames, introspection, environment, dynamic_import, file_write, harness
+    rule: str  # monkeypatch, frames, introspection, environment, dynamic_import, file_write, harness, concurrency
     cheat: bool  # can only be cheating: fails the gate
     where: str  # path:line
     what: str
@@ -183,6 +190,9 @@ class _Reader(ast.NodeVisitor):
             self.add(node, "environment", False, f"calls {name}: inspects its process or environment")
         elif name in DYNAMIC:
             self.add(node, "dynamic_import", False, f"calls {name}: code chosen at run time")
+        elif name in CONCURRENCY_CALLS:
+            self.add(node, "concurrency", False, f"calls {name}: work that runs beside the call, where the gate "
+                     "times the standard or outside the timed stream")
         elif name in ("sys.modules.pop", "sys.modules.update", "sys.modules.setdefault", "sys.modules.clear"):
             self.add(node, "monkeypatch", True, f"calls {name} (what every later import gets)")
         elif name in ("open", "io.open", "os.open") and self._opens_for_writing(node):

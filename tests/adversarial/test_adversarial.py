@@ -184,6 +184,13 @@ def test_the_repository_kernels_pass_the_screen(implementation):
                    for f in result.details["screen"])
 
 
+def test_a_thread_started_beside_the_call_is_listed_for_review():
+    result = run_gate(contracts.GATE, kda_contract(implementation="tests.adversarial.starts_thread:kda_decode"))
+    assert result.status is Status.PASSED, result.reason  # listed, not failed: the reviewer judges what it does
+    assert [(f["rule"], f["cheat"], f["where"]) for f in result.details["screen"] if f["rule"] == "concurrency"] == [
+        ("concurrency", False, "tests/adversarial/starts_thread.py:11")]
+
+
 # --------------------------------------------------------------- issue 23: freshness follows what runs
 
 
