@@ -110,24 +110,27 @@ class PathPair:
 def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = None) -> DecodePath:
     """A path's engines share one dispatcher, so its `report()` counts what the path ran. `only` (with
     latency_specialized): the kernels of these ops alone, every other op standard, as a gate runs one contract."""
-    if backend == "reference":
-        ops = ReferenceDispatcher.for_model(model)
-    elif backend not in BACKENDS:
+    if backend not in BACKENDS:
         raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
-    elif only is None:
-        ops = Dispatcher.for_model(model, backend)
-    else:
+    if only is not None:
         if backend != "latency_specialized":
             raise ValueError(f"choosing kernels by op needs the latency_specialized backend, not {backend!r}")
-        target = Target.of(model)
-        kernels = load_specialized(CONTRACTS_DIR, arch=target.arch)
-        unknown = sorted(set(only) - set(kernels))
-        if unknown:
-            raise ValueError(f"no contract for op(s) {', '.join(unknown)} in {CONTRACTS_DIR}; "
-                             f"choose from {', '.join(sorted(kernels))}")
-        ops = Dispatcher(target, backend, {op: kernels[op] for op in only})
-        return DecodePath(f"{backend}[{','.join(only)}]", partial(DispatchedEngine, model, ops=ops))
-    return DecodePath(backend, partial(DispatchedEngine, model, ops=ops))
+        ops, name = _kernels_of(model, only), f"{backend}[{','.join(only)}]"
+    else:
+        ops = ReferenceDispatcher.for_model(model) if backend == "reference" else Dispatcher.for_model(model, backend)
+        name = backend
+    return DecodePath(name, partial(DispatchedEngine, model, ops=ops))
+
+
+def _kernels_of(model: KimiK3Model, ops: Sequence[str]) -> Dispatcher:
+    """A latency_specialized dispatcher with the contracts of `ops` only."""
+    target = Target.of(model)
+    kernels = load_specialized(CONTRACTS_DIR, arch=target.arch)
+    unknown = sorted(set(ops) - set(kernels))
+    if unknown:
+        raise ValueError(f"no contract for op(s) {', '.join(unknown)} in {CONTRACTS_DIR}; "
+                         f"choose from {', '.join(sorted(kernels))}")
+    return Dispatcher(target, "latency_specialized", {op: kernels[op] for op in ops})
 
 
 def perturbed(path: DecodePath, scale: float = PERTURB_SCALE) -> DecodePath:
