@@ -319,6 +319,29 @@ def ptx_entry(ptx: str, name: str) -> str:
     return found[0]
 
 
+def lane_divergent_shuffles(ptx: str) -> list[str]:
+    """Full-warp `shfl.sync` (member mask -1) reached only by the lanes a branch on the lane id let through: every
+    lane named in the mask must execute it, so the others never arrive and the warp hangs. Lane ids are tracked
+    from %laneid and from %tid.x & 31 through the registers and predicates computed from them."""
+    lane_regs, lane_preds, open_labels, found = set(), set(), set(), []
+    for line in ptx.splitlines():
+        text = line.strip()
+        if text.endswith(":") and text[:-1] in open_labels:
+            open_labels.discard(text[:-1])
+            continue
+        parts = re.split(r"[\s,;{}\[\]]+", text)
+        op, dst, srcs = parts[0], parts[1] if len(parts) > 1 else "", parts[2:]
+        if "%laneid" in srcs or (op.startswith(("and.", "rem.")) and "%tid.x" in srcs and "31" in srcs):
+            lane_regs.add(dst)
+        elif op.startswith(("mov.", "and.", "rem.", "cvt.", "setp.")) and lane_regs.intersection(srcs):
+            (lane_preds if op.startswith("setp.") else lane_regs).add(dst)
+        elif op.startswith("@") and len(parts) > 2 and parts[1] == "bra" and op.lstrip("@!") in lane_preds:
+            open_labels.add(parts[2])
+        elif op.startswith("shfl.sync") and open_labels and text.rstrip(";").endswith("-1"):
+            found.append(text)
+    return found
+
+
 def path_keys(path):
     return [(dataclasses.replace(cfg, path=path), h, c, r) for cfg, h, c, r in mk.compile_keys(CONTRACT)]
 
@@ -371,6 +394,32 @@ def test_merge_keeps_splits_in_flight():
         "local": r"\b(?:ld|st)\.local\b"})
     assert counts["partial loads"] >= MERGE_UNROLL * MERGE_COLS, counts
     assert counts["bar.sync"] == 2 and counts["local"] == 0, counts
+
+
+@needs_dsl
+@pytest.mark.parametrize("path", PATHS)
+def test_no_shuffle_waits_for_lanes_a_branch_left_out(path):
+    """Both launches' warp shuffles run with the whole warp (cute.arch.warp_idx() is such a shuffle: under
+    `if lane == 0` it hung `merge` on its first GPU run)."""
+    key = path_keys(path)[-1]
+    ptx = mk.compile(key, "sm_90a").ptx
+    for name in ("partial", "merge"):
+        assert lane_divergent_shuffles(ptx_entry(ptx, name)) == [], name
+
+
+def test_the_divergent_shuffle_finder_finds_one():
+    """The PTX `merge` had when it hung: warp_idx()'s shuffle inside `if lane_idx() == 0`."""
+    ptx = """
+	mov.u32 	%r34, %laneid;
+	setp.ne.b32 	%p15, %r34, 0;
+	@%p15 bra 	$L__BB1_5;
+	shr.u32 	%r35, %r2, 5;
+	shfl.sync.idx.b32 	%r36, %r35, 0, 31, -1;
+	st.shared.b32 	[%r38+4096], %r7;
+$L__BB1_5:
+	shfl.sync.bfly.b32 	%r20, %r160, 16, 31, -1;
+"""
+    assert lane_divergent_shuffles(ptx) == ["shfl.sync.idx.b32 	%r36, %r35, 0, 31, -1;"]
 
 
 # --- the mma path's fragment maps through models of ldmatrix and mma.sync (PTX ISA layouts) ---------------------------

@@ -604,21 +604,26 @@ if _IMPORT_ERROR is None:
             smem = cutlass.memory.SmemAllocator()
             sW = smem.allocate_tensor(Float32, cute.make_layout((MAX_SPLITS,)), byte_alignment=16)
             sTop = smem.allocate_tensor(Float32, cute.make_layout((threads // 32,)), byte_alignment=16)
-            # top = max_s lse_s, the splits spread over the threads (a max is exact in any order)
+            # top = max_s lse_s, the splits spread over the threads (a max is exact in any order); each thread keeps
+            # its splits' lse in sW, where it turns them into weights below (the same thread: no barrier between)
             top = Float32(-math.inf)
             for s in cutlass.range(tidx, splits, threads):
-                top = cutlass.max(top, mLse[b, s, h])
+                lse = mLse[b, s, h]
+                sW[s] = lse
+                top = cutlass.max(top, lse)
             for off in (16, 8, 4, 2, 1):
                 top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
-            if cute.arch.lane_idx() == 0:
-                sTop[cute.arch.warp_idx()] = top
+            # the warp index from tidx, not warp_idx(): that is a full-warp shuffle, which lane 0 alone would wait
+            # in forever (the first GPU run of this merge hung there)
+            if tidx % 32 == 0:
+                sTop[tidx // 32] = top
             cute.arch.sync_threads()
             top = sTop[0]
             for w in cutlass.range_constexpr(1, threads // 32):
                 top = cutlass.max(top, sTop[w])
             top = cutlass.select_(top > Float32(-math.inf), top, Float32(0.0))
             for s in cutlass.range(tidx, splits, threads):
-                sW[s] = cute.math.exp(mLse[b, s, h] - top)
+                sW[s] = cute.math.exp(sW[s] - top)
             cute.arch.sync_threads()
             # the weighted sum in ascending split order (deterministic, the emulation's order); unrolled so that
             # several splits' loads are in flight at once: at batch 1 there are ~256 splits and 12 CTAs
