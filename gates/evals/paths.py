@@ -32,7 +32,7 @@ from model.kimi_k3.config import KimiK3Config
 from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.engine import Engine
 from model.kimi_k3.model import KimiK3Model
-from model.kimi_k3.ops.moe_route import moe_route
+from model.kimi_k3.ops.moe_route import moe_route, route_weights, router_scores
 from model.kimi_k3.ops.registry import CONTRACTS_DIR, OPS, load_specialized
 from model.kimi_k3.sampling import sample
 
@@ -183,7 +183,7 @@ class RoutingTap:
         if name != "moe_route":
             return out
         a = self._ARGS.bind(*args, **kwargs).arguments
-        scores = torch.sigmoid(a["x"].float() @ a["gate_w"].float().t())
+        scores = router_scores(a["x"], a["gate_w"])
         keys = scores + a["bias"].float()
         for row, k in enumerate(keys.cpu()):
             self.keys[self._start + row].append(k)
@@ -195,10 +195,7 @@ class RoutingTap:
         ids, weights = (t.clone() for t in out)
         order = keys[row].argsort(descending=True, stable=True)
         ids[row] = torch.cat([order[:top_k - 1], order[top_k:top_k + 1]])
-        w = scores[row].gather(0, ids[row])
-        if a["renormalize"]:
-            w = w / (w.sum() + 1e-20)
-        weights[row] = w * a["scaling"]
+        weights[row] = route_weights(scores[row].gather(0, ids[row]), a["renormalize"], a["scaling"])
         self.swapped += 1
         return ids, weights
 

@@ -12,6 +12,18 @@ from kernels.contract import Tolerance
 from .op import Cost, Op, nbytes
 
 
+def router_scores(x: torch.Tensor, gate_w: torch.Tensor) -> torch.Tensor:
+    """sigmoid(x W^T) [T, E] in fp32: plus the correction bias they are the choice keys; un-biased, the weights."""
+    return torch.sigmoid(x.float() @ gate_w.float().t())
+
+
+def route_weights(chosen: torch.Tensor, renormalize: bool, scaling: float) -> torch.Tensor:
+    """The chosen experts' un-biased scores [..., k] -> their routing weights (renormalized to sum 1, then scaled)."""
+    if renormalize:
+        chosen = chosen / (chosen.sum(-1, keepdim=True) + 1e-20)
+    return chosen * scaling
+
+
 def moe_route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
               scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid router with correction bias (noaux_tc, one group): choose by score + bias, weigh by the
@@ -19,12 +31,9 @@ def moe_route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: 
 
     Equal keys go to the lower expert id (a stable sort; torch.topk leaves their order unspecified), the rule
     the specialized router and the TP-split form (moe_route_tp) follow."""
-    scores = torch.sigmoid(x.float() @ gate_w.float().t())
+    scores = router_scores(x, gate_w)
     ids = (scores + bias.float()).argsort(dim=-1, descending=True, stable=True)[..., :top_k]
-    weights = scores.gather(-1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return ids, weights * scaling
+    return ids, route_weights(scores.gather(-1, ids), renormalize, scaling)
 
 
 def moe_route_standard(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
@@ -33,10 +42,7 @@ def moe_route_standard(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor
     sigmoid, biased top-k and the renormalization as PyTorch ops."""
     scores = torch.sigmoid(torch.mm(x, gate_w.t(), out_dtype=torch.float32))
     ids = torch.topk(scores + bias, top_k, dim=-1).indices
-    weights = scores.gather(-1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return ids, weights * scaling
+    return ids, route_weights(scores.gather(-1, ids), renormalize, scaling)
 
 
 def signature(x, gate_w, bias, top_k, renormalize, scaling):

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel import TP
+from .moe_route import route_weights, router_scores
 
 FIELDS = 3  # key, score, id
 
@@ -47,7 +48,7 @@ def top_k_lowest_id(keys: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tens
 def local_candidates(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: torch.Tensor, top_k: int,
                      first_id: int) -> torch.Tensor:
     """This rank's top-k as [T, k, 3] fp32: (choice key, un-biased score, global expert id)."""
-    scores = torch.sigmoid(x.float() @ gate_w_local.float().t())
+    scores = router_scores(x, gate_w_local)
     keys = scores + bias_local.float()
     ids = torch.arange(first_id, first_id + gate_w_local.shape[0], device=x.device).expand_as(keys)
     pick = top_k_lowest_id(keys, ids, top_k)
@@ -86,7 +87,4 @@ def moe_route_tp(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local: torch.
     keys, scores, ids = mine.unbind(-1)
     ids = ids.long()
     pick = top_k_lowest_id(keys, ids, top_k)
-    weights = scores.gather(-1, pick)
-    if renormalize:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-    return ids.gather(-1, pick), weights * scaling
+    return ids.gather(-1, pick), route_weights(scores.gather(-1, pick), renormalize, scaling)
