@@ -24,7 +24,7 @@ empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and wa
 Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty split writes o = 0, lse = -inf (no
 0 / 0, no exp(-inf - -inf)): the conventions of model/kimi_k3/ops/mla_dcp.py's `partial_attention`.
 
-Path "mma" (`partial_mma`, opt-in: never run on a GPU yet): the same CTAs, splits, tiles, softmax and outputs, the
+Path "mma" (`partial_mma`, the default; NOTES.md run 3): the same CTAs, splits, tiles, softmax and outputs, the
 per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
 the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P):
   - Q as A fragments in shared memory (per k-step the hi, then the lo operand, 16 bytes a lane; hi = bf16(q),
