@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -43,15 +44,26 @@ def register(sub) -> None:
 
 
 class RichReporter(Reporter):
+    """The progress bar on a terminal; written to a log (no terminal: the bar is not drawn), every step as a line
+    with the seconds since the gate started, so a log shows where a long gate spends its time."""
+
     def __init__(self, progress: Progress, task, console: Console):
         self.progress, self.task, self.console, self.current = progress, task, console, ""
+        self.started = time.monotonic()
 
     def gate_started(self, op: str, gate: Gate) -> None:
         self.current = f"{op} · {gate.title.lower()}"
         self.progress.update(self.task, description=self.current)
+        self._log(self.current)
 
     def note(self, text: str) -> None:
         self.progress.update(self.task, description=f"{self.current}: {text}")
+        self._log(f"{self.current}: {text}")
+
+    def _log(self, text: str) -> None:
+        if not self.console.is_terminal:
+            self.console.print(f"  {time.monotonic() - self.started:8.1f} s  {escape(text)}", highlight=False,
+                               soft_wrap=True)
 
     def gate_done(self, op: str, result: GateResult) -> None:
         style = STYLE.get(result.status, "red")
