@@ -74,3 +74,20 @@ def test_max_units_comes_from_the_tolerance():
     got = ref.index_add(0, torch.tensor([7]), torch.tensor([5e-3]))  # one element 5 units off
     assert "(limit 3)" in check_tensor("out", got, ref, TOL).problems[0]
     assert check_tensor("out", got, ref, TOL.model_copy(update={"max_units": 10.0})).passed
+
+
+@pytest.mark.gpu
+def test_large_tensors_judged_on_the_gpu_as_on_the_cpu(monkeypatch):
+    """Past GPU_ELEMENTS the comparison runs on the GPU: the same verdict, counts and worst elements as on the CPU."""
+    import gates.core.compare as compare
+
+    ref = torch.randn(1 << 22, generator=torch.Generator().manual_seed(0))
+    got = ref + 1e-4 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    got[12345] += 0.5
+    on_gpu = check_tensor("state", got, ref, TOL)
+    monkeypatch.setattr(compare, "GPU_ELEMENTS", 1 << 40)
+    on_cpu = check_tensor("state", got, ref, TOL)
+    assert not on_gpu.passed and on_gpu.mismatches == on_cpu.mismatches and on_gpu.problems == on_cpu.problems
+    assert on_gpu.close_fraction == on_cpu.close_fraction
+    assert on_gpu.max_units == pytest.approx(on_cpu.max_units, rel=1e-12)
+    assert on_gpu.rel_l2 == pytest.approx(on_cpu.rel_l2, rel=1e-9)
