@@ -55,9 +55,10 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
         return TensorCheck(name=name, passed=True, close_fraction=1.0)
     ref_finite = torch.isfinite(r)
     nonfinite = int((~torch.isfinite(g) & ref_finite).sum())
-    diff = (g - r).abs().where(ref_finite, torch.zeros((), dtype=torch.float64))
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    diff = (g - r).abs().where(ref_finite, zero)
     diff = diff.nan_to_num(nan=float("inf"))  # a NaN where the reference is finite is an infinite error
-    r_finite = r.where(ref_finite, torch.zeros((), dtype=torch.float64))
+    r_finite = r.where(ref_finite, zero)
     ref_norm = float(r_finite.norm())
     scale = max(1.0, ref_norm / r.numel() ** 0.5)
     units = diff / (tol.atol * scale + tol.rtol * r_finite.abs())
