@@ -99,7 +99,8 @@ def places(op: Op, root: Path = REPO_ROOT) -> OpPlaces:
 
 def run_list(args) -> int:
     table = Table(title="ops (model/kimi_k3/ops/<op>.py)")
-    for col in ("op", "shapes", "standard", "specialized", "verdicts"):
+    table.add_column("op", no_wrap=True, min_width=max(map(len, OPS)))  # a name is never cut: it is what one types
+    for col in ("shapes", "standard", "specialized", "verdicts"):
         table.add_column(col)
     for op in OPS.values():
         p = places(op)

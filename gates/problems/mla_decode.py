@@ -35,12 +35,13 @@ POISON = 256.0
 check = check_tensor
 
 
-def reference(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
-    """The op in float64 over each sequence's valid rows; [B, H, V] fp32."""
+def reference(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale, kv_scale: float = 1.0) -> torch.Tensor:
+    """The op in float64 over each sequence's valid rows (each entry times kv_scale: the FP8 cache's); [B, H, V]
+    fp32."""
     c = w_uk.shape[-1]
     outs = []
     for i in range(q_nope.shape[0]):
-        entries = kv_cache[slots[i], : int(lengths[i])].double()  # [n, C + R]
+        entries = kv_cache[slots[i], : int(lengths[i])].double() * kv_scale  # [n, C + R]
         q_lat = torch.einsum("hn,hnc->hc", q_nope[i].double(), w_uk.double())
         query = torch.cat([q_lat, q_pe[i].double()], dim=-1)
         probs = torch.softmax(query @ entries.T * scale, dim=-1)  # [H, n]

@@ -19,11 +19,18 @@ import torch
 def mla_decode_standard(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
                         lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
     """Same signature and semantics as `mla_decode.mla_decode`; returns [B, H, V] fp32."""
+    entries = kv_cache.index_select(0, slots.long()).to(w_uk.dtype)  # [B, L, C + R]
+    return attention_over_rows(q_nope, q_pe, entries, lengths, w_uk, w_uv, scale)
+
+
+def attention_over_rows(q_nope: torch.Tensor, q_pe: torch.Tensor, entries: torch.Tensor, lengths: torch.Tensor,
+                        w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
+    """The composition over rows already gathered per sequence, entries [B, L, C + R] in the weights' dtype (the
+    FP8 cache's standard converts its rows and comes here too)."""
     c = w_uk.shape[-1]
     dtype = w_uk.dtype
     q_lat = torch.bmm(q_nope.transpose(0, 1).to(dtype), w_uk).transpose(0, 1)  # [B, H, C]
     query = torch.cat([q_lat, q_pe.to(dtype)], dim=-1)  # [B, H, C + R]
-    entries = kv_cache.index_select(0, slots.long()).to(dtype)  # [B, L, C + R]
     scores = torch.bmm(query, entries.transpose(1, 2), out_dtype=torch.float32) * scale  # [B, H, L]
     valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
     probs = torch.softmax(scores.masked_fill(~valid.unsqueeze(1), float("-inf")), dim=-1)

@@ -1,0 +1,46 @@
+"""MLA decode attention over an FP8 (e4m3) latent cache with one scale (SPEC.md §4; issue 21).
+
+    out = mla_decode_fp8(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale)     # [B, H, 128] fp32
+
+The inputs are `mla_decode`'s (gates/problems/mla_decode.py: the same shapes, distributions, contexts, ragged
+lengths and gathered slots) with the cache quantized as a calibrated cache is: kv_scale is the largest magnitude
+among the sequences' valid entries over 448, so the entries use e4m3's whole range. Rows past a sequence's length
+hold 448 (an entry of that magnitude), large enough that a kernel reading them into the softmax is visibly wrong.
+The reference is `mla_decode`'s float64 one over the dequantized entries: the quantization is the input, not an
+error, so the tolerance is the bf16 cache's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gates.core.compare import check_tensor
+from gates.problems import Case, Cost, Point
+from gates.problems import mla_decode as bf16_problem
+from model.kimi_k3.ops.mla_decode_fp8 import E4M3_MAX, OP, quantize_kv
+
+SHAPE_KEYS = bf16_problem.SHAPE_KEYS
+
+check = check_tensor
+
+
+def reference(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
+    """The op in float64 over each sequence's valid rows, dequantized; [B, H, V] fp32."""
+    return bf16_problem.reference(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale, kv_scale)
+
+
+def generate_input(point: Point, seed: int, dist: str) -> Case:
+    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = bf16_problem.generate_input(point, seed, dist).args
+    valid = [kv[slots[i], : int(lengths[i])] for i in range(len(slots))]
+    amax = max(float(rows.abs().max()) for rows in valid)
+    kv_scale = amax / E4M3_MAX if amax > 0 else 1.0
+    cache = torch.empty(kv.shape, dtype=torch.float8_e4m3fn)
+    for s in range(kv.shape[0]):  # a slot at a time: a 32K-token cache of 66 slots is 1.2 G entries
+        cache[s] = quantize_kv(kv[s], kv_scale)
+    for i in range(len(slots)):
+        cache[slots[i], int(lengths[i]):] = E4M3_MAX
+    return Case(args=(q_nope, q_pe, cache, kv_scale, slots, lengths, w_uk, w_uv, scale))
+
+
+def cost(point: Point) -> Cost:
+    return OP.cost_of(*generate_input(point, 0, "normal").args)

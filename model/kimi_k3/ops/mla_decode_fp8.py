@@ -1,0 +1,64 @@
+"""mla_decode_fp8: `mla_decode` over an FP8 latent cache (SPEC.md §4; issue 21).
+
+    out = mla_decode_fp8(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale)   # [B, H, V] fp32
+
+The cache holds e4m3 entries (`torch.float8_e4m3fn`, 576 B a token instead of 1152) with one fp32 scale for the
+layer's whole cache, vLLM's `kv_cache_dtype="fp8"` (the scale is 1.0 unless a checkpoint or a calibration gives
+one): entry t of a slot is `kv_cache[slot, t].float() * kv_scale`. `quantize_kv` writes entries that way.
+
+Because every e4m3 value is exact in bf16 and in f16, an implementation can convert the stored values exactly and
+fold the scale in twice: into the score scale (scale * kv_scale) and into the latent (latent * kv_scale), which is
+what the reference computes up to the order of fp32 products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .mla_decode import absorbed_attention
+from .mla_decode import cost as bf16_cost
+from .mla_decode_standard import attention_over_rows
+from .op import Op
+
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def quantize_kv(entries: torch.Tensor, kv_scale: float) -> torch.Tensor:
+    """Cache entries (any float dtype) as e4m3 values of entries / kv_scale, rounded to nearest and saturated at
+    +-448 (e4m3fn has no infinity: an overflow would otherwise become NaN)."""
+    return (entries.float() / kv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_scale: float,
+                   slots: torch.Tensor, lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """Weight-absorbed decode attention over e4m3 entries times kv_scale; otherwise `mla_decode`'s arguments and
+    result ([B, H, V] fp32)."""
+    entries = kv_cache[slots].float() * kv_scale  # [B, L, C + R]
+    valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
+    return absorbed_attention(q_nope, q_pe, entries, valid, w_uk, w_uv, scale)
+
+
+def mla_decode_fp8_standard(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_scale: float,
+                            slots: torch.Tensor, lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+    """The GPU standard: the gathered rows converted to bf16 (exact), then `mla_decode`'s cuBLAS composition with
+    kv_scale folded into the score scale and the output (which it may: the output is linear in the latent)."""
+    rows = kv_cache.index_select(0, slots.long()).to(w_uk.dtype)  # [B, L, C + R]; every e4m3 is exact in bf16
+    return attention_over_rows(q_nope, q_pe, rows, lengths, w_uk, w_uv, scale * kv_scale) * kv_scale
+
+
+def signature(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale):
+    return (q_nope.shape[1], w_uk.shape[-1], q_pe.shape[-1]), (w_uk.dtype, kv_cache.dtype)
+
+
+def cost(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale):
+    """`mla_decode`'s cost model at the cache's own element size (1 byte)."""
+    return bf16_cost(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
+
+
+OP = Op("mla_decode_fp8", mla_decode_fp8, shapes=("heads", "kv_lora_rank", "rope_dim"),
+        dtypes=("weights", "kv_cache"), signature_of=signature, cost_of=cost,
+        gpu_standard="model.kimi_k3.ops.mla_decode_fp8:mla_decode_fp8_standard",
+        standard_label="the rows converted to bf16 (exact), then mla_decode's cuBLAS composition (bf16 batched "
+                       "GEMMs, fp32 softmax); no library FP8 MLA decode installed here")
