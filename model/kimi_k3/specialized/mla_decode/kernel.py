@@ -43,6 +43,13 @@ the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows 
     (32 a lane).
   Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
 
+Cache "e4m3" (MlaConfig.cache; the FP8 cache of mla_decode_fp8, mma path only): the same CTAs, tiles and fragment
+maps over one-byte elements. A thread's chunks are the bf16 path's (VEC elements each, 8-byte loads); store_rows
+converts each to f16 exactly (cvt.rn.f16x2.e4m3x2) into the shared tile, and every MMA runs on f16 operands
+(mma.sync...f32.f16.f16.f32): the query's hi and lo in f16 after `query_scale` multiplied it by the power of two that
+puts its largest magnitude in [2^13, 2^14) (f16 ends at 65504; the scores are scaled back), P in f16. The cache's
+scale never reaches the kernel: the entry point folds it into `scale` and the output.
+
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
 MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
