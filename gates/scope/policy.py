@@ -90,9 +90,14 @@ def bundle_key(path: str) -> tuple[str, str] | None:
 
 def change_problem(path: str, ops: list[str], allowed: list[str], forbidden: list[str]) -> str | None:
     """Why a task with these ops and globs may not change `path`, evidence/'s two exceptions included (None
-    when it may; what the changed bundle or index holds is judged elsewhere)."""
+    when it may; what the changed bundle or index holds is judged elsewhere). Bundles: of the task's ops, and of
+    any op whose contract the task may change (a kernel file two ops share: the other op's bundle goes stale with
+    it and must be made again in the same change)."""
     if path in EVIDENCE_INDEX:
         return None
     if key := bundle_key(path):
-        return None if key[0] in ops else f"evidence/ takes only generated bundles of the task's ops ({', '.join(ops)})"
+        if key[0] in ops or path_problem(f"contracts/{key[0]}.yaml", allowed, forbidden) is None:
+            return None
+        return (f"evidence/ takes only generated bundles of the task's ops ({', '.join(ops)}) and of ops whose "
+                "contract it may change")
     return path_problem(path, allowed, forbidden)

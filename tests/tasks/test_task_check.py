@@ -64,12 +64,23 @@ def test_a_clean_change_passes(task_repo, capsys):
     ("gates/tasks/schema.py", "forbidden by the task (matches 'gates/**')"),
     ("tests/gates/test_more.py", "forbidden by the task (matches 'tests/gates/**')"),
     ("agent_tasks/attn_res_mix.yaml", "forbidden by the task (matches 'agent_tasks/**')"),
-    ("evidence/kda_decode/sm_90/report.md", "evidence/ takes only generated bundles of the task's ops (attn_res)"),
+    ("evidence/kda_decode/sm_90/report.md", "evidence/ takes only generated bundles of the task's ops (attn_res) "
+                                            "and of ops whose contract it may change"),
 ])
 def test_a_change_outside_the_allowed_paths(task_repo, path, expected):
     task_repo.write(path, "edited by the agent\n")
     task_repo.commit("out of scope", *TRAILERS)
     assert (path, "scope", expected) in violations(task_repo)
+
+
+def test_a_bundle_of_an_op_whose_contract_the_task_may_change_is_in_scope():
+    """Two ops sharing a kernel file: the task that changes it re-makes the other op's bundle too."""
+    from gates.scope.policy import change_problem
+
+    allowed = ["contracts/attn_res.yaml", "contracts/mla_decode.yaml"]
+    assert change_problem("evidence/mla_decode/cpu/report.md", ["attn_res"], allowed, []) is None
+    assert change_problem("evidence/kda_decode/cpu/report.md", ["attn_res"], allowed, []) is not None
+    assert change_problem("evidence/mla_decode/cpu/report.md", ["attn_res"], allowed, ["contracts/**"]) is not None
 
 
 def test_a_kernel_changed_without_its_contract(task_repo):
