@@ -108,16 +108,30 @@ def scores_fma(query: torch.Tensor, tile: torch.Tensor) -> torch.Tensor:
     return butterfly_sum(dots)[..., 0]
 
 
-def query_hi_lo(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The mma path's A operands: hi = bf16(q), lo = bf16(q - hi) (both round to nearest even), as fp32."""
-    hi = query.to(torch.bfloat16).float()
-    return hi, (query - hi).to(torch.bfloat16).float()
+def operand_dtype(cfg: MlaConfig) -> torch.dtype:
+    """The mma path's MMA operand type: f16 for an e4m3 cache (its tile converted exactly), else bf16."""
+    return torch.float16 if cfg.cache == "e4m3" else torch.bfloat16
 
 
-def scores_mma(query: torch.Tensor, tile: torch.Tensor, parts: int) -> torch.Tensor:
+def query_scale(query: torch.Tensor, cfg: MlaConfig) -> float:
+    """The kernel's `query_scale` for one CTA's query [H, W]: 1 (bf16); f16: 2^(13 - floor(log2 max|q|)), 1 for 0."""
+    top = float(query.abs().max())
+    if cfg.cache != "e4m3" or top == 0:
+        return 1.0
+    return 2.0 ** min(max(13 - math.floor(math.log2(top)), -126), 127)
+
+
+def query_hi_lo(query: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mma path's A operands: hi = q rounded to `dtype`, lo = q - hi rounded (both to nearest even), as fp32."""
+    hi = query.to(dtype).float()
+    return hi, (query - hi).to(dtype).float()
+
+
+def scores_mma(query: torch.Tensor, tile: torch.Tensor, parts: int,
+               dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The mma path's unscaled scores [H, T]: per k range (a warp's part) the hi and the lo products accumulated in
     fp32 (the MMAs' order inside a part is the hardware's, fp32 matmuls here); the parts' sums in part order."""
-    hi, lo = query_hi_lo(query)
+    hi, lo = query_hi_lo(query, dtype)
     width = query.shape[1] // parts
     total = torch.zeros(query.shape[0], tile.shape[0])
     for part in range(parts):
@@ -140,17 +154,22 @@ def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: in
     for it in range(-(-rows // TILE)):
         base = start + it * TILE
         idx = torch.clamp(base + torch.arange(TILE), max=stop - 1)  # clamped rows: finite, probability 0
-        tile = kv[slot, idx].float()  # [T, W]
-        raw = scores_mma(query, tile, cfg.score_parts) if cfg.path == "mma" else scores_fma(query, tile)
-        s = torch.where((base + torch.arange(TILE) < stop)[None, :], raw * scale, torch.tensor(-math.inf))
+        tile = kv[slot, idx].float()  # [T, W]; e4m3 and bf16 are exact in fp32 (and e4m3 in f16)
+        if cfg.path == "mma":
+            qscale = query_scale(query, cfg)
+            raw = scores_mma(query * qscale, tile, cfg.score_parts, operand_dtype(cfg))
+            score_scale = torch.tensor(scale, dtype=torch.float32) / qscale
+        else:
+            raw, score_scale = scores_fma(query, tile), scale
+        s = torch.where((base + torch.arange(TILE) < stop)[None, :], raw * score_scale, torch.tensor(-math.inf))
         m_new = torch.maximum(m, butterfly_max(s)[:, 0])
         p = torch.exp(s - m_new[:, None])
         alpha = torch.exp(m - m_new)
         total = total * alpha + butterfly_sum(p)[:, 0]  # l sums the fp32 p on both paths
         m = m_new
         acc = acc * alpha[:, None]
-        if cfg.path == "mma":  # P rounded to bf16 for the MMA, fp32 accumulation (hardware order: matmul here)
-            acc = acc + p.to(torch.bfloat16).float() @ tile[:, :C]
+        if cfg.path == "mma":  # P rounded to the operand type, fp32 accumulation (hardware order: matmul here)
+            acc = acc + p.to(operand_dtype(cfg)).float() @ tile[:, :C]
         else:
             for t in range(TILE):
                 acc = acc + p[:, t : t + 1] * tile[t, :C][None, :]
@@ -187,7 +206,7 @@ def emulate(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale, num_sms=132, cf
         for hh in range(h):
             latent[i, hh] = emulate_merge(ps[:, hh], ls[:, hh])
         merged, _ = mla_dcp.merge(ps.unsqueeze(1), ls.unsqueeze(1))  # the module the kernel follows
-        torch.testing.assert_close(latent[i], merged[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(latent[i], merged[0], rtol=1e-6, atol=1e-6 * max(1.0, float(ps.abs().max())))
     return torch.einsum("bhc,hvc->bhv", latent, w_uv.float()), all_lse
 
 
@@ -222,7 +241,7 @@ def test_check_args_accepts_valid_cpu_inputs_up_to_the_device_check():
 
 @pytest.mark.parametrize("over, message", [
     (dict(q_nope=torch.zeros(2, 12, N)), "must be bf16"),
-    (dict(kv_cache=torch.zeros(3, 64, C + R, dtype=torch.float16)), "must be bf16"),
+    (dict(kv_cache=torch.zeros(3, 64, C + R, dtype=torch.float16)), "must be torch.bfloat16"),
     (dict(slots=torch.tensor([0, 1], dtype=torch.int32)), "must be int64"),
     (dict(lengths=torch.tensor([1, 2], dtype=torch.int32)), "must be int64"),
     (dict(scale=0.0), "positive"),

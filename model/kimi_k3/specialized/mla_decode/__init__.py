@@ -31,25 +31,28 @@ from kernels.cute import CompileCache, current_cute_arch
 from ..linear import _num_sms, available
 from .kernel import _IMPORT_ERROR, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
 
-__all__ = ["MlaConfig", "attention_core", "available", "check_args", "compile", "compile_keys", "config_for",
-           "mla_decode_cute", "prepare", "split_plan"]
+__all__ = ["MlaConfig", "absorbed_attention", "attention_core", "available", "check_args", "compile", "compile_keys",
+           "config_for", "mla_decode_cute", "prepare", "split_plan"]
 
 MAX_BATCH = 64
 _CACHE = CompileCache("mla_decode")
 _INT32_LIMIT = 2**31
 
 
-def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale) -> tuple[int, int, int, int, int, int, int]:
-    """Validate a call; return (B, H, N, C, R, V, L). Raises ValueError with one line, device last, so that every other
-    check runs on CPU tensors."""
+def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
+               kv_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int, int, int, int]:
+    """Validate a call (the cache's elements of `kv_dtype`); return (B, H, N, C, R, V, L). Raises ValueError with one
+    line, device last, so that every other check runs on CPU tensors."""
     tensors = (q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be tensors")
     if not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"scale must be a positive Python number, got {scale!r}")
-    if any(t.dtype != torch.bfloat16 for t in (q_nope, q_pe, kv_cache, w_uk, w_uv)):
-        raise ValueError(f"q_nope, q_pe, kv_cache, w_uk and w_uv must be bf16, got {q_nope.dtype}, {q_pe.dtype}, "
-                         f"{kv_cache.dtype}, {w_uk.dtype}, {w_uv.dtype}")
+    if any(t.dtype != torch.bfloat16 for t in (q_nope, q_pe, w_uk, w_uv)):
+        raise ValueError(f"q_nope, q_pe, w_uk and w_uv must be bf16, got {q_nope.dtype}, {q_pe.dtype}, {w_uk.dtype}, "
+                         f"{w_uv.dtype}")
+    if kv_cache.dtype != kv_dtype:
+        raise ValueError(f"kv_cache must be {kv_dtype}, got {kv_cache.dtype}")
     if slots.dtype != torch.int64 or lengths.dtype != torch.int64:
         raise ValueError(f"slots and lengths must be int64, got {slots.dtype}, {lengths.dtype}")
     if q_nope.dim() != 3 or q_pe.dim() != 3 or kv_cache.dim() != 3 or w_uk.dim() != 3 or w_uv.dim() != 3:
@@ -123,11 +126,18 @@ def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Te
     cfg = config or config_for(h)
     if config is not None:
         config.check(h, c, r)
+    return absorbed_attention(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale, cfg)
+
+
+def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+                       lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float,
+                       cfg: MlaConfig) -> torch.Tensor:
+    """The absorptions in torch around the two launches, for a checked call: out [B, H, V] fp32."""
     # the reference's absorption: bf16 products are exact in fp32 and cuBLAS sums them in fp32, with no fp32 copy of
     # W_UK made on every call (3 MB written and read again at 12 heads, and two launches)
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk, out_dtype=torch.float32).transpose(0, 1)  # [B, H, C]
     query = torch.cat([q_lat, q_pe.float()], dim=-1).contiguous()  # [B, H, C + R]
-    latent = attention_core(query, kv_cache, slots, lengths, scale, cfg, c)
+    latent = attention_core(query, kv_cache, slots, lengths, scale, cfg, w_uk.shape[-1])
     return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
 
 
@@ -144,7 +154,7 @@ def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Ten
     _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
         query.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(), lengths.data_ptr(), part.data_ptr(), lse.data_ptr(),
         latent.data_ptr(), b, max_len, kv_cache.shape[0], splits, chunk, float(scale),
-        torch.cuda.current_stream(query.device).cuda_stream))
+        torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
     return latent
 
 

@@ -43,6 +43,13 @@ the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows 
     (32 a lane).
   Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
 
+Cache "e4m3" (MlaConfig.cache; the FP8 cache of mla_decode_fp8, mma path only): the same CTAs, tiles and fragment
+maps over one-byte elements. A thread's chunks are the bf16 path's (VEC elements each, 8-byte loads); store_rows
+converts each to f16 exactly (cvt.rn.f16x2.e4m3x2) into the shared tile, and every MMA runs on f16 operands
+(mma.sync...f32.f16.f16.f32): the query's hi and lo in f16 after `query_scale` multiplied it by the power of two that
+puts its largest magnitude in [2^13, 2^14) (f16 ends at 65504; the scores are scaled back), P in f16. The cache's
+scale never reaches the kernel: the entry point folds it into `scale` and the output.
+
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
 MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
@@ -63,12 +70,11 @@ from kernels.cute import import_cutlass
 try:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
-    from cutlass import BFloat16, Float32, Int32, Int64, Uint32
+    from cutlass import BFloat16, Float8E4M3FN, Float16, Float32, Int32, Int64, Uint32
     from cutlass._mlir.dialects import llvm
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
 
-    from ..moe_experts.kernel import _mma_bf16
 
     _IMPORT_ERROR = None
 except Exception as _e:  # cutlass not installed or broken: the module stays importable
@@ -76,12 +82,13 @@ except Exception as _e:  # cutlass not installed or broken: the module stays imp
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 TILE = 32  # rows per tile = lanes per warp (the softmax step maps row t to lane t)
-VEC = 8  # bf16 per 16-byte load
+VEC = 8  # cache elements per load (16 bytes of bf16, 8 of e4m3)
 MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
 MAX_SPLITS = 1024  # splits a sequence may have: `merge` keeps their weights in shared memory (4 KB)
 MERGE_UNROLL = 8  # splits `merge` has in flight per thread
 PATHS = ("fma", "mma")
+CACHES = ("bf16", "e4m3")  # the cache's element type
 MMA_K = 16  # k of mma.sync m16n8k16
 MMA_N = 8  # n of mma.sync m16n8k16
 ROW_PAD = 8  # bf16 past each shared row of the mma path: a 16-byte shift per row keeps ldmatrix conflict-free
@@ -99,10 +106,18 @@ class MlaConfig:
     # "mma": the per-tile math on tensor cores (mma.sync m16n8k16 bf16, heads on M; faster at every measured
     # point); "fma": on CUDA cores in fp32 (v1: exact to ~1e-6 where mma's bf16 P gives ~5e-4 relative)
     path: str = "mma"
+    # "e4m3": an FP8 cache (mla_decode_fp8). Its rows arrive in 8-byte loads (the bf16 path's element mapping), are
+    # converted exactly to f16 (cvt.rn.f16x2.e4m3x2) into the shared tile, and the MMAs run on f16 operands (the
+    # query's hi + lo and P in f16); mma path only
+    cache: str = "bf16"
 
     def __post_init__(self):
         if self.path not in PATHS:
             raise ValueError(f"path {self.path!r}: one of {PATHS}")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache {self.cache!r}: one of {CACHES}")
+        if self.cache == "e4m3" and self.path != "mma":
+            raise ValueError("cache 'e4m3' runs on the mma path only")
         if self.score_rows not in (1, 2, 4):
             raise ValueError(f"score_rows {self.score_rows}: 1, 2 or 4")
         if self.threads not in (128, 256, 512):
@@ -136,8 +151,8 @@ class MlaConfig:
         if rope < 0 or width % 64:
             raise ValueError(f"latent + rope = {width}: a multiple of 64 (bf16 pairs over 32 lanes)")
         if TILE % self.warps or (width // VEC) % (32 * self.warps // TILE):
-            raise ValueError(f"a row's {width // VEC} 16-byte chunks do not divide over {32 * self.warps // TILE} "
-                             f"lanes ({TILE} rows over {self.warps} warps)")
+            raise ValueError(f"a row's {width // VEC} chunks of {VEC} do not divide over "
+                             f"{32 * self.warps // TILE} lanes ({TILE} rows over {self.warps} warps)")
         if TILE % self.warps or (TILE // self.warps) % min(self.score_rows, TILE // self.warps):
             raise ValueError(f"{TILE} rows a tile over {self.warps} warps, {self.score_rows} at a time")
 
@@ -201,20 +216,36 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
 
 if _IMPORT_ERROR is None:
 
-    def _pack_bf16x2(lo: Float32, hi: Float32) -> Uint32:
-        """cvt.rn.bf16x2.f32: bf16(lo) in the low half (the lower k index of an MMA operand pair), bf16(hi) high
-        (the instruction puts its first source in the high half)."""
+    def _pack_x2(lo: Float32, hi: Float32, operand: str) -> Uint32:
+        """cvt.rn.{bf16,f16}x2.f32 (operand "bf16" or "f16"): lo rounded into the low half (the lower k index of an
+        MMA operand pair), hi into the high half (the instruction puts its first source in the high half)."""
         return Uint32(llvm.inline_asm(_T.i32(), [Float32(hi).ir_value(), Float32(lo).ir_value()],
-                                      "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
+                                      f"cvt.rn.{operand}x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False,
                                       is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
-    def _bf16_lo(pair: Uint32) -> Float32:
-        """The low bf16 of a pair as fp32 (exact)."""
-        return Float32(llvm.bitcast(_T.f32(), (pair << Uint32(16)).ir_value()))
+    def _unpack_x2(pair: Uint32, operand: str) -> tuple:
+        """The low and the high half of a pair as fp32 (exact)."""
+        if operand == "bf16":
+            return (Float32(llvm.bitcast(_T.f32(), (pair << Uint32(16)).ir_value())),
+                    Float32(llvm.bitcast(_T.f32(), (pair & Uint32(0xFFFF0000)).ir_value())))
+        res = llvm.inline_asm(llvm.StructType.get_literal([_T.f32()] * 2), [Uint32(pair).ir_value()],
+                              "{ .reg .b16 l, h; mov.b32 {l, h}, $2; cvt.f32.f16 $0, l; cvt.f32.f16 $1, h; }",
+                              "=f,=f,r", has_side_effects=False, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT)
+        return Float32(llvm.extractvalue(_T.f32(), res, [0])), Float32(llvm.extractvalue(_T.f32(), res, [1]))
 
-    def _bf16_hi(pair: Uint32) -> Float32:
-        """The high bf16 of a pair as fp32 (exact)."""
-        return Float32(llvm.bitcast(_T.f32(), (pair & Uint32(0xFFFF0000)).ir_value()))
+    def _mma(a: list, b: list, c: list, operand: str) -> list:
+        """mma.sync.aligned.m16n8k16.row.col.f32.{operand}.{operand}.f32 (operand "bf16" or "f16"): d = A B + c for
+        one warp; a: 4 operand pairs, b: 2, c: 4 fp32 (lane (g, t) holds A (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
+        (g+8, 2t+8..); B (2t..2t+1, g), (2t+8.., g); C (g, 2t..2t+1), (g+8, 2t..2t+1): PTX's fragment layout)."""
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([_T.f32()] * 4),
+            [Uint32(x).ir_value() for x in (*a, *b)] + [Float32(x).ir_value() for x in c],
+            f"mma.sync.aligned.m16n8k16.row.col.f32.{operand}.{operand}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, "
+            "{$8, $9}, {$10, $11, $12, $13};",
+            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [Float32(llvm.extractvalue(_T.f32(), res, [i])) for i in range(4)]
 
     def _ldmatrix_x4(addr: Int32, trans: bool) -> list:
         """ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices, lane l giving the shared
@@ -235,6 +266,10 @@ if _IMPORT_ERROR is None:
             cfg.check(heads, latent, rope)
             self.cfg, self.h, self.c, self.r = cfg, heads, latent, rope
             self.w = latent + rope
+            fp8 = cfg.cache == "e4m3"
+            self.cache_type = Float8E4M3FN if fp8 else BFloat16  # the cache's elements in global memory
+            self.tile_type = Float16 if fp8 else BFloat16  # ... in the shared tile: the MMAs' operand type
+            self.operand = "f16" if fp8 else "bf16"
 
         @cute.jit
         def __call__(self, pQ: cute.Pointer, pKV: cute.Pointer, pSlots: cute.Pointer, pLens: cute.Pointer,
@@ -272,13 +307,13 @@ if _IMPORT_ERROR is None:
             start = split * chunk
             stop = cutlass.min(start + chunk, length)
             rows = cutlass.max(stop - start, Int32(0))
-            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * 2)
-            kv = cute.make_tensor(cute.make_ptr(BFloat16, base_addr, cute.AddressSpace.gmem, assumed_align=16),
+            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * self.cache_type.width // 8)
+            kv = cute.make_tensor(cute.make_ptr(self.cache_type, base_addr, cute.AddressSpace.gmem, assumed_align=16),
                                   cute.make_layout((max_len, W), stride=(W, 1)))
             return kv, start, stop, (rows + (TILE - 1)) // TILE
 
         def tile_loads(self) -> int:
-            """16-byte loads per thread per tile (load_rows' mapping)."""
+            """Loads (VEC elements each) per thread per tile (load_rows' mapping)."""
             return self.w // VEC // (32 * self.cfg.warps // TILE)
 
         @cute.jit
@@ -301,19 +336,21 @@ if _IMPORT_ERROR is None:
             LANES = 32 * self.cfg.warps // TILE
             row, chunk0 = self.thread_row()
             src = kv[cutlass.min(base + row, stop - 1), None]
-            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), BFloat16, num_bits_per_copy=128,
+            load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.cache_type,
+                                       num_bits_per_copy=VEC * self.cache_type.width,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
             for i in cutlass.range_constexpr(self.tile_loads()):
                 cute.copy(load, cute.local_tile(src, (VEC,), (chunk0 + LANES * i,)), ring[None, i])
 
         @cute.jit
         def store_rows(self, ring: cute.Tensor, sRow: cute.Tensor):
-            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment)."""
+            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment), in
+            the tile's type: e4m3 becomes f16 exactly (cvt.rn.f16x2.e4m3x2), bf16 stays."""
             LANES = 32 * self.cfg.warps // TILE
             row, chunk0 = self.thread_row()
             dst = sRow[row, None]
             for i in cutlass.range_constexpr(self.tile_loads()):
-                cute.local_tile(dst, (VEC,), (chunk0 + LANES * i,)).store(ring[None, i].load())
+                cute.local_tile(dst, (VEC,), (chunk0 + LANES * i,)).store(ring[None, i].load().to(self.tile_type))
 
         @cute.jit
         def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
@@ -462,6 +499,36 @@ if _IMPORT_ERROR is None:
 
         # --- launch 1 on tensor cores -------------------------------------------------------------------------
 
+        @cute.jit
+        def query_scale(self, mQ: cute.Tensor, b: Int32, scratch: cute.Tensor) -> Float32:
+            """The power of two the mma path multiplies its query by before rounding it to the operand type: 1 for
+            bf16 (fp32's range); for f16 (largest finite 65504), 2^(13 - floor(log2 max|q|)) over the CTA's H x W
+            query, so its largest magnitude lies in [2^13, 2^14) (1 for a zero query). A power of two scales exactly.
+            One pass over the query, one barrier; `scratch` takes a float per warp (shared memory no one reads
+            until the next barrier)."""
+            result = Float32(1.0)
+            if cutlass.const_expr(self.operand == "f16"):
+                H, W, NT = self.h, self.w, self.cfg.threads
+                tidx, _, _ = cute.arch.thread_idx()
+                top = Float32(0.0)
+                for i in cutlass.range_constexpr(-(-H * W // NT)):
+                    idx = tidx + i * NT
+                    x = mQ[b, cutlass.min(idx, H * W - 1)]
+                    top = cutlass.max(top, cutlass.select_(idx < H * W, cutlass.max(x, -x), Float32(0.0)))
+                for off in (16, 8, 4, 2, 1):
+                    top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
+                if tidx % 32 == 0:
+                    scratch[0, 0, tidx // 32] = top
+                cute.arch.sync_threads()
+                top = scratch[0, 0, 0]
+                for w in cutlass.range_constexpr(1, self.cfg.warps):
+                    top = cutlass.max(top, scratch[0, 0, w])
+                exponent = (Int32(llvm.bitcast(_T.i32(), top.ir_value())) >> 23) & Int32(0xFF)  # top >= 0
+                biased = cutlass.min(cutlass.max(Int32(127 + 13 + 127) - exponent, Int32(1)), Int32(254))
+                biased = cutlass.select_(top > Float32(0.0), biased, Int32(127))
+                result = Float32(llvm.bitcast(_T.f32(), (biased << 23).ir_value()))
+            return result
+
         @cute.kernel
         def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
                         mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
@@ -484,7 +551,7 @@ if _IMPORT_ERROR is None:
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
             # the next tile's rows are in flight in registers while this one is computed; the first tile's while
             # the prologue builds Q's fragments
-            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
+            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), self.cache_type)
             if ntiles > 0:
                 self.load_rows(kv, ring, start, stop)
 
@@ -493,34 +560,39 @@ if _IMPORT_ERROR is None:
             # quarter-warp's ld.shared.v4 reads 128 contiguous bytes (no bank conflict)
             sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 2, 32, 4), stride=(256, 128, 4, 1)),
                                        byte_alignment=16)
-            sRow = smem.allocate_tensor(BFloat16, cute.make_layout((TILE, W), stride=(RS, 1)), byte_alignment=16)
+            sRow = smem.allocate_tensor(self.tile_type, cute.make_layout((TILE, W), stride=(RS, 1)),
+                                        byte_alignment=16)
             # padded rows: the accumulators' stores (heads g, g + 8 x columns 2t, 2t + 1) hit 16 banks, not 4
             sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
                                                                 stride=(MAX_HEADS * PS, PS, 1)), byte_alignment=16)
-            sPb = smem.allocate_tensor(BFloat16, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
+            sPb = smem.allocate_tensor(self.tile_type, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
                                        byte_alignment=16)
             sM = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
 
-            # Q as A fragments (q_fragment_word; 0 past H); hi = bf16(q), lo = bf16(q - hi): hi + lo carries ~16
-            # significant bits, so the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md)
+            # Q as A fragments (q_fragment_word; 0 past H); hi = q rounded to the operand type, lo = q - hi rounded:
+            # hi + lo carries ~16 (bf16) or ~22 (f16) significant bits, so the scores keep near-fp32 accuracy (bf16 q
+            # alone fails the contract, NOTES.md). The query is scaled by qscale (query_scale), the scores back
+            qscale = self.query_scale(mQ, b, sS)
+            score_scale = scale / qscale
             for i in cutlass.range_constexpr(-(-QWORDS // NT)):
                 idx = tidx + i * NT
                 if idx < QWORDS:
                     ks, qlane, j, head, e = q_fragment_word(idx)
                     src = cutlass.min(head, H - 1) * W + e
-                    x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0))
-                    x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0))
-                    hi = _pack_bf16x2(x0, x1)
+                    x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0)) * qscale
+                    x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0)) * qscale
+                    hi = _pack_x2(x0, x1, self.operand)
+                    hi0, hi1 = _unpack_x2(hi, self.operand)
                     sQf[ks, 0, qlane, j] = hi
-                    sQf[ks, 1, qlane, j] = _pack_bf16x2(x0 - _bf16_lo(hi), x1 - _bf16_hi(hi))
+                    sQf[ks, 1, qlane, j] = _pack_x2(x0 - hi0, x1 - hi1, self.operand)
             # rows past H stay 0. Only the TILE columns the P ldmatrix reads: the last row's padding is past sPb's
             # allocation, where sM lies (zeroing it raced with init_state's -inf: NOTES.md, mma path, GPU run)
             for i in cutlass.range_constexpr(-(-MAX_HEADS * TILE // NT)):
                 idx = tidx + i * NT
                 if idx < MAX_HEADS * TILE:
-                    sPb[idx // TILE, idx % TILE] = BFloat16(0.0)
+                    sPb[idx // TILE, idx % TILE] = self.tile_type(0.0)
             self.init_state(sM, sL, sA)
             acc = cute.make_rmem_tensor((NTW, 4), Float32)  # C fragments: (head g, 2t..2t+1), (g + 8, 2t..)
             for j in cutlass.range_constexpr(NTW):
@@ -554,8 +626,8 @@ if _IMPORT_ERROR is None:
                     for s2 in cutlass.range_constexpr(2):
                         for half in cutlass.range_constexpr(2):
                             qf = sQf[part * KS + 2 * kp + s2, half, lane, None].load()
-                            chains[2 * half + s2] = _mma_bf16([qf[v] for v in range(4)],
-                                                              [kvb[2 * s2], kvb[2 * s2 + 1]], chains[2 * half + s2])
+                            chains[2 * half + s2] = _mma([qf[v] for v in range(4)], [kvb[2 * s2], kvb[2 * s2 + 1]],
+                                                         chains[2 * half + s2], self.operand)
                 for v in cutlass.range_constexpr(4):
                     score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
                     head, col = c_fragment_position(lane, v)
@@ -568,8 +640,8 @@ if _IMPORT_ERROR is None:
                         s = sS[0, h, lane]
                         for pp in cutlass.range_constexpr(1, PARTS):
                             s = s + sS[pp, h, lane]
-                        s = cutlass.select_(base + lane < stop, s * scale, Float32(-math.inf))
-                        sPb[h, lane] = self.online_softmax(s, h, sM, sL, sA).to(BFloat16)
+                        s = cutlass.select_(base + lane < stop, s * score_scale, Float32(-math.inf))
+                        sPb[h, lane] = self.online_softmax(s, h, sM, sL, sA).to(self.tile_type)
                 cute.arch.sync_threads()
                 # 4. O[16 heads, the warp's columns] = O alpha + P[16, 32] V[32, columns]: A = P (ldmatrix.x4 of
                 # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns)
@@ -582,7 +654,7 @@ if _IMPORT_ERROR is None:
                     vb = _ldmatrix_x4(v_addr + j * MMA_N * 2, trans=True)
                     out = [acc[j, v] for v in range(4)]
                     for ks in cutlass.range_constexpr(TILE // MMA_K):
-                        out = _mma_bf16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out)
+                        out = _mma(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out, self.operand)
                     for v in cutlass.range_constexpr(4):
                         acc[j, v] = out[v]
                 cute.arch.sync_threads()
@@ -643,11 +715,13 @@ if _IMPORT_ERROR is None:
 
 
 def launch_args(q_ptr: int, kv_ptr: int, slots_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, lat_ptr: int,
-                batch: int, max_len: int, num_slots: int, splits: int, chunk: int, scale: float, stream: int):
-    """The kernel's arguments for device addresses, the runtime dims, the split plan, the scale and a stream."""
+                batch: int, max_len: int, num_slots: int, splits: int, chunk: int, scale: float, stream: int,
+                cache: str = "bf16"):
+    """The kernel's arguments for device addresses, the runtime dims, the split plan, the scale and a stream; the
+    cache pointer's type is the config's `cache`."""
     gmem = cute.AddressSpace.gmem
     return (_runtime_make_ptr(Float32, q_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(BFloat16, kv_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Float8E4M3FN if cache == "e4m3" else BFloat16, kv_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Int64, slots_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Int64, lens_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Float32, part_ptr, gmem, assumed_align=16),
@@ -657,16 +731,16 @@ def launch_args(q_ptr: int, kv_ptr: int, slots_ptr: int, lens_ptr: int, part_ptr
             cuda.CUstream(stream))
 
 
-def fake_args():
+def fake_args(cache: str = "bf16"):
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args(0, 0, 0, 0, 0, 0, 0, 1, 1024, 1, 1, 1024, 192 ** -0.5, 0)
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 1, 1024, 1, 1, 1024, 192 ** -0.5, 0, cache)
 
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):
     """cute.compile both launches for a config and dims, for the arch the DSL targets in this process."""
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
-    return cute.compile(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(), options=options)
+    return cute.compile(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(cfg.cache), options=options)
 
 
 def compile_report(cfg: MlaConfig, heads: int, latent: int, rope: int, arch: str = "sm_90a", **kw):
@@ -675,5 +749,5 @@ def compile_report(cfg: MlaConfig, heads: int, latent: int, rope: int, arch: str
 
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
-    return compile_for_arch(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(), arch=arch,
+    return compile_for_arch(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(cfg.cache), arch=arch,
                             dynamic_smem_bytes=cfg.smem_bytes(heads, latent, rope), **kw)
