@@ -92,4 +92,4 @@ def test_a_failure_names_the_input_seed_that_reproduces_it():
     problem.reference(proj, conv.clone(), ref_ssm, slots, w)
     one_state_element_off(proj, conv.clone(), got_ssm, slots, w)
     again = check_tensor("state", got_ssm, ref_ssm, contract.tolerance)
-    assert not again.passed and again.max_units == pytest.approx(units, rel=1e-3)
+    assert not again.passed and again.max_units == pytest.approx(units, rel=5e-3)  # the report prints 3 digits
