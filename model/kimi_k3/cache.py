@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import Iterable
 
 import torch
 
 from .batch import StepBatch
 from .config import KimiK3Config
+from .ops.mla_decode_fp8 import quantize_kv
 from .parallel import TP
+
+KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # vLLM's kv_cache_dtype names; None: the activations'
 
 
 class CacheFull(RuntimeError):
@@ -19,7 +23,9 @@ class ModelCache:
     """Slot-indexed caches for every layer of one TP rank.
 
     - MLA layer: `kv[l]` [slots, max_len, kv_lora_rank + qk_rope_head_dim] (normalized c_kv | k_pe),
-      replicated on every rank; `lengths[slot]` entries are valid.
+      replicated on every rank; `lengths[slot]` entries are valid. In the activation dtype, or with
+      `kv_cache_dtype="fp8"` (vLLM's name) in float8_e4m3fn holding entry / kv_scale (ops/mla_decode_fp8.py):
+      half the bytes; `store_kv` and `kv_entries` convert.
     - KDA layer: `conv[l]` [slots, 3P_local, conv width] in the activation dtype and
       `ssm[l]` [slots, H_local, V, K] fp32: the committed state after the slot's last kept token.
 
@@ -34,9 +40,17 @@ class ModelCache:
     """
 
     def __init__(self, cfg: KimiK3Config, tp: TP, num_slots: int, max_len: int, act_dtype: torch.dtype,
-                 device: torch.device | str = "cpu", spec_tokens: int = 0, layers: Iterable[int] | None = None):
-        """Caches for every layer of the config, or only for `layers` (a benchmark's few layers)."""
+                 device: torch.device | str = "cpu", spec_tokens: int = 0, layers: Iterable[int] | None = None,
+                 kv_cache_dtype: str = "auto", kv_scale: float = 1.0):
+        """Caches for every layer of the config, or only for `layers` (a benchmark's few layers). kv_cache_dtype:
+        "auto" (the activation dtype) or "fp8" (e4m3 entries of entry / kv_scale; vLLM's default scale is 1)."""
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r}: one of {', '.join(KV_CACHE_DTYPES)}")
+        if not (math.isfinite(kv_scale) and kv_scale > 0):
+            raise ValueError(f"kv_scale {kv_scale!r}: a positive finite number")
         self.cfg, self.num_slots, self.max_len = cfg, num_slots, max_len
+        self.kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype] or act_dtype
+        self.kv_scale = float(kv_scale)
         heads, dim = tp.local(cfg.kda_heads), cfg.kda_head_dim
         wc = cfg.linear_attn_config.short_conv_kernel_size
         self.kv: dict[int, torch.Tensor] = {}
@@ -44,7 +58,7 @@ class ModelCache:
         self.ssm: dict[int, torch.Tensor] = {}
         for layer in range(cfg.num_hidden_layers) if layers is None else layers:
             if cfg.is_mla_layer(layer):
-                self.kv[layer] = torch.zeros(num_slots, max_len, cfg.mla_cache_dim, dtype=act_dtype, device=device)
+                self.kv[layer] = torch.zeros(num_slots, max_len, cfg.mla_cache_dim, dtype=self.kv_dtype, device=device)
             else:
                 self.conv[layer] = torch.zeros(num_slots, 3 * heads * dim, wc, dtype=act_dtype, device=device)
                 self.ssm[layer] = torch.zeros(num_slots, heads, dim, dim, dtype=torch.float32, device=device)
@@ -55,6 +69,19 @@ class ModelCache:
         self.lengths = [0] * num_slots
         self._verified: dict[int, int] = {}  # slot -> tokens of its uncommitted verification step
         self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype == torch.float8_e4m3fn
+
+    def store_kv(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
+        """Write MLA entries [T, C + R] at (slots, positions) of layer's cache, quantized for an fp8 cache."""
+        self.kv[layer][slots, positions] = quantize_kv(entries, self.kv_scale) if self.kv_fp8 else entries
+
+    def kv_entries(self, layer: int, slot: int, length: int) -> torch.Tensor:
+        """A sequence's first `length` MLA entries [length, C + R] as fp32 values (an fp8 cache's dequantized)."""
+        rows = self.kv[layer][slot, :length].float()
+        return rows * self.kv_scale if self.kv_fp8 else rows
 
     def reserve_spec(self, spec_tokens: int) -> None:
         """Make room for verification steps of up to `spec_tokens` drafts per sequence."""

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from model.kimi_k3.cache import KV_CACHE_DTYPES
 from model.kimi_k3.checkpoint import checkpoint_tensors, write_checkpoint
 from model.kimi_k3.config import KimiK3Config, preset
 from model.kimi_k3.dispatch import DECODE_BACKENDS
@@ -206,6 +207,9 @@ def _register_generate(sub) -> None:
     p.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
                    help="auto: the standard path (default); "
                         "latency_specialized: contracted kernels inside their envelopes")
+    p.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
+                   help="the MLA cache: auto (the activation dtype, default) or fp8 (e4m3 entries, scale 1, as "
+                        "vLLM's kv_cache_dtype=fp8: half the bytes)")
     p.add_argument("--json", action="store_true",
                    help="end with one JSON line: tokens, logprobs, dispatch counts, cuda_graphs (captured sizes "
                         "and replays, null when eager) and, with --spec-tokens, accepted_per_step")
@@ -224,6 +228,7 @@ class Request:
     drafter: str
     decode_backend: str
     cuda_graphs: bool = False  # decode steps replay a CUDA graph captured at batch 1
+    kv_cache_dtype: str = "auto"
 
 
 def parse_ids(text: str) -> list[int]:
@@ -253,7 +258,8 @@ def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Genera
     logging.getLogger("model.kimi_k3").setLevel(logging.INFO)  # dispatch fallback reasons, each once
     model = load_model(req.ckpt, tp=tp, act_dtype=DTYPES[req.dtype], device=device)
     engine = Engine(model, max_len=len(req.prompt) + req.params.max_new_tokens + req.spec_tokens,
-                    decode_backend=req.decode_backend, graph_sizes=(1,) if req.cuda_graphs else ())
+                    decode_backend=req.decode_backend, graph_sizes=(1,) if req.cuda_graphs else (),
+                    kv_cache_dtype=req.kv_cache_dtype)
     drafter: Drafter | None = None
     if req.spec_tokens:
         accept = synthetic_accept(req.drafter)
@@ -306,7 +312,7 @@ def run_generate(args) -> int:
         raise UsageError(str(e)) from None
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed)
     req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend,
-                  cuda_graphs=device.type == "cuda" and not args.eager)
+                  cuda_graphs=device.type == "cuda" and not args.eager, kv_cache_dtype=args.kv_cache_dtype)
     status = Console(stderr=True)
     try:
         with status.status(escape(f"generating from {args.ckpt} (TP{args.tp})")):

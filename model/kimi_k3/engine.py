@@ -119,11 +119,12 @@ class Engine:
     graph_sizes (CUDA only): batch sizes whose decode step is captured in a CUDA graph when the engine is made; a
     decode step of b sequences then replays the smallest captured size >= b (`graphs.replays` counts them), its
     padded rows writing one cache slot that no sequence owns. Every rank of a TP group must make its engine
-    alike, since each capture runs the step's collectives on every rank.
+    alike, since each capture runs the step's collectives on every rank. kv_cache_dtype "fp8" keeps the MLA cache
+    in e4m3 with one scale (ModelCache), decoded by the mla_decode_fp8 op.
     """
 
     def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8, decode_backend: str = "auto",
-                 graph_sizes: Sequence[int] = ()):
+                 graph_sizes: Sequence[int] = (), kv_cache_dtype: str = "auto", kv_scale: float = 1.0):
         self.model = model
         model.ops = Dispatcher.for_model(model, decode_backend)
         device = next(model.parameters()).device
@@ -132,10 +133,11 @@ class Engine:
             raise ValueError(f"Engine: CUDA graphs need a cuda device; the model is on {device}")
         scratch = 1 if graph_sizes else 0
         shape = (model.cfg, model.tp, num_slots + scratch, max_len, model.act_dtype)
-        planned = ModelCache(*shape, device="meta")
+        kv = dict(kv_cache_dtype=kv_cache_dtype, kv_scale=kv_scale)
+        planned = ModelCache(*shape, device="meta", **kv)
         check_fits(f"the caches of {num_slots} sequences of {max_len} positions",
                    _bytes(planned.kv, planned.conv, planned.ssm), device)
-        self.cache = ModelCache(*shape, device)
+        self.cache = ModelCache(*shape, device, **kv)
         self.graphs: GraphedDecode | None = None
         if graph_sizes:
             self._scratch = self.cache.allocate()  # never released: the padded rows' slot

@@ -60,29 +60,33 @@ class KimiMLA(Weighted):
         c_kv = ops.call("rms_norm", c_kv, self.kv_a_norm, LORA_NORM_EPS)
         q = ops.call("linear", c_q, self.q_b_proj).view(t, self.heads, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-        kv = cache.kv[self.layer]
-        kv[batch.token_slots(x.device), batch.token_positions(x.device)] = torch.cat([c_kv, k_pe], dim=-1)
+        slots, positions = batch.token_slots(x.device), batch.token_positions(x.device)
+        cache.store_kv(self.layer, slots, positions, torch.cat([c_kv, k_pe], dim=-1))
 
         w_uk, w_uv = self.absorbed()
+        kv = cache.kv[self.layer]
         if batch.kind in (StepKind.DECODE, StepKind.VERIFY):
             # One absorbed-attention row per token; a verified block is causal: token t of a sequence sees
             # its context and the block up to itself.
-            lengths = batch.token_positions(x.device) + 1
-            attn = ops.call("mla_decode", q_nope, q_pe, kv, batch.token_slots(x.device), lengths, w_uk, w_uv,
-                            self.scale)
+            lengths = positions + 1
+            if cache.kv_fp8:
+                attn = ops.call("mla_decode_fp8", q_nope, q_pe, kv, cache.kv_scale, slots, lengths, w_uk, w_uv,
+                                self.scale)
+            else:
+                attn = ops.call("mla_decode", q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, self.scale)
         else:
             attn = torch.cat([
-                self._prefill(q_nope[s:s + n], q_pe[s:s + n], kv[slot, :ctx + n], w_uk, w_uv)
+                self._prefill(q_nope[s:s + n], q_pe[s:s + n], cache.kv_entries(self.layer, slot, ctx + n), w_uk, w_uv)
                 for slot, s, n, ctx in zip(batch.slots, batch.starts, batch.query_lens, batch.context_lens)
             ])
         gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(ops.call("linear", x, self.g_proj))
         return self.tp.all_reduce(ops.call("linear", gated, self.o_proj))
 
     def _prefill(self, q_nope, q_pe, entries, w_uk, w_uv) -> torch.Tensor:
-        """Causal attention of n new queries over a sequence's whole cached context [L, C + R], absorbed like
-        decode, in groups of queries whose scores fit PREFILL_SCORE_BYTES."""
+        """Causal attention of n new queries over a sequence's whole cached context [L, C + R] (fp32 values),
+        absorbed like decode, in groups of queries whose scores fit PREFILL_SCORE_BYTES."""
         n, total = q_nope.shape[0], entries.shape[0]
-        shared = entries.float()  # [L, C + R]: every query attends to the same sequence
+        shared = entries  # [L, C + R]: every query attends to the same sequence
         group = max(1, PREFILL_SCORE_BYTES // (SCORE_COPIES * 4 * self.heads * total))
         keys = torch.arange(total, device=entries.device)
         out = []

@@ -22,6 +22,14 @@ def test_generate_json(capsys, tiny_ckpt):
     assert all(0 <= t < 512 for t in result["tokens"]) and all(lp <= 0 for lp in result["logprobs"])
 
 
+def test_generate_with_an_fp8_mla_cache(capsys, tiny_ckpt):
+    code, out, _ = run(capsys, "generate", "--ckpt", str(tiny_ckpt), "--prompt-ids", "1,2,3", "--max-new-tokens", "4",
+                       "--dtype", "fp32", "--kv-cache-dtype", "fp8", "--json")
+    assert code == 0
+    result = json.loads(out.strip().splitlines()[-1])
+    assert len(result["tokens"]) == 4 and result["dispatch"]["ops"]["mla_decode_fp8"]["standard"] > 0
+
+
 def test_generate_same_seed_same_tokens(capsys, tiny_ckpt):
     args = ("generate", "--ckpt", str(tiny_ckpt), "--prompt-ids", "7,8", "--max-new-tokens", "6", "--temperature", "1",
             "--seed", "3", "--json")
