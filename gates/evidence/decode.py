@@ -99,9 +99,11 @@ def check_freshness(bundle: DecodeBundle, root: Path = REPO_ROOT) -> list[str]:
 
 
 def _series(row: dict) -> str:
-    """A layer row's series in the plots: its backend, and whether its time includes the TP collectives (a bench
-    with --collectives records both rows at one batch; one series would keep only the last)."""
+    """A layer row's series in the plots: its backend, whether its time includes the TP collectives (a bench with
+    --collectives records both rows at one batch; one series would keep only the last) and an fp8 MLA cache."""
     label = BACKEND_LABEL.get(row["backend"], row["backend"])
+    if row.get("kv_cache", "auto") != "auto":
+        label = f"{label}, {row['kv_cache']} MLA cache"
     return label if row.get("collectives", "excluded") == "excluded" else f"{label} + collectives"
 
 

@@ -43,6 +43,21 @@ def test_layer_rows_for_both_backends(cfg, kind):
     assert all(c["ok"] for c in checks.values())
 
 
+def test_an_mla_layer_over_an_fp8_cache(cfg):
+    """kv_cache_dtype "fp8": the cache in e4m3 (half a bf16 one's bytes), decoded by mla_decode_fp8,
+    whose cost counts its one-byte entries; the row says which cache it timed."""
+    lid = layer_ids(cfg, "mla")[0]
+    fp8 = build_layer(cfg, lid, tp_size=1, batch=2, context=8, device=CPU, seed=0, kv_cache_dtype="fp8")
+    assert all(t.dtype == torch.float8_e4m3fn for t in fp8.cache.kv.values())
+    assert (planned_bytes(cfg, lid, 1, 2, 8) - planned_bytes(cfg, lid, 1, 2, 8, kv_cache_dtype="fp8")
+            == sum(t.numel() for t in fp8.cache.kv.values()))  # one byte an entry element, not two
+    (row,) = bench_layers(cfg, "mla", tp=1, batch=2, context=8, count=1, backends=["auto"], device=CPU,
+                          kv_cache_dtype="fp8")
+    (bf16,) = bench_layers(cfg, "mla", tp=1, batch=2, context=8, count=1, backends=["auto"], device=CPU)
+    assert row.kv_cache == "fp8" and row.dispatch["mla_decode_fp8"]["standard"] > 0 and "mla_decode" not in row.dispatch
+    assert row.bytes < bf16.bytes and row.output_rel_l2 < 2e-2
+
+
 def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
     """The CPU attn_res kernel's contract takes fp32 activations; the bench's layers run bf16."""
     rows = bench_layers(cfg, "kda", tp=1, batch=1, context=4, count=1, backends=["latency_specialized"], device=CPU)
@@ -103,7 +118,7 @@ def test_help_names_every_option(capsys):
     parser = argparse.ArgumentParser()
     add_commands(parser.add_subparsers(dest="what"))
     for what, options in (("layer", ("--kind", "--layers", "--tp", "--batch", "--context", "--backend", "--json",
-                                     "--collectives")),
+                                     "--collectives", "--kv-cache-dtype")),
                           ("step", ("--kda-sets", "--mla-sets", "--spec-tokens", "--acceptance"))):
         with pytest.raises(SystemExit):
             parser.parse_args([what, "--help"])

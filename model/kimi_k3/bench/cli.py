@@ -18,6 +18,7 @@ from rich.table import Table
 
 from kernels.arch import detect
 
+from ..cache import KV_CACHE_DTYPES
 from ..config import preset
 from ..dispatch import DECODE_BACKENDS
 from ..distributed import run_tp, tp_backend
@@ -58,6 +59,8 @@ def add_commands(sub) -> None:
     layer.add_argument("--kind", choices=KINDS, default="kda", help="KDA+MoE, MLA+MoE, or layer 0 (dense MLP)")
     layer.add_argument("--layers", type=int, default=8,
                        help="distinct layers in one CUDA graph (default 8; fewer if memory says so)")
+    layer.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
+                       help="the MLA cache: auto (the activation dtype, default) or fp8 (e4m3: mla_decode_fp8)")
     layer.add_argument("--collectives", action="store_true",
                        help="also run the layer on all --tp ranks, one process per GPU (NCCL; gloo and untimed "
                             "with --device cpu), with its all-reduces captured in the timed graphs: rows marked "
@@ -155,11 +158,14 @@ def run_layer(args) -> int:
         if args.collectives:  # first, in fresh processes, before this one holds any device memory
             bar.update(task, description=f"{args.kind} TP{args.tp}: {args.tp} ranks with their collectives")
             rows += run_tp(bench_layers_on_ranks, args.tp, cfg, args.kind, batches, args.context, args.layers,
-                           _backends(args), args.iters, args.seed, device=str(device), timeout=RANKS_TIMEOUT_S)
+                           _backends(args), args.iters, args.seed, args.kv_cache_dtype, device=str(device),
+                           timeout=RANKS_TIMEOUT_S)
         for batch in batches:
             rows += bench_layers(cfg, args.kind, args.tp, batch, args.context, args.layers, _backends(args), device,
-                                 args.iters, args.seed, lambda text: bar.update(task, description=text))
-    table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context}")
+                                 args.iters, args.seed, lambda text: bar.update(task, description=text),
+                                 kv_cache_dtype=args.kv_cache_dtype)
+    table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context}"
+                        + (f", {args.kv_cache_dtype} MLA cache" if args.kv_cache_dtype != "auto" else ""))
     for col in ("batch", "backend", "collectives", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB",
                 "floor µs", "of floor", "vs reference"):
         table.add_column(col, justify="right")

@@ -94,19 +94,21 @@ class BenchLayer:
 
 
 def build_layer(cfg: KimiK3Config, layer_id: int, tp_size: int, batch: int, context: int, device: torch.device,
-                seed: int, spec_tokens: int = 0, dtype: torch.dtype = torch.bfloat16, group: TP | None = None
-                ) -> BenchLayer:
+                seed: int, spec_tokens: int = 0, dtype: torch.dtype = torch.bfloat16, group: TP | None = None,
+                kv_cache_dtype: str = "auto") -> BenchLayer:
     """A layer with random weights; sequences 0..batch-1 in slots 0..batch-1 with `context` cached tokens (random
-    KDA states and conv windows, random MLA entries) and random activations. With `spec_tokens` = K the step
-    verifies 1 + K tokens per sequence. `group`: a real TP group of `tp_size` ranks whose collectives the layer
-    runs (every rank draws the same activations); by default rank 0's shapes with the collectives excluded."""
+    KDA states and conv windows, random MLA entries, in e4m3 with kv_cache_dtype "fp8") and random activations.
+    With `spec_tokens` = K the step verifies 1 + K tokens per sequence. `group`: a real TP group of `tp_size` ranks
+    whose collectives the layer runs (every rank draws the same activations); by default rank 0's shapes with the
+    collectives excluded."""
     gen = torch.Generator(device).manual_seed(seed)
     tp = group or RankOfTP(size=tp_size)
     with torch.device(device):
         layer = DecoderLayer(cfg, layer_id, tp, dtype)
     fill_random_(layer, gen)
     tokens = 1 + spec_tokens
-    cache = ModelCache(cfg, tp, batch, context + tokens, dtype, device, spec_tokens, layers=[layer_id])
+    cache = ModelCache(cfg, tp, batch, context + tokens, dtype, device, spec_tokens, layers=[layer_id],
+                       kv_cache_dtype=kv_cache_dtype)
     for t in (*cache.conv.values(), *cache.ssm.values()):
         t.copy_(torch.randn(t.shape, generator=gen, device=device) * 0.1)
     for t in cache.kv.values():
@@ -127,12 +129,13 @@ def layer_bytes(layer: DecoderLayer) -> int:
 
 
 def planned_bytes(cfg: KimiK3Config, layer_id: int, tp_size: int, batch: int, context: int, spec_tokens: int = 0,
-                  dtype: torch.dtype = torch.bfloat16) -> int:
+                  dtype: torch.dtype = torch.bfloat16, kv_cache_dtype: str = "auto") -> int:
     """Device bytes one `build_layer` takes (parameters and cache), computed on the meta device."""
     tp = RankOfTP(size=tp_size)
     with torch.device("meta"):
         layer = DecoderLayer(cfg, layer_id, tp, dtype)
-        cache = ModelCache(cfg, tp, batch, context + 1 + spec_tokens, dtype, "meta", spec_tokens, layers=[layer_id])
+        cache = ModelCache(cfg, tp, batch, context + 1 + spec_tokens, dtype, "meta", spec_tokens, layers=[layer_id],
+                           kv_cache_dtype=kv_cache_dtype)
     caches = [*cache.kv.values(), *cache.conv.values(), *cache.ssm.values(), *cache.spec_conv.values(),
               *cache.spec_ssm.values()]
     return layer_bytes(layer) + sum(t.numel() * t.element_size() for t in caches)

@@ -72,6 +72,7 @@ class LayerRow:
     routing_flips: int = 0  # tokens whose experts differ from the reference's (near-tied router keys)
     op_checks: dict[str, dict] = field(default_factory=dict)  # standard vs reference per op (auto only)
     collectives: str = "excluded"  # or the TP group's backend ("nccl"; "gloo" untimed on CPU): the all-reduces ran
+    kv_cache: str = "auto"  # the MLA cache's dtype ("fp8": e4m3, ModelCache)
     ranks_us: list[float | None] | None = None  # with collectives: each rank's in-pipeline µs (`us` the slowest)
 
     def as_dict(self) -> dict:
@@ -101,12 +102,13 @@ class ReferenceDispatcher(RecordingDispatcher):
 
 
 def fit_count(cfg: KimiK3Config, ids: Sequence[int], tp: int, batch: int, context: int, wanted: int,
-              device: torch.device) -> int:
+              device: torch.device, kv_cache_dtype: str = "auto") -> int:
     """How many distinct layers of `ids` fit the device's free memory (at most `wanted`); an error saying what
     fits when not even one does."""
     if device.type != "cuda":
         return wanted
-    per_layer = planned_bytes(cfg, ids[0], tp, batch, context) + standard_copy_bytes(cfg, ids[0], tp)
+    per_layer = (planned_bytes(cfg, ids[0], tp, batch, context, kv_cache_dtype=kv_cache_dtype)
+                 + standard_copy_bytes(cfg, ids[0], tp))
     free, _ = torch.cuda.mem_get_info(device)
     fits = int((free - HEADROOM_BYTES) // per_layer)
     if fits < 1:
@@ -179,18 +181,21 @@ def check_op_calls(calls, gpu: bool) -> dict[str, dict]:
 
 def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int, count: int,
                  backends: Sequence[str], device: torch.device, iters: int = 30, seed: int = 0,
-                 progress: Callable[[str], None] = lambda _: None, group: TP | None = None) -> list[LayerRow]:
+                 progress: Callable[[str], None] = lambda _: None, group: TP | None = None,
+                 kv_cache_dtype: str = "auto") -> list[LayerRow]:
     """Rows for one (kind, TP, batch) point, one per backend (see the module docstring); `group`: this rank's TP
-    group of size `tp`, whose collectives then run (every rank must make the same call)."""
+    group of size `tp`, whose collectives then run (every rank must make the same call); kv_cache_dtype the MLA
+    cache's (ModelCache)."""
     for b in backends:
         if b not in BENCH_BACKENDS:
             raise BenchError(f"backend {b!r}: one of {', '.join(BENCH_BACKENDS)}")
     ids = layer_ids(cfg, kind)
-    n = fit_count(cfg, ids, tp, batch, context, count, device)
+    n = fit_count(cfg, ids, tp, batch, context, count, device, kv_cache_dtype)
     # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.
     chosen = [ids[(i * len(ids)) // n] for i in range(n)]
     progress(f"{kind} TP{tp} batch {batch}: building {n} layers")
-    layers = [build_layer(cfg, lid, tp, batch, context, device, seed + i, group=group) for i, lid in enumerate(chosen)]
+    layers = [build_layer(cfg, lid, tp, batch, context, device, seed + i, group=group, kv_cache_dtype=kv_cache_dtype)
+              for i, lid in enumerate(chosen)]
     tgt = target(tp, device)
 
     reference = ReferenceDispatcher(tgt)
@@ -226,7 +231,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         dispatch = _dispatch_summary(ops, layers[0])
         row = LayerRow(kind, tp, batch, context, backend, n, None, None, None, None, None, layer_bytes, floor_us,
                        None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
-                       routing_flips=int((~agree).sum()), op_checks=op_checks)
+                       routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype)
         if device.type == "cuda":
             _time_layers(row, layers, ops, costs, iters)
         rows.append(row)
@@ -235,7 +240,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
 
 def bench_layers_on_ranks(tp: TP, device: torch.device, cfg: KimiK3Config, kind: str, batches: Sequence[int],
                           context: int, count: int, backends: Sequence[str], iters: int = 30,
-                          seed: int = 0) -> list[LayerRow]:
+                          seed: int = 0, kv_cache_dtype: str = "auto") -> list[LayerRow]:
     """`bench_layers` at every batch on each rank of a real TP group (`distributed.run_tp` calls it on every rank):
     the same layers at each rank's shapes, their collectives run (on GPUs NCCL, captured in the timed graphs, so
     each replay waits for the other ranks as a decode step does). The ranks first agree on the layer count the
@@ -243,11 +248,11 @@ def bench_layers_on_ranks(tp: TP, device: torch.device, cfg: KimiK3Config, kind:
     with every rank's in-pipeline time, and the slowest rank's times as the row's."""
     rows = []
     for batch in batches:
-        fits = torch.tensor([fit_count(cfg, layer_ids(cfg, kind), tp.size, batch, context, count, device)],
-                            device=device)
+        fits = torch.tensor([fit_count(cfg, layer_ids(cfg, kind), tp.size, batch, context, count, device,
+                                       kv_cache_dtype)], device=device)
         dist.all_reduce(fits, op=dist.ReduceOp.MIN, group=tp.group)
         for row in bench_layers(cfg, kind, tp.size, batch, context, int(fits), backends, device, iters, seed,
-                                group=tp):
+                                group=tp, kv_cache_dtype=kv_cache_dtype):
             row.collectives = BACKENDS[device.type]
             times: list = [None] * tp.size
             dist.all_gather_object(times, (row.us, row.us_q1, row.us_q3, row.us_one_per_graph), group=tp.group)
