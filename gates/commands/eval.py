@@ -24,6 +24,7 @@ from gates.evals.paths import BACKENDS, backend_path
 from gates.evals.result import EvalResult, Status
 from gates.evals.subject import load_pair
 from gates.evidence.report import EVAL_REPORT_HTML, render_eval_report
+from model.kimi_k3.cache import KV_CACHE_DTYPES
 from model.kimi_k3.cli import DTYPES, output_directory, torch_device
 from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, UsageError
 
@@ -34,9 +35,9 @@ STYLE = {Status.PASSED: "green", Status.FAILED_EVAL: "bold red", Status.NOT_RUN:
 def register(sub) -> None:
     p = sub.add_parser("eval", help="run the model-level eval gates (candidate vs reference decode path)",
                        description="Run the model-level evals, the candidate decode path against the reference. "
-                                   "On a GPU the standard path runs beside as the yardstick: in bf16 each bound is "
-                                   "the larger of the budget's and 1.5x the standard's own distance from the "
-                                   "reference.",
+                                   "On a GPU, or with --kv-cache-dtype fp8, the standard path runs beside as the "
+                                   "yardstick (over the same cache as the candidate): each bound is the larger of "
+                                   "the budget's and 1.5x the standard's own distance from the reference.",
                        epilog="evals: " + "; ".join(f"{g.name}: {g.summary}" for g in GATES.values()))
     src = p.add_mutually_exclusive_group()
     src.add_argument("--ckpt", help="checkpoint directory (config.json, safetensors, tokenizer.json); default: the "
@@ -53,6 +54,9 @@ def register(sub) -> None:
                         "runs one contract's kernel)")
     p.add_argument("--perturb-logits", type=float, metavar="SCALE",
                    help="scale the candidate's logits (a known-bad path, e.g. 1.05: the evals must fail it)")
+    p.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
+                   help="the candidate's and the standard's MLA cache: auto (default) or fp8 (e4m3, mla_decode_fp8); "
+                        "the reference keeps the exact cache")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="activation dtype (default fp32 on CPU, bf16 on GPU)")
     p.add_argument("--seed", type=int, default=0, help="seed of every eval's draws, prompts and haystacks")
@@ -76,7 +80,7 @@ def run(args) -> int:
         if args.candidate != "latency_specialized":
             raise UsageError("--ops: choosing kernels needs --candidate latency_specialized")
         only = [op.strip() for op in args.ops.split(",") if op.strip()]
-        candidate = partial(_backend_only, backend=args.candidate, only=only)
+        candidate = partial(_backend_only, backend=args.candidate, only=only, kv_cache_dtype=args.kv_cache_dtype)
     preset = args.preset or "tiny"
     names = list(dict.fromkeys(args.only or [*EVALS, *([accuracy.NAME] if accuracy.trained(ckpt) else [])]))
     err = Console(stderr=True, highlight=False)
@@ -84,7 +88,8 @@ def run(args) -> int:
     with err.status(escape(f"loading {ckpt or preset}")):
         paths = load_pair(candidate, ckpt=ckpt, preset_name=preset, layers=args.layers,
                           seed=args.weights_seed, device=device, dtype=dtype, perturb=args.perturb_logits,
-                          yardstick=device.type == "cuda")
+                          yardstick=device.type == "cuda" or args.kv_cache_dtype != "auto",
+                          kv_cache_dtype=args.kv_cache_dtype)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err)
     with progress:
@@ -112,9 +117,9 @@ def run(args) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _backend_only(model, backend: str, only: list[str]):
+def _backend_only(model, backend: str, only: list[str], kv_cache_dtype: str = "auto"):
     try:
-        return backend_path(model, backend, only)
+        return backend_path(model, backend, only, kv_cache_dtype)
     except ValueError as e:
         raise UsageError(f"--ops: {e}") from None
 

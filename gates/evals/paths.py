@@ -53,9 +53,10 @@ class ReferenceDispatcher(Dispatcher):
 class DispatchedEngine(Engine):
     """An engine whose steps run through its own dispatcher (the model, and its `ops`, are shared by paths)."""
 
-    def __init__(self, model: KimiK3Model, max_len: int, ops: Dispatcher):
+    def __init__(self, model: KimiK3Model, max_len: int, ops: Dispatcher, kv_cache_dtype: str = "auto"):
         shared = model.ops
-        super().__init__(model, max_len, num_slots=1)  # installs a dispatcher on the shared model: undo that
+        # Engine installs a dispatcher on the shared model: undone below
+        super().__init__(model, max_len, num_slots=1, kv_cache_dtype=kv_cache_dtype)
         model.ops = shared
         self.ops = ops
 
@@ -107,9 +108,11 @@ class PathPair:
         return f"{self.candidate.name} vs {self.reference.name}"
 
 
-def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = None) -> DecodePath:
+def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = None,
+                 kv_cache_dtype: str = "auto") -> DecodePath:
     """A path's engines share one dispatcher, so its `report()` counts what the path ran. `only` (with
-    latency_specialized): the kernels of these ops alone, every other op standard, as a gate runs one contract."""
+    latency_specialized): the kernels of these ops alone, every other op standard, as a gate runs one contract.
+    kv_cache_dtype: the engines' MLA cache (ModelCache; "fp8" names the path so)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
     if only is not None:
@@ -119,7 +122,9 @@ def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = 
     else:
         ops = ReferenceDispatcher.for_model(model) if backend == "reference" else Dispatcher.for_model(model, backend)
         name = backend
-    return DecodePath(name, partial(DispatchedEngine, model, ops=ops))
+    if kv_cache_dtype != "auto":
+        name = f"{name} ({kv_cache_dtype} MLA cache)"
+    return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype))
 
 
 def _kernels_of(model: KimiK3Model, ops: Sequence[str]) -> Dispatcher:

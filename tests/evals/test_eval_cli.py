@@ -51,6 +51,17 @@ def test_a_failing_run_reports_as_html_and_markdown(capsys, tiny_ckpt, tmp_path)
     assert "| mean exact TV | ✗ |" in md
 
 
+def test_the_candidate_over_an_fp8_mla_cache(capsys):
+    """--kv-cache-dtype fp8: the candidate decodes over an e4m3 MLA cache (mla_decode_fp8), the reference over the
+    exact one, and the standard over the fp8 cache runs beside as the yardstick even on the CPU: the cache's own
+    quantization moves greedy tokens (3 of 6 structured runs part from the reference), which the yardstick
+    excuses only where the standard parts too."""
+    code, out, _ = run(capsys, "--preset", "tiny", "--only", "structured", "--kv-cache-dtype", "fp8", "--json")
+    report = json.loads(out)
+    assert report["subject"]["candidate"] == "latency_specialized (fp8 MLA cache)"
+    assert report["subject"]["reference"] == "reference" and code == 0, report["results"][0]["reason"]
+
+
 def test_k3_shapes_refused_on_cpu(capsys):
     code, _, err = run(capsys, "--preset", "k3", "--device", "cpu")
     assert code == 2 and "need a GPU" in err

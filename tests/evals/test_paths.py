@@ -82,6 +82,15 @@ def test_backends(tiny_model):
         backend_path(tiny_model, "latency_specialized", only=["nope"])
 
 
+def test_a_path_over_an_fp8_mla_cache(tiny_model):
+    path = backend_path(tiny_model, "auto", kv_cache_dtype="fp8")
+    session = path.session(8)
+    session.feed(PROMPT)
+    session.feed([5])
+    assert path.name == "auto (fp8 MLA cache)" and session.engine.cache.kv_fp8
+    assert session.engine.ops.report()["ops"]["mla_decode_fp8"]["standard"] > 0
+
+
 def test_a_routing_tap_records_every_position_and_moe_layer(make_pair, tiny_cfg):
     """Keys are the reference formula on the router's input, one [E] row per position per MoE layer; a rejected
     draft's position is recorded again when it is decoded again."""
