@@ -3,11 +3,13 @@ against the reference path, through every model-level eval (gates.evals: tempera
 output, long context).
 
 CPU: the tiny preset in fp32 with each eval's CPU budget and absolute bounds. GPU: real `k3` layer shapes in
-bf16, cut to `GPU_LAYERS` layers, with smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits
-one GPU command, and the standard path run beside as the yardstick: in bf16 on random weights the candidate is
-held to the standard's own distance from the reference (gates.evals.paths.PathPair). Evals left when
-TIME_LIMIT_S is spent are NOT_RUN, never silently dropped. An eval model that
-never entered the kernel's envelope makes the gate NOT_RUN: it would compare the standard path with itself.
+bf16, cut to `GPU_LAYERS` layers (through the first MLA layer for an op of the MLA cache: `eval_subject`), with
+smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits one GPU command, and the standard path run
+beside as the yardstick: in bf16 on random weights the candidate is held to the standard's own distance from the
+reference (gates.evals.paths.PathPair). An fp8 cache's op runs over an fp8 cache, beside a standard over the same
+cache (the yardstick then on the CPU too). Evals left when TIME_LIMIT_S is spent are NOT_RUN, never silently
+dropped. An eval model that never entered the kernel's envelope makes the gate NOT_RUN: it would compare the
+standard path with itself.
 
 The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the
 reference and standard paths here; only logits and states come back, and every statistic is computed here.
@@ -29,6 +31,8 @@ from gates.evals.remote import RemoteCandidate
 from gates.evals.sampling import SamplingConfig
 from gates.evals.structured import StructuredConfig
 from gates.evals.subject import load_pair
+from kernels.contract import Contract
+from model.kimi_k3.config import preset
 
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
@@ -49,20 +53,33 @@ def configs(device: str) -> dict:
     return {name: gate.config().model_copy(update={"gpu": GPU_BUDGETS[name]}) for name, gate in EVALS.items()}
 
 
+def eval_subject(contract: Contract, gpu: bool) -> tuple[dict, str]:
+    """The eval model (load_subject's arguments) and the MLA cache's dtype for this contract's kernel.
+
+    On the GPU, K3's first layers at the smallest TP size the contract admits, so a kernel contracted for rank-local
+    shapes (TP8's projections) is chosen: GPU_LAYERS, or through the first MLA layer for an op that reads the MLA
+    cache (its contract constrains `kv_cache`), whose cache is then of that dtype (fp8_e4m3: kv_cache_dtype
+    "fp8"). The CPU's tiny model never has K3's shapes, whatever its TP; its MLA layers come early."""
+    mla = contract.dtypes.kv_cache is not None
+    kv_cache_dtype = "fp8" if contract.dtypes.kv_cache == "fp8_e4m3" else "auto"
+    layers = (preset("k3").mla_layer_ids[0] + 1 if mla else GPU_LAYERS) if gpu else None
+    subject = {"preset_name": "k3" if gpu else "tiny", "layers": layers, "device": "cuda" if gpu else "cpu",
+               "dtype": torch.bfloat16 if gpu else torch.float32, "tp": min(contract.tp_sizes) if gpu else 1}
+    return subject, kv_cache_dtype
+
+
 def run(ctx: GateContext) -> GateResult:
     reason = ctx.cannot_run_here()
     if reason is not None:
         return GateResult.not_run(NAME, TITLE, reason)
     gpu = ctx.device == "cuda"
-    # On the GPU, layers at the smallest TP size the contract admits, so a kernel contracted for rank-local
-    # shapes (TP8's projections) is chosen; the CPU's tiny model never has K3's shapes, whatever its TP.
-    subject = {"preset_name": "k3" if gpu else "tiny", "layers": GPU_LAYERS if gpu else None, "device": ctx.device,
-               "dtype": torch.bfloat16 if gpu else torch.float32, "tp": min(ctx.contract.tp_sizes) if gpu else 1}
+    subject, kv_cache_dtype = eval_subject(ctx.contract, gpu)
     start, results = time.perf_counter(), {}
     try:
         with Sandbox() as box, Progress(disable=True) as progress:
-            candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject)
-            pair = load_pair(lambda model: candidate.path, yardstick=gpu, **subject)
+            candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject, kv_cache_dtype)
+            pair = load_pair(lambda model: candidate.path, yardstick=gpu or kv_cache_dtype != "auto",
+                             kv_cache_dtype=kv_cache_dtype, **subject)
             for name, config in configs(ctx.device).items():
                 if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
                     results[name] = {"name": name, "status": "NOT_RUN",

@@ -29,10 +29,11 @@ from .subject import load_subject
 class RemoteCandidate:
     """The candidate path of one contract over the model `subject` (load_subject's arguments) in the sandbox."""
 
-    def __init__(self, box: Sandbox, contract: Contract, contract_path: str, subject: dict):
+    def __init__(self, box: Sandbox, contract: Contract, contract_path: str, subject: dict,
+                 kv_cache_dtype: str = "auto"):
         self.box, self.device = box, torch.device(subject.get("device", "cpu"))
         name = box.request("eval_open", contract=contract.model_dump(mode="json"), contract_path=contract_path,
-                           subject=subject)["name"]
+                           subject=subject, kv_cache_dtype=kv_cache_dtype)["name"]
         self.path = RemotePath(name, self)
 
     def report(self) -> dict:
@@ -96,8 +97,9 @@ def _plain(name: str, t: torch.Tensor) -> torch.Tensor:
     return copy
 
 
-def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:
-    """Build the model and the candidate path: this contract's kernel specialized, every other op standard."""
+def eval_open(*, contract: dict, contract_path: str, subject: dict, kv_cache_dtype: str = "auto") -> dict:
+    """Build the model and the candidate path: this contract's kernel specialized, every other op standard, its
+    engines' MLA cache of `kv_cache_dtype`."""
     from gates.core.worker import load
 
     _child.clear()
@@ -107,7 +109,9 @@ def eval_open(*, contract: dict, contract_path: str, subject: dict) -> dict:
     contract = judged_here(contract, target)
     spec = Specialized(contract, contract_path, load(contract.implementation))
     ops = Dispatcher(target, "latency_specialized", {contract.op: spec})
-    path = DecodePath(f"latency_specialized[{contract.op}]", partial(DispatchedEngine, model, ops=ops))
+    name = f"latency_specialized[{contract.op}]"
+    name += f" ({kv_cache_dtype} MLA cache)" if kv_cache_dtype != "auto" else ""
+    path = DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype))
     _child.update(path=path, ops=ops, session=None, id=-1)
     return {"name": path.name}
 

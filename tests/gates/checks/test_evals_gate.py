@@ -44,3 +44,16 @@ def test_a_candidate_that_tampers_is_an_error():
         update={"implementation": "tests.adversarial.patches_timer:kda_decode"})
     result = run_gate(evals.GATE, contract, ATTN_RES)
     assert result.status is Status.ERROR and "replaced time.perf_counter" in result.reason
+
+
+def test_the_eval_model_reaches_the_kernels_layers_and_cache():
+    """A KDA or projection kernel: K3's first GPU_LAYERS layers. An op of the MLA cache: through K3's first MLA
+    layer (layer 3), and an fp8 cache's op over an fp8 cache. On the CPU the tiny preset, whose MLA layers come
+    early."""
+    kda, _ = evals.eval_subject(load_contract(Path("contracts/kda_decode.yaml")), gpu=True)
+    mla, mla_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode.yaml")), gpu=True)
+    fp8, fp8_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode_fp8.yaml")), gpu=True)
+    assert kda["layers"] == evals.GPU_LAYERS and kda["preset_name"] == "k3" and kda["tp"] == 1
+    assert mla["layers"] == fp8["layers"] == 4 and (mla_cache, fp8_cache) == ("auto", "fp8")
+    cpu, cpu_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode_fp8.yaml")), gpu=False)
+    assert cpu["preset_name"] == "tiny" and cpu["layers"] is None and cpu_cache == "fp8"
