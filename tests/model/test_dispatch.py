@@ -183,10 +183,13 @@ def test_every_op_call_reads_the_dims_and_dtypes_it_declares(model, tiny_cfg):
             return super().call(name, *args, **kwargs)
 
     engine = Engine(model, max_len=12)
+    fp8 = Engine(model, max_len=12, kv_cache_dtype="fp8")  # its MLA layers decode through mla_decode_fp8
     model.ops = Recorder(Target.of(model))
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=3), spec_tokens=2, drafter=NgramDrafter())
+    fp8.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))
     assert set(seen) == set(OPS)
+    assert seen["mla_decode_fp8"].dtypes["kv_cache"] == "fp8_e4m3"
     cfg = tiny_cfg
     assert seen["attn_res"].shapes["hidden"] == cfg.hidden_size
     assert seen["kda_decode"].shapes == {"heads": cfg.kda_heads, "head_dim": cfg.kda_head_dim}
