@@ -194,7 +194,9 @@ def test_dense_experts_latency_specialized(tmp_path_factory):
     assert report["backend"] == "latency_specialized"
     # Every contracted op ran: its kernel where the contract validates this arch (attn_res's CPU kernel serves
     # the decode steps), the standard op elsewhere, each fallback counted with its reason (kda_decode: arch).
-    for op in report["contracts"]:
+    # mla_decode_fp8 reads an fp8 MLA cache, which this engine does not keep: it alone is never called.
+    assert set(report["contracts"]) - set(report["ops"]) == {"mla_decode_fp8"}
+    for op in set(report["contracts"]) & set(report["ops"]):
         stats = report["ops"][op]
         assert stats["specialized"] > 0 or stats["fallbacks"].get("arch") == stats["standard"] > 0, (op, stats)
     assert report["ops"]["kda_decode"]["fallbacks"].get("arch", 0) > 0
