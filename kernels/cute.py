@@ -3,8 +3,11 @@
 - `import_cutlass(default_arch="sm_90a")` imports `cutlass` / `cutlass.cute`. On a machine without a
   GPU it first sets CUTE_DSL_ARCH (the DSL reads it once, at import) so kernels compile for that
   target; on a GPU machine the DSL detects the device itself.
+- `dsl_import()` guards a kernel module's DSL imports, so the module stays importable (and says why it
+  cannot run) where the DSL is missing or broken; `kernel_available` and `require_dsl` answer from it.
 - `CompileCache` maps a key (everything that changes the generated code: shapes baked into the
-  kernel, dtypes, tile config, target arch) to a compiled function.
+  kernel, dtypes, tile config, target arch) to a compiled function, in memory and on disk: a process
+  loads what another compiled from the same sources (`K3FORGE_COMPILE_CACHE`).
 - `compile_for_arch(fn, *args, arch="sm_90a")` compiles a `@cute.jit` function for a target WITHOUT a
   GPU (fake pointers/tensors as arguments) and returns a `CompileReport`: per-kernel registers,
   stack frame, spill stores/loads, static shared memory (parsed from ptxas's own verbose report,
@@ -19,13 +22,20 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import logging
 import os
 import re
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Hashable
+
+from .sources import REPO_ROOT, import_closure, sha256_file
+
+log = logging.getLogger(__name__)
 
 
 def _gpu_present() -> bool:
@@ -70,28 +80,98 @@ def current_cute_arch() -> str:
     return info.cute_arch or "sm_90a"
 
 
+class DslImport:
+    """What `dsl_import()` leaves: `error` is None when every import in the block succeeded, else why not."""
+
+    error: str | None = None
+
+
+@contextlib.contextmanager
+def dsl_import():
+    """Guard a kernel module's DSL imports; the module stays importable without the DSL, and says why it cannot
+    run:
+
+        with dsl_import() as DSL:
+            cutlass, cute = import_cutlass()
+            from cutlass import Float32
+        if DSL.error is None:
+            class MyKernel: ...   # code that needs the DSL at import time
+    """
+    status = DslImport()
+    try:
+        yield status
+    except Exception as e:  # cutlass not installed, or a broken install (missing compiler libraries)
+        status.error = f"{type(e).__name__}: {e}"
+
+
+def kernel_available(import_error: str | None, major: int = 9) -> tuple[bool, str]:
+    """(True, 'ok') where a kernel built for sm_{major}0a can run: the DSL imported and such a GPU is present."""
+    if import_error is not None:
+        return False, f"CuTe DSL unavailable: {import_error}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "no CUDA device"
+    found, _ = torch.cuda.get_device_capability()
+    if found != major:
+        return False, f"built for sm_{major}0a only (this device is sm_{found}x)"
+    return True, "ok"
+
+
+def require_dsl(import_error: str | None) -> None:
+    """Raise where a kernel module's DSL imports failed (before compiling or launching)."""
+    if import_error is not None:
+        raise RuntimeError(f"CuTe DSL unavailable: {import_error}")
+
+
+CACHE_ENV = "K3FORGE_COMPILE_CACHE"  # a directory, or "off"; unset: ~/.cache/k3forge/cute
+
+
+def compile_cache_dir() -> Path | None:
+    """Where compiled kernels persist between processes, or None when the on-disk cache is off."""
+    value = os.environ.get(CACHE_ENV, "")
+    if value.lower() == "off":
+        return None
+    return Path(value) if value else Path.home() / ".cache" / "k3forge" / "cute"
+
+
 class CompileCache:
     """Thread-safe map from a hashable key to a compiled function; `get(key, build)` compiles once.
 
     The key must hold exactly what changes the generated code (baked-in shapes, dtypes, tile config,
     target arch); runtime values (pointers, batch size, scalars passed as arguments) must not be in it.
+
+    Compiled functions also persist on disk (`compile_cache_dir()`), as the object files the DSL exports, named
+    by a digest of the cache's name, repr(key), the DSL version and the sha256 of every repository file that
+    `module` imports (read statically, as evidence freshness reads them): edit the kernel or anything it
+    imports and the entry no longer matches. A file that fails to load is compiled again and replaced. The gate
+    points every run at an empty directory of its own, so nothing compiled outside the run is loaded into it.
     """
 
-    def __init__(self, name: str = ""):
+    def __init__(self, name: str, module: str | None = None):
         self.name = name
+        self.module = module  # the dotted kernel module whose source (and imports) generate the code
         self._entries: dict[Hashable, Any] = {}
         self._lock = threading.Lock()
-        self.misses = 0
-        self.hits = 0
+        self._sources: str | None = None
+        self.misses = 0  # compiled here
+        self.hits = 0  # found in memory
+        self.loads = 0  # loaded from disk
 
     def get(self, key: Hashable, build: Callable[[], Any]) -> Any:
         with self._lock:
             if key in self._entries:
                 self.hits += 1
                 return self._entries[key]
-        compiled = build()
+        compiled = self._load(key)
+        if compiled is None:
+            compiled = build()
+            self._store(key, compiled)
+            counter = "misses"
+        else:
+            counter = "loads"
         with self._lock:
-            self.misses += 1
+            setattr(self, counter, getattr(self, counter) + 1)
             return self._entries.setdefault(key, compiled)
 
     def __contains__(self, key: Hashable) -> bool:
@@ -106,6 +186,44 @@ class CompileCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+    def path(self, key: Hashable) -> Path | None:
+        """The object file `key` persists in, or None without an on-disk cache (off, or no module named)."""
+        directory = compile_cache_dir()
+        if directory is None or self.module is None:
+            return None
+        if self._sources is None:
+            files = import_closure([self.module])
+            self._sources = "".join(f"{f.relative_to(REPO_ROOT).as_posix()}\0{sha256_file(f)}\n" for f in files)
+        cutlass, _ = import_cutlass()
+        text = f"{self.name}\0{key!r}\0{getattr(cutlass, '__version__', '')}\0{self._sources}"
+        return directory / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.o"
+
+    def _load(self, key: Hashable) -> Any:
+        path = self.path(key)
+        if path is None or not path.is_file():
+            return None
+        try:
+            _, cute = import_cutlass()
+            return getattr(cute.runtime.load_module(str(path)), _SYMBOL)
+        except Exception as e:  # a truncated or foreign file: compile again, and replace it
+            log.warning("compile cache: %s did not load (%s: %s); compiling again", path, type(e).__name__, e)
+            return None
+
+    def _store(self, key: Hashable, compiled: Any) -> None:
+        path = self.path(key)
+        if path is None or not hasattr(compiled, "export_to_c"):
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as tmp:
+                compiled.export_to_c(tmp, _SYMBOL)
+                os.replace(os.path.join(tmp, f"{_SYMBOL}.o"), path)  # atomic: readers see all of it or none
+        except Exception as e:  # a read-only or full disk costs a recompile next time, nothing else
+            log.warning("compile cache: could not write %s (%s: %s)", path, type(e).__name__, e)
+
+
+_SYMBOL = "kernel"  # the symbol prefix every exported object file uses (one function per file)
 
 
 @dataclass(frozen=True)

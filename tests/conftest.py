@@ -10,6 +10,16 @@ from model.kimi_k3.config import preset
 from model.kimi_k3.loader import load_model
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache_of_this_run(tmp_path_factory):
+    """Kernels the tests compile persist in a directory of this run, not in the user's cache: every run compiles
+    what it tests."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("K3FORGE_COMPILE_CACHE", str(tmp_path_factory.mktemp("compile_cache")))
+    yield
+    mp.undo()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

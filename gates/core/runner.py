@@ -12,7 +12,10 @@ Exit codes: 0 every gate that ran passed; 1 a gate failed (or errored on the can
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from gates.evidence.verify import verify_bundle
 from gates.problems import ProblemError, load_problem
 from kernels.arch import ArchInfo, detect
 from kernels.contract import Contract
+from kernels.cute import CACHE_ENV
 from model.kimi_k3.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
@@ -117,6 +121,23 @@ def keeps_existing(directory: Path, new: Bundle, key: bytes | None) -> bool:
     return judgement(load_bundle(directory)) == judgement(new)
 
 
+@contextlib.contextmanager
+def compile_cache_of_its_own():
+    """Kernels compiled while one op is gated persist in an empty directory of that op's run (kernels.cute's
+    on-disk compile cache): a sandboxed child loads what an earlier child compiled from the same sources, and
+    nothing compiled outside the run (by other code, or planted in a user's cache) is loaded into it."""
+    previous = os.environ.get(CACHE_ENV)
+    with tempfile.TemporaryDirectory(prefix="k3forge-compile-") as directory:
+        os.environ[CACHE_ENV] = directory
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(CACHE_ENV, None)
+            else:
+                os.environ[CACHE_ENV] = previous
+
+
 def unknown_ops(ops: list[str], known: dict) -> str | None:
     """`--ops: no valid contract for X (valid: ...)` when some of `ops` name no contract in `known`."""
     unknown = sorted(set(ops) - set(known))
@@ -151,7 +172,8 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     options = options or new_options()
     outcome = Outcome(contract_problems=problems)
     for path, contract in selected:
-        results = run_gates(contract, path, machine, options, problems, reporter)
+        with compile_cache_of_its_own():
+            results = run_gates(contract, path, machine, options, problems, reporter)
         bundle = make_bundle(contract, path, machine, env, git, harness, options, results, command)
         directory = Path(out_dir) / contract.op / machine.arch
         if not machine.is_gpu and keeps_existing(directory, bundle, key):

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from kernels.contract import BenchPoint, Contract
+from kernels.sources import REPO_ROOT
 from model.kimi_k3.ops.op import Cost
 
 # Inputs a shortcut can't fit: normal, heavy-tailed (Student-t, 2 degrees of freedom), large magnitude, and a
@@ -38,7 +39,7 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 
 def relative(path: Path) -> str:
     """A problem file's path as the repository names it (for messages)."""
-    return str(path.relative_to(Path(__file__).resolve().parents[2]))
+    return str(path.relative_to(REPO_ROOT))
 
 
 class ProblemError(Exception):

@@ -1,8 +1,8 @@
 """`k3forge task new NAME --op OP`: a task's first files, each inside the paths the task allows.
 
     contracts/<op>.yaml                                 a draft contract: the task's envelope as declared targets
-    model/kimi_k3/specialized/<op>/__init__.py          the kernel package
-    model/kimi_k3/specialized/<op>/kernel.py            the entry point, the reference's arguments, no body yet
+    model/kimi_k3/specialized/<op>/__init__.py          the entry point, the reference's arguments, no body yet
+    model/kimi_k3/specialized/<op>/kernel.py            the kernel (CuTe DSL: its config and compile skeleton)
     tests/specialized/test_<op>.py                      the kernel against the reference at the contract's points
 
 The draft contract is checked against the schema and the op registry before anything is written, so a
@@ -66,7 +66,7 @@ def scaffold(task: Task, op: str, backend: str, owner: str, adopt: str | None = 
         raise ScaffoldError(f"--op {op}: no such op yet: write model/kimi_k3/ops/{op}.py (its reference and its OP "
                             f"declaration; agent_tasks/{task.name}.md says how)")
     fn = f"{op}_{BACKENDS[backend]}"
-    implementation = adopt or f"model.kimi_k3.specialized.{op}.kernel:{fn}"
+    implementation = adopt or f"model.kimi_k3.specialized.{op}:{fn}"
     if adopt and not adopt.partition(":")[0].startswith(f"model.kimi_k3.specialized.{op}"):
         raise ScaffoldError(f"--adopt {adopt}: a kernel of op {op} lives in model.kimi_k3.specialized.{op}")
     paths = {"contract.yaml.j2": f"contracts/{op}.yaml", "package_init.py.j2": f"{SPECIALIZED}{op}/__init__.py",

@@ -170,7 +170,7 @@ def test_code_that_can_only_be_cheating_fails_the_contracts_gate_before_any_call
     assert result.status is Status.ERROR and finding in result.reason, result.reason
 
 
-@pytest.mark.parametrize("implementation", ["model.kimi_k3.specialized.kda_decode.kernel:kda_decode_cute",
+@pytest.mark.parametrize("implementation", ["model.kimi_k3.specialized.kda_decode:kda_decode_cute",
                                             "model.kimi_k3.specialized.linear:linear_cute",
                                             "model.kimi_k3.specialized.attn_res_fused:attn_res_fused"])
 def test_the_repository_kernels_pass_the_screen(implementation):

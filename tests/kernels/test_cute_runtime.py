@@ -66,12 +66,86 @@ def test_compile_cache_builds_once_per_key():
 
 
 def test_compile_cache_threads():
-    cache = CompileCache()
+    cache = CompileCache("t")
     out = []
     ts = [threading.Thread(target=lambda: out.append(cache.get("x", object))) for _ in range(8)]
     [t.start() for t in ts]
     [t.join() for t in ts]
     assert len({id(o) for o in out}) == 1
+
+
+LINEAR_KERNEL = "model.kimi_k3.specialized.linear.kernel"
+
+
+def _linear_build(builds: list):
+    from model.kimi_k3.specialized.linear.kernel import LinearConfig, compile_kernel
+
+    def build():
+        builds.append(1)
+        return compile_kernel(LinearConfig.for_shape(1, 256, 256), 1, 256)
+
+    return build
+
+
+def test_compile_cache_path_names_what_generates_the_code(tmp_path, monkeypatch):
+    pytest.importorskip("cutlass", reason=CUTLASS_WHY)
+    monkeypatch.setenv("K3FORGE_COMPILE_CACHE", str(tmp_path))
+    cache = CompileCache("linear", module=LINEAR_KERNEL)
+    a, b = cache.path(("k", 1, "sm_90a")), cache.path(("k", 2, "sm_90a"))
+    assert a.parent == tmp_path and a != b
+    assert a == CompileCache("linear", module=LINEAR_KERNEL).path(("k", 1, "sm_90a"))  # another process's name
+    assert CompileCache("other", module=LINEAR_KERNEL).path(("k", 1, "sm_90a")) != a  # the name is in the digest
+    assert CompileCache("linear").path(("k", 1, "sm_90a")) is None  # no module: nothing to hash, memory only
+    monkeypatch.setenv("K3FORGE_COMPILE_CACHE", "off")
+    assert cache.path(("k", 1, "sm_90a")) is None
+
+
+def test_compile_cache_sources_cover_the_kernel_and_its_imports(tmp_path, monkeypatch):
+    pytest.importorskip("cutlass", reason=CUTLASS_WHY)
+    monkeypatch.setenv("K3FORGE_COMPILE_CACHE", str(tmp_path))
+    cache = CompileCache("linear", module=LINEAR_KERNEL)
+    cache.path("k")
+    for name in ("model/kimi_k3/specialized/linear/kernel.py", "kernels/cute.py"):
+        assert f"{name}\0" in cache._sources, name  # edit either and every entry stops matching
+
+
+@pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")
+def test_compile_cache_persists_between_processes(tmp_path, monkeypatch):
+    """A second cache (another process's) loads what the first compiled instead of compiling it; a damaged file
+    is compiled again and replaced."""
+    monkeypatch.setenv("K3FORGE_COMPILE_CACHE", str(tmp_path))
+    builds: list = []
+    first = CompileCache("linear", module=LINEAR_KERNEL)
+    first.get(("tiny", "sm_90a"), _linear_build(builds))
+    assert builds == [1] and first.misses == 1 and len(list(tmp_path.glob("linear-*.o"))) == 1
+    second = CompileCache("linear", module=LINEAR_KERNEL)
+    loaded = second.get(("tiny", "sm_90a"), _linear_build(builds))
+    assert builds == [1] and second.loads == 1 and second.misses == 0 and callable(loaded)
+    (path,) = tmp_path.glob("linear-*.o")
+    path.write_bytes(b"not an object file")
+    third = CompileCache("linear", module=LINEAR_KERNEL)
+    third.get(("tiny", "sm_90a"), _linear_build(builds))
+    assert builds == [1, 1] and third.misses == 1 and path.read_bytes() != b"not an object file"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUTLASS_OK, reason=f"CuTe DSL not importable: {CUTLASS_WHY}")
+def test_a_loaded_kernel_computes_what_the_compiled_one_does(tmp_path, monkeypatch):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (H200)")
+    from model.kimi_k3.specialized import linear
+
+    monkeypatch.setenv("K3FORGE_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(linear, "_CACHE", CompileCache("linear", module=LINEAR_KERNEL))
+    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+    compiled = linear.linear_cute(x, w)
+    monkeypatch.setattr(linear, "_CACHE", CompileCache("linear", module=LINEAR_KERNEL))
+    loaded = linear.linear_cute(x, w)
+    assert linear._CACHE.loads == 1 and linear._CACHE.misses == 0
+    assert torch.equal(compiled, loaded)
 
 
 def test_kernel_config_is_the_cache_key():

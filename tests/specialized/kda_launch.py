@@ -10,8 +10,8 @@ import sys
 import torch
 
 from gates.problems.kda_decode import make_case
+from model.kimi_k3.specialized.kda_decode import kda_decode_cute
 from model.kimi_k3.specialized.kda_decode.bench import check_against_reference
-from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute
 
 
 def main() -> int:

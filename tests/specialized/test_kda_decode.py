@@ -112,7 +112,7 @@ def test_config_rejects_outside_envelope():
 
 def test_entry_points_importable_on_cpu():
     from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available  # noqa: F401
-    from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute  # noqa: F401
+    from model.kimi_k3.specialized.kda_decode import kda_decode_cute  # noqa: F401
 
     ok, why = standard_available()
     if not torch.cuda.is_available():
@@ -121,12 +121,11 @@ def test_entry_points_importable_on_cpu():
 
 def test_bytes_and_floor():
     from model.kimi_k3.specialized.kda_decode.bench import step_floor
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved
 
     f = step_floor(12, 64, "sm_90")
     assert f.bound == "memory"
     assert 24.0 < f.floor_us < 26.0  # ~107 MB at 4.3 TB/s
-    assert bytes_moved(12, 64) > 64 * 12 * 128 * 128 * 8
+    assert f.bytes_moved > 64 * 12 * 128 * 128 * 8  # the fp32 states, read and written
 
 
 def _two_sum(a, b):
@@ -175,17 +174,17 @@ def _run_both(case, impl):
     return out, ref, case, ref_case
 
 
-def _check_graded(case, impl):
+def _check_graded(case, impl, *, state_atol=1e-4, state_rtol=1e-3):
     """Output close, conv windows equal, state graded: a plain fp32 f_b sum (the standard's GEMM) can flip the
     bf16 rounding of r for a few channels, changing that channel's decay (a small fraction of the state)."""
     out, ref, got, want = _run_both(case, impl)
     assert_out_close(out, ref)
     assert torch.equal(got.conv_state, want.conv_state)
-    assert_state_close(got.ssm_state, want.ssm_state, max_rel=2e-2)
+    assert_state_close(got.ssm_state, want.ssm_state, max_rel=2e-2, atol=state_atol, rtol=state_rtol)
 
 
 def _cute():
-    from model.kimi_k3.specialized.kda_decode.kernel import kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode import kda_decode_cute
 
     return kda_decode_cute
 
@@ -273,6 +272,20 @@ def test_default_v_split_heuristic():
     assert all(default_v_split(h, b) in (1, 2, 4, 8) for h in (6, 12, 24, 48, 96) for b in range(1, 65))
 
 
+@needs_cutlass
+def test_for_problem_builds_the_heuristic_config_and_replace_tunes_it():
+    import dataclasses
+
+    from model.kimi_k3.specialized.kda_decode.kernel import KDADecodeConfig
+
+    one, many = KDADecodeConfig.for_problem(12, 1), KDADecodeConfig.for_problem(12, 64, slot_dtype="int64")
+    assert (one.v_split, one.share_decays, many.v_split, many.slot_dtype) == (8, True, 1, "int64")
+    tuned = dataclasses.replace(one, v_split=2)
+    assert tuned.v_split == 2 and tuned.heads == 12 and tuned.smem_bytes > one.smem_bytes
+    with pytest.raises(ValueError, match="v_split 3"):
+        dataclasses.replace(one, v_split=3)  # replace re-validates
+
+
 @gpu
 @needs_cuda
 @needs_cutlass
@@ -345,8 +358,11 @@ def test_standard_matches_reference():
     ok, why = standard_available()
     if not ok:
         pytest.skip(why)
+    # FLA stores the conv output in bf16 (the reference keeps it fp32): q, k, v within 2^-9 relative move ~1 % of
+    # the state elements past 1e-4 + 1e-3|ref| (state relative error 3e-4 to 6e-4 on CPU), none past 1e-3 + 1e-2|ref|
     for heads, batch in [(12, 1), (12, 64), (96, 4), (6, 33)]:
-        _check_graded(make_case(heads, batch, device="cuda", seed=heads + batch), kda_decode_standard)
+        _check_graded(make_case(heads, batch, device="cuda", seed=heads + batch), kda_decode_standard,
+                      state_atol=1e-3, state_rtol=1e-2)
 
 
 @gpu

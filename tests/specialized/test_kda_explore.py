@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from model.kimi_k3.specialized.kda_decode import explore, kernel
+from model.kimi_k3.specialized.kda_decode import _cache, explore, kernel
 
 
 def test_this_trees_kernel_is_the_package_module():
@@ -18,10 +18,11 @@ def test_a_variant_file_loads_as_its_own_module(tmp_path):
     module = explore.load_source(variant, 3)
     assert module is not kernel and module.__name__ == "kda_decode_variant_3"
     assert module.KDADecodeConfig(heads=12) == module.KDADecodeConfig(heads=12)
-    assert module._CACHE is not kernel._CACHE  # its compiled kernels are its own
+    assert _cache(module) is not _cache(kernel)  # its compiled kernels are its own
+    assert _cache(module).path(("any",)) is None  # and never on disk: the cache could not hash its imports
 
 
-@pytest.mark.parametrize("text,why", [("x = 1\n", "has no kda_decode_cute"), (None, "no such file")])
+@pytest.mark.parametrize("text,why", [("x = 1\n", "has no KDADecodeConfig"), (None, "no such file")])
 def test_a_wrong_source_is_refused_by_name(tmp_path, text, why):
     path = tmp_path / "not_a_kernel.py"
     if text is not None:

@@ -25,7 +25,7 @@ from model.kimi_k3.ops.mla_decode import mla_decode
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
-    _IMPORT_ERROR,
+    DSL,
     MERGE_COLS,
     MERGE_UNROLL,
     MMA_K,
@@ -46,7 +46,7 @@ CONTRACT = load_contract(CONTRACT_FILE)
 DEVICE = "cuda"
 N, C, R, V = 128, 512, 64, 128
 SCALE = 192 ** -0.5
-needs_dsl = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+needs_dsl = pytest.mark.skipif(DSL.error is not None, reason=f"CuTe DSL unavailable: {DSL.error}")
 
 
 def make_inputs(b: int, h: int, max_len: int, lengths: list[int], num_slots: int | None = None, seed: int = 0,

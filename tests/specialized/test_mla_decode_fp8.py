@@ -22,7 +22,7 @@ from kernels.cute import ptx_instruction_counts
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode_fp8 as mk8
 from model.kimi_k3.specialized.mla_decode import compile as compile_key
-from model.kimi_k3.specialized.mla_decode.kernel import _IMPORT_ERROR, MlaConfig
+from model.kimi_k3.specialized.mla_decode.kernel import DSL, MlaConfig
 from tests.specialized.test_mla_decode import (
     emulate,
     lane_divergent_shuffles,
@@ -36,7 +36,7 @@ CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "mla_decode_
 CONTRACT = load_contract(CONTRACT_FILE)
 PROBLEM = load_problem("mla_decode_fp8")
 E4M3 = MlaConfig(cache="e4m3")
-needs_dsl = pytest.mark.skipif(_IMPORT_ERROR is not None, reason=f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+needs_dsl = pytest.mark.skipif(DSL.error is not None, reason=f"CuTe DSL unavailable: {DSL.error}")
 
 
 def point(batch: int, heads: int = 12) -> Point:

@@ -7,8 +7,10 @@ import copy
 import importlib.util
 import re
 import shutil
+import sys
 
 import pytest
+import torch
 import yaml
 
 from gates.cli import main
@@ -126,7 +128,7 @@ def tasks_root(tmp_path):
     return tmp_path
 
 
-def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
+def test_new_scaffolds_and_never_overwrites(tasks_root, capsys, monkeypatch):
     args = ["task", "new", "moe_router", "--op", "moe_route", "--owner", OWNER, "--root", str(tasks_root)]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -134,11 +136,17 @@ def test_new_scaffolds_and_never_overwrites(tasks_root, capsys):
     assert "note: no gates/problems/moe_route.py" in out  # this root has no problem for the op: the gates say so
     assert written == ["contracts/moe_route.yaml", "model/kimi_k3/specialized/moe_route/__init__.py",
                        "model/kimi_k3/specialized/moe_route/kernel.py", "tests/specialized/test_moe_route.py"]
-    spec = importlib.util.spec_from_file_location("scaffolded", tasks_root / written[2])
+    package = tasks_root / written[1]
+    spec = importlib.util.spec_from_file_location("scaffolded", package,
+                                                  submodule_search_locations=[str(package.parent)])
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "scaffolded", module)  # its `from .kernel import DSL` resolves through it
     spec.loader.exec_module(module)
+    assert module.available()[0] is torch.cuda.is_available()  # the DSL imports; CPU CI has no GPU
+    assert "implementation: model.kimi_k3.specialized.moe_route:moe_route_cute" in (tasks_root / written[0]).read_text()
     with pytest.raises(NotImplementedError, match="moe_route_cute: the kernel is not written yet"):
         module.moe_route_cute(None, None, None, 16, True, 1.0)
+    assert sys.modules["scaffolded.kernel"].Config.for_problem() == sys.modules["scaffolded.kernel"].Config()
     before = (tasks_root / written[0]).read_text()
     assert main(args) == 2
     assert "already there (a scaffold never overwrites)" in capsys.readouterr().err

@@ -8,8 +8,8 @@ Layouts shared by every implementation (reference, standard, specialized):
 - `conv_state` [slots, 3P, Wc] in the activation dtype: the last Wc inputs of q|k|v (oldest first), the
   layout of FLA's `causal_conv1d_update` (Wc = short_conv_kernel_size).
 - `ssm_state` [slots, H, V, K] fp32 (V-major, as vLLM stores it).
-Activation-dtype rounding happens where the served model rounds: after the short conv, after f_b, on the
-recurrence output and on the gated-norm output.
+Activation-dtype rounding happens where the served model rounds after f_b (exactly: `gate_input`), on the
+recurrence output and on the gated-norm output; the short conv's output stays fp32 (`conv_prefill` says why).
 """
 
 from __future__ import annotations
@@ -94,23 +94,27 @@ def gated_rms_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
 
 
 def conv_update(x: torch.Tensor, conv_state: torch.Tensor, slots: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """One decode token per sequence: shift x [B, C] into its slot's window, return SiLU(conv) [B, C].
+    """One decode token per sequence: shift x [B, C] into its slot's window, return SiLU(conv) [B, C] in fp32.
 
-    Updates `conv_state` [slots, C, Wc] in place.
+    Updates `conv_state` [slots, C, Wc] in place. The activation stays fp32 (see `conv_prefill`).
     """
     window = torch.cat([conv_state[slots, :, 1:], x.to(conv_state.dtype).unsqueeze(-1)], dim=-1)
     conv_state[slots] = window
-    y = (window.float() * weight.float()).sum(-1)
-    return F.silu(y).to(x.dtype)
+    return F.silu((window.float() * weight.float()).sum(-1))
 
 
 def conv_prefill(x: torch.Tensor, initial: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A sequence's T new tokens x [T, C] after the window `initial` [C, Wc] -> (SiLU(conv) [T, C], window)."""
+    """A sequence's T new tokens x [T, C] after the window `initial` [C, Wc] -> (SiLU(conv) [T, C] fp32, window).
+
+    The activation is not rounded to the activation dtype (FLA's conv kernels store it in bf16 between kernels):
+    bf16 of an fp32 sum depends on the summation order where the sum lies near a rounding midpoint, and one such
+    flip of a v moves a whole state row by beta * ulp(v) * |k| -- in large-magnitude inputs up to 13 tolerance
+    units, so a reference rounded there judges a correct kernel by its own summation order (NOTES.md of the
+    fused decode kernel, run 15). In fp32 every order agrees to fp32 rounding."""
     wc = weight.shape[-1]
     seq = torch.cat([initial.float(), x.float().t()], dim=-1)  # [C, Wc + T]
     frames = seq[:, 1:].unfold(-1, wc, 1)  # [C, T, Wc], frame t ends at token t
-    y = F.silu((frames * weight.float().unsqueeze(1)).sum(-1)).t()
-    return y.to(x.dtype), seq[:, -wc:].to(initial.dtype)
+    return F.silu((frames * weight.float().unsqueeze(1)).sum(-1)).t(), seq[:, -wc:].to(initial.dtype)
 
 
 def recurrent(q, k, v, g, beta, state):

@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple
 import yaml
 
 from kernels.contract import Contract, ContractError, contract_files, load_contract
+from kernels.sources import REPO_ROOT
 from kernels.strict_yaml import load_yaml, yaml_problem
 
 from .op import Op, Signature, dtype_name, entry_point, import_entry_point
@@ -32,7 +33,6 @@ from .op import Op, Signature, dtype_name, entry_point, import_entry_point
 __all__ = ["OPS", "Op", "Signature", "Specialized", "Implementations", "dtype_name", "entry_point",
            "import_entry_point", "registry_problems", "load_specialized", "discover", "REPO_ROOT", "CONTRACTS_DIR"]
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 CONTRACTS_DIR = REPO_ROOT / "contracts"
 
 

@@ -33,3 +33,24 @@ def test_a_run_that_judges_differently_rewrites_the_bundle(tmp_path, contracts_g
     assert outcome.kept == []
     (_, bundle), = outcome.bundles
     assert runner.load_bundle(out / "attn_res" / "cpu").options.trials == 3 == bundle.options.trials
+
+
+def test_each_op_is_gated_with_an_empty_compile_cache_of_its_own(monkeypatch):
+    """What a gated op's children compile persists only for that op's run: a planted or stale user cache is never
+    loaded into it, and the caller's setting comes back afterwards."""
+    import os
+    from pathlib import Path
+
+    from gates.core.runner import compile_cache_of_its_own
+    from kernels.cute import CACHE_ENV, compile_cache_dir
+
+    monkeypatch.setenv(CACHE_ENV, "/somewhere/the/user/keeps/kernels")
+    with compile_cache_of_its_own():
+        directory = compile_cache_dir()
+        assert directory != Path("/somewhere/the/user/keeps/kernels") and directory.is_dir()
+        assert not any(directory.iterdir())
+    assert not directory.exists() and os.environ[CACHE_ENV] == "/somewhere/the/user/keeps/kernels"
+    monkeypatch.delenv(CACHE_ENV)
+    with compile_cache_of_its_own():
+        pass
+    assert CACHE_ENV not in os.environ

@@ -24,12 +24,14 @@ FP32_FLOPS_PER_S = 60e12
 
 
 def step_floor(heads, batch, info):
-    """The step's roofline floor on `info`'s arch (kernels.roofline): its bytes at the memory bandwidth, its
-    FLOPs at the fp32 CUDA-core rate."""
+    """The step's roofline floor on `info`'s arch (kernels.roofline): the op's cost model (bytes and FLOPs of a
+    shape-only case) with its bytes at the memory bandwidth, its FLOPs at the fp32 CUDA-core rate."""
+    from gates.problems.kda_decode import make_case
     from kernels.roofline import floor
-    from model.kimi_k3.specialized.kda_decode.kernel import bytes_moved, flops
+    from model.kimi_k3.ops.kda_decode import cost
 
-    return floor(bytes_moved(heads, batch), flops(heads, batch), info, flops_per_s=FP32_FLOPS_PER_S)
+    c = cost(*make_case(heads, batch, device="meta").args())
+    return floor(c.bytes, c.flops, info, flops_per_s=FP32_FLOPS_PER_S)
 
 
 def check_against_reference(impl, heads, batch, seed, exact_gemm=False):
@@ -53,7 +55,8 @@ def run(heads_list, batches, iters, flush, measure_bw, check=True, tuning=None):
     from kernels.arch import detect, with_measured_bandwidth
     from kernels.timing import count_kernels, time_op
     from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
-    from model.kimi_k3.specialized.kda_decode.kernel import available, default_v_split, kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode import available, kda_decode_cute
+    from model.kimi_k3.specialized.kda_decode.kernel import default_v_split
 
     info = detect()
     if measure_bw:

@@ -4,8 +4,9 @@
     python -m model.kimi_k3.specialized.kda_decode.explore --batches 1 4 --sources variants/a.py variants/b.py
     python -m model.kimi_k3.specialized.kda_decode.explore --batches 1 --tunings v_split=1 v_split=2 v_split=4
 
-A variant is (source, tuning). A source is a file with kernel.py's interface (`kda_decode_cute`), loaded as its
-own module, so an edited copy of the kernel (a branch's kernel.py) runs beside this tree's; a tuning overrides
+A variant is (source, tuning). A source is a file with kernel.py's interface (the config, `compile_kernel`,
+`launch_args`), loaded as its own module and run through this package's entry point (`decode_with`), so an edited
+copy of the kernel (a branch's kernel.py) runs beside this tree's; a tuning overrides
 KDADecodeConfig fields ('default': the entry point's choice). Each variant's output and state are checked
 against the reference first. Timing is the gate's (CUDA-graph replay, L2 flushed before every replay), split
 into --rounds rounds that visit the variants in turn, so drift over the run hits every variant alike; each
@@ -22,6 +23,7 @@ import argparse
 import importlib.util
 import json
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -42,9 +44,12 @@ def load_source(path: Path, index: int):
     if spec is None:
         raise SystemExit(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's postponed annotations through it
     spec.loader.exec_module(module)
-    if not hasattr(module, "kda_decode_cute"):
-        raise SystemExit(f"{path}: has no kda_decode_cute (not a kernel.py variant)")
+    missing = [name for name in ("KDADecodeConfig", "compile_kernel", "launch_args", "DSL")
+               if not hasattr(module, name)]
+    if missing:
+        raise SystemExit(f"{path}: has no {', '.join(missing)} (not a kernel.py variant)")
     return module
 
 
@@ -62,6 +67,7 @@ def main(argv=None):
     from gates.problems.kda_decode import make_case
     from kernels.arch import detect
     from kernels.timing import time_op
+    from model.kimi_k3.specialized.kda_decode import decode_with
     from model.kimi_k3.specialized.kda_decode.bench import check_against_reference, step_floor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,7 +92,7 @@ def main(argv=None):
         for text in a.tunings:
             tuning = parse_tuning(text)
             name = f"{path.stem}[{text}]" if len(a.tunings) > 1 else path.stem
-            variants.append((name, lambda *args, m=module, t=tuning: m.kda_decode_cute(*args, tuning=t), True))
+            variants.append((name, lambda *args, m=module, t=tuning: decode_with(m, *args, tuning=t), True))
     if a.standard:
         from model.kimi_k3.ops.kda_decode_standard import kda_decode_standard, standard_available
 

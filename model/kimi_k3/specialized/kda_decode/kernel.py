@@ -27,30 +27,24 @@ picks 8 while that is one CTA per SM, down to 1 (no cluster) once (head, sequenc
   which would first wait for all of the CTA's global stores.
 """
 
+from __future__ import annotations
+
 import operator
 from dataclasses import dataclass
 
-import torch
+from kernels.cute import compile_for_arch, dsl_import, import_cutlass, require_dsl
+from model.kimi_k3.ops.kda import L2_EPS, KDAColumns
 
-from kernels.cute import CompileCache, current_cute_arch, import_cutlass
-from model.kimi_k3.ops.kda import L2_EPS, KDAColumns, KDAWeights
-
-try:
+with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64
     from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
 
-    _IMPORT_ERROR = None
-except Exception as _e:  # cutlass not installed or broken: the module stays importable
-    cutlass = cute = None
-    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
-
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
-
-_TORCH_SLOT_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+H200_SMS = 132
 
 
 @dataclass(frozen=True)
@@ -105,6 +99,14 @@ class KDADecodeConfig:
             object.__setattr__(self, "proj_stride", self.width)
         if self.proj_stride < 4 * self.p + self.rank + self.heads or self.proj_stride % 8:
             raise ValueError(f"proj_stride {self.proj_stride}: must cover the packed columns and be a multiple of 8")
+
+    @classmethod
+    def for_problem(cls, heads: int, batch: int, sm_count: int = H200_SMS, **shape) -> KDADecodeConfig:
+        """The launch config the entry point uses for `batch` sequences of `heads` local heads (measured on the
+        H200, NOTES.md); tune it with dataclasses.replace. `shape`: head_dim, rank, conv_width, proj_stride,
+        slot_dtype."""
+        v_split = default_v_split(heads, batch, sm_count)
+        return cls(heads=heads, v_split=v_split, share_decays=v_split >= 4, chunk_rows=0, **shape)
 
     @property
     def p(self) -> int:
@@ -224,7 +226,7 @@ def _conv_load(gConv, mConvW, mProj, b, c, wc: int):
 
 def _conv_compute(win, wts, x, wc: int):
     """The channel's new window (old one shifted, x appended; the caller stores it) and
-    bf16(SiLU(window . taps)) as fp32."""
+    SiLU(window . taps) in fp32, never rounded to bf16 (the reference's `conv_update` says why)."""
     new = cute.make_rmem_tensor((wc,), BFloat16)
     for i in range(wc - 1):
         new[i] = win[i + 1]
@@ -232,11 +234,10 @@ def _conv_compute(win, wts, x, wc: int):
     y = new[0].to(Float32) * wts[0]
     for i in range(1, wc):
         y = y + new[i].to(Float32) * wts[i]
-    act = y / (Float32(1.0) + cute.math.exp(-y))
-    return new, act.to(BFloat16).to(Float32)
+    return new, y / (Float32(1.0) + cute.math.exp(-y))
 
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
 
     class KDADecodeKernel:
         """CuTe DSL kernel object: `__call__` (jit) builds the tensors and launches `kernel`."""
@@ -525,76 +526,7 @@ if _IMPORT_ERROR is None:
                     mOut[b, h * K + row0 + warp * RPW + cc * CH + (lane >> shift)] = y.to(BFloat16)
 
 
-_CACHE = CompileCache("kda_decode")
-
-
-def _dtype(name: str):
-    return {"int32": Int32, "int64": Int64}[name]
-
-
-def fake_args(cfg: KDADecodeConfig):
-    """Null pointers and scalars with the kernel's argument types, for compiling without a GPU."""
-    gmem = cute.AddressSpace.gmem
-    slot_t = _dtype(cfg.slot_dtype)
-    return (
-        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # proj
-        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # conv_state
-        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # ssm_state
-        _runtime_make_ptr(slot_t, 0, gmem, assumed_align=slot_t.width // 8),  # slots
-        _runtime_make_ptr(Float32, 0, gmem, assumed_align=16),  # conv_weight
-        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=16),  # f_b
-        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # A_log
-        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # dt_bias
-        _runtime_make_ptr(Float32, 0, gmem, assumed_align=4),  # o_norm
-        _runtime_make_ptr(BFloat16, 0, gmem, assumed_align=4),  # out
-        Int32(1), Float32(-5.0), Float32(1e-5), cuda.CUstream(0),
-    )
-
-
-def compile_kernel(cfg: KDADecodeConfig, options: str = ""):
-    """cute.compile the kernel for cfg (for the arch the DSL targets in this process)."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
-    return cute.compile(KDADecodeKernel(cfg), *fake_args(cfg), options=options)
-
-
-def compile_report(cfg: KDADecodeConfig, arch: str = "sm_90a", **kw):
-    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, smem)."""
-    from kernels.cute import compile_for_arch
-
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
-    return compile_for_arch(KDADecodeKernel(cfg), *fake_args(cfg), arch=arch,
-                            dynamic_smem_bytes=cfg.smem_bytes, **kw)
-
-
-def available() -> tuple[bool, str]:
-    if _IMPORT_ERROR is not None:
-        return False, f"CuTe DSL unavailable: {_IMPORT_ERROR}"
-    if not torch.cuda.is_available():
-        return False, "no CUDA device"
-    major, _ = torch.cuda.get_device_capability()
-    if major != 9:
-        return False, f"validated on sm_90 only (this device is sm_{major}x)"
-    return True, "ok"
-
-
-def _ptr(t: torch.Tensor, dtype, align: int):
-    if t.data_ptr() % align:
-        raise ValueError(f"tensor data pointer not {align}-byte aligned")
-    return _runtime_make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
-
-
-def _check(name, t: torch.Tensor, dtype, shape=None):
-    if t.dtype != dtype:
-        raise TypeError(f"{name}: dtype {t.dtype}, expected {dtype}")
-    if shape is not None and tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: shape {tuple(t.shape)}, expected {tuple(shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous")
-
-
-def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
+def default_v_split(heads: int, batch: int, sm_count: int = H200_SMS) -> int:
     """CTAs per (head, sequence): split the state rows over a cluster while (head, sequence) pairs are
     too few to give every SM work (8 while that is still one CTA per SM); whole tiles once they are plenty."""
     pairs = heads * batch
@@ -607,87 +539,46 @@ def default_v_split(heads: int, batch: int, sm_count: int = 132) -> int:
     return 1
 
 
-def default_tuning(heads: int, batch: int) -> dict:
-    """The config knobs the entry point uses for a problem size (measured on the H200, see NOTES.md)."""
-    v_split = default_v_split(heads, batch)
-    return dict(v_split=v_split, share_decays=v_split >= 4, chunk_rows=DEFAULT_CHUNK_ROWS)
+def slot_type(name: str):
+    """The DSL integer type of a slot dtype name ('int32', 'int64')."""
+    return {"int32": Int32, "int64": Int64}[name]
 
 
-DEFAULT_CHUNK_ROWS = 0
+def launch_args(cfg: KDADecodeConfig, proj: int, conv_state: int, ssm_state: int, slots: int, conv_weight: int,
+                f_b: int, a_log: int, dt_bias: int, o_norm: int, out: int, batch: int, lower_bound: float,
+                norm_eps: float, stream: int):
+    """The kernel's arguments for device addresses, the batch size, the gate's lower bound, the norm's epsilon
+    and a CUDA stream handle."""
+    gmem = cute.AddressSpace.gmem
+    slot_t = slot_type(cfg.slot_dtype)
+    return (
+        _runtime_make_ptr(BFloat16, proj, gmem, assumed_align=16),
+        _runtime_make_ptr(BFloat16, conv_state, gmem, assumed_align=16),
+        _runtime_make_ptr(Float32, ssm_state, gmem, assumed_align=16),
+        _runtime_make_ptr(slot_t, slots, gmem, assumed_align=slot_t.width // 8),
+        _runtime_make_ptr(Float32, conv_weight, gmem, assumed_align=16),
+        _runtime_make_ptr(BFloat16, f_b, gmem, assumed_align=16),
+        _runtime_make_ptr(Float32, a_log, gmem, assumed_align=4),
+        _runtime_make_ptr(Float32, dt_bias, gmem, assumed_align=4),
+        _runtime_make_ptr(Float32, o_norm, gmem, assumed_align=4),
+        _runtime_make_ptr(BFloat16, out, gmem, assumed_align=4),
+        Int32(batch), Float32(lower_bound), Float32(norm_eps), cuda.CUstream(stream),
+    )
 
 
-def kda_decode_cute(proj: torch.Tensor, conv_state: torch.Tensor, ssm_state: torch.Tensor, slots: torch.Tensor,
-                    w: KDAWeights, *, tuning: dict | None = None) -> torch.Tensor:
-    """Same signature and semantics as model.kimi_k3.ops.kda.kda_decode; one kernel launch.
-
-    proj [B, W] bf16 (rows may be strided, columns contiguous); conv_state [slots, 3P, 4] bf16 and
-    ssm_state [slots, H, V, K] fp32 are updated in place at rows `slots` [B] (int32 or int64, distinct).
-    Returns out [B, P] bf16. `tuning` overrides KDADecodeConfig fields (v_split, smem_carveout, ...);
-    by default v_split comes from `default_v_split`.
-    """
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
-    if not proj.is_cuda:
-        raise RuntimeError("kda_decode_cute needs CUDA tensors")
-    cols = KDAColumns.of(ssm_state, w)
-    H, K, R = cols.heads, cols.head_dim, cols.rank
-    P, B = cols.p, proj.shape[0]
-    wc = w.conv_weight.shape[-1]
-    if proj.dtype != torch.bfloat16 or proj.dim() != 2 or proj.stride(1) != 1:
-        raise ValueError("proj: [B, W] bf16 with contiguous columns")
-    if ssm_state.shape[2] != K:
-        raise ValueError("ssm_state: V must equal K")
-    _check("conv_state", conv_state, torch.bfloat16, (conv_state.shape[0], 3 * P, wc))
-    _check("ssm_state", ssm_state, torch.float32)
-    _check("conv_weight", w.conv_weight, torch.float32, (3 * P, wc))
-    _check("f_b", w.f_b, torch.bfloat16, (P, R))
-    _check("A_log", w.A_log, torch.float32, (H,))
-    _check("dt_bias", w.dt_bias, torch.float32, (P,))
-    _check("o_norm", w.o_norm, torch.float32, (K,))
-    if slots.dtype not in _TORCH_SLOT_DTYPES or slots.shape != (B,) or not slots.is_contiguous():
-        raise ValueError("slots: contiguous [B] int32 or int64")
-    out = torch.empty(B, P, dtype=proj.dtype, device=proj.device)
-    if B == 0:
-        return out
-    knobs = default_tuning(H, B)
-    knobs.update(tuning or {})
-    cfg = KDADecodeConfig(heads=H, head_dim=K, rank=R, conv_width=wc, proj_stride=proj.stride(0),
-                          slot_dtype=_TORCH_SLOT_DTYPES[slots.dtype], **knobs)
-    fn = _CACHE.get((cfg, current_cute_arch()), lambda: compile_kernel(cfg))
-    slot_t = _dtype(cfg.slot_dtype)
-    stream = cuda.CUstream(torch.cuda.current_stream(proj.device).cuda_stream)
-    fn(_ptr(proj, BFloat16, 16), _ptr(conv_state, BFloat16, 16), _ptr(ssm_state, Float32, 16),
-       _ptr(slots, slot_t, slot_t.width // 8), _ptr(w.conv_weight, Float32, 16), _ptr(w.f_b, BFloat16, 16),
-       _ptr(w.A_log, Float32, 4), _ptr(w.dt_bias, Float32, 4), _ptr(w.o_norm, Float32, 4),
-       _ptr(out, BFloat16, 4), Int32(B), Float32(float(w.lower_bound)), Float32(float(w.norm_eps)), stream)
-    return out
+def fake_args(cfg: KDADecodeConfig):
+    """Null pointers and scalars with the kernel's argument types, for compiling without a GPU."""
+    return launch_args(cfg, *([0] * 10), 1, -5.0, 1e-5, 0)
 
 
-def bytes_moved(heads: int, batch: int, head_dim: int = 128, rank: int = 128, conv_width: int = 4) -> int:
-    """Fewest bytes one decode step must move (each input read once, each output written once)."""
-    p = heads * head_dim
-    width = KDAColumns(heads, head_dim, rank).width
-    per_seq = (width * 2  # proj row
-               + 2 * 3 * p * conv_width * 2  # conv windows read + written
-               + 2 * heads * head_dim * head_dim * 4  # fp32 state read + written
-               + p * 2  # out
-               + 8)  # slot index
-    weights = 3 * p * conv_width * 4 + p * rank * 2 + heads * 4 + p * 4 + head_dim * 4
-    return batch * per_seq + weights
+def compile_kernel(cfg: KDADecodeConfig, options: str = ""):
+    """cute.compile the kernel for cfg (for the arch the DSL targets in this process)."""
+    require_dsl(DSL.error)
+    return cute.compile(KDADecodeKernel(cfg), *fake_args(cfg), options=options)
 
 
-def flops(heads: int, batch: int, head_dim: int = 128, rank: int = 128) -> int:
-    """Arithmetic per step (fp32, CUDA cores): decay, S k, update, S q over the state; f_b GEMV."""
-    return batch * heads * (8 * head_dim * head_dim + 2 * head_dim * rank)
-
-
-def compile_keys(contract) -> list[KDADecodeConfig]:
-    """The gate's compile protocol: every config the entry point compiles across the contract's envelope."""
-    configs = {KDADecodeConfig(heads=h, slot_dtype="int64", **default_tuning(h, b))
-               for h in contract.shapes["heads"] for b in range(contract.batch.min, contract.batch.max + 1)}
-    return sorted(configs, key=lambda c: (c.heads, c.v_split))
-
-
-def compile(key: KDADecodeConfig, target: str):  # noqa: A001 - the name the gate's protocol asks for
-    """Compile one config for a target ('sm_90a', 'sm_100a') without a GPU: a kernels.cute.CompileReport."""
-    return compile_report(key, arch=target)
+def compile_report(cfg: KDADecodeConfig, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, smem)."""
+    require_dsl(DSL.error)
+    return compile_for_arch(KDADecodeKernel(cfg), *fake_args(cfg), arch=arch, dynamic_smem_bytes=cfg.smem_bytes,
+                            **kw)

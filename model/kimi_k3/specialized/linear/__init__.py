@@ -19,9 +19,9 @@ import functools
 
 import torch
 
-from kernels.cute import CompileCache, current_cute_arch
+from kernels.cute import CompileCache, current_cute_arch, kernel_available, require_dsl
 
-from .kernel import _IMPORT_ERROR, MAX_TOKENS, LinearConfig, compile_kernel, compile_report, launch_args
+from .kernel import DSL, MAX_TOKENS, LinearConfig, compile_kernel, compile_report, launch_args
 from .tuned import tuned_config
 
 __all__ = ["LinearConfig", "available", "check_args", "compile", "compile_keys", "config_for", "linear_cute",
@@ -35,19 +35,12 @@ K_MULTIPLE = 32
 _OUT_DTYPES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _INT32_LIMIT = 2**31
 
-_CACHE = CompileCache("linear")
+_CACHE = CompileCache("linear", module=f"{__name__}.kernel")
 
 
 def available() -> tuple[bool, str]:
     """(True, 'ok') where the kernel can run: CuTe DSL importable and an sm_90 GPU."""
-    if _IMPORT_ERROR is not None:
-        return False, f"CuTe DSL unavailable: {_IMPORT_ERROR}"
-    if not torch.cuda.is_available():
-        return False, "no CUDA device"
-    major, _ = torch.cuda.get_device_capability()
-    if major != 9:
-        return False, f"built for sm_90a only (this device is sm_{major}x)"
-    return True, "ok"
+    return kernel_available(DSL.error)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -150,8 +143,7 @@ def linear_cute(x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | No
     """y[M, N] = x[M, K] @ weight[N, K]^T with fp32 accumulation, one kernel launch; y bf16 (or fp32 with
     out_dtype=torch.float32, or out's dtype). `config` overrides the heuristic (its out_dtype is replaced by
     the output's). Raises ValueError, before writing anything, on input outside the envelope (module doc)."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     m, n, k, out_dtype = check_args(x, weight, out, out_dtype)
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=x.device)

@@ -34,18 +34,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from kernels.cute import import_cutlass
+from kernels.cute import dsl_import, import_cutlass, require_dsl
 
-try:
+with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
-
-    _IMPORT_ERROR = None
-except Exception as _e:  # cutlass not installed or broken: the module stays importable
-    cutlass = cute = None
-    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 PATHS = ("gemv", "mma")
 OUT_DTYPES = ("bfloat16", "float32")
@@ -232,7 +227,7 @@ def _send_f32(smem_ptr, val, mbar_ptr, peer_rank):
     cute.arch.store_async_dsmem(smem_ptr, bits, mbar_ptr, peer_rank)
 
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
 
     class LinearKernel:
         """y[M, N] = x[M, K] W[N, K]^T for one config, M and K (baked in: they fix the unrolled loops and the
@@ -499,8 +494,7 @@ def fake_args(out_dtype: str = "bfloat16"):
 
 def compile_kernel(cfg: LinearConfig, m: int, k: int, options: str = ""):
     """cute.compile the kernel for (cfg, M, K), for the arch the DSL targets in this process."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return cute.compile(LinearKernel(cfg, m, k), *fake_args(cfg.out_dtype), options=options)
 
 
@@ -508,7 +502,6 @@ def compile_report(cfg: LinearConfig, m: int, k: int, arch: str = "sm_90a", **kw
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return compile_for_arch(LinearKernel(cfg, m, k), *fake_args(cfg.out_dtype), arch=arch,
                             dynamic_smem_bytes=cfg.smem_bytes(m), **kw)

@@ -26,16 +26,16 @@ import functools
 
 import torch
 
-from kernels.cute import CompileCache, current_cute_arch
+from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
 from ..linear import _num_sms, available
-from .kernel import _IMPORT_ERROR, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
+from .kernel import DSL, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
 
 __all__ = ["MlaConfig", "absorbed_attention", "attention_core", "available", "check_args", "compile", "compile_keys",
            "config_for", "mla_decode_cute", "prepare", "split_plan"]
 
 MAX_BATCH = 64
-_CACHE = CompileCache("mla_decode")
+_CACHE = CompileCache("mla_decode", module=f"{__name__}.kernel")
 _INT32_LIMIT = 2**31
 
 
@@ -118,8 +118,7 @@ def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Te
     """The reference's result, out [B, H, V] fp32: torch for the absorptions, two launches for the attention core on
     the current stream (kernel.py's module doc); deterministic. `config` overrides the heuristic (for tuning). Raises
     ValueError before launching anything on input outside the envelope (module doc)."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     b, h, _, c, r, v, max_len = check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
     if b == 0:
         return torch.empty(0, h, v, dtype=torch.float32, device=q_nope.device)

@@ -65,9 +65,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kernels.cute import import_cutlass
+from kernels.cute import dsl_import, import_cutlass, require_dsl
 
-try:
+with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float8E4M3FN, Float16, Float32, Int32, Int64, Uint32
@@ -75,11 +75,6 @@ try:
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
 
-
-    _IMPORT_ERROR = None
-except Exception as _e:  # cutlass not installed or broken: the module stays importable
-    cutlass = cute = None
-    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 TILE = 32  # rows per tile = lanes per warp (the softmax step maps row t to lane t)
 VEC = 8  # cache elements per load (16 bytes of bf16, 8 of e4m3)
@@ -214,7 +209,7 @@ def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = Ml
     return -(-max_len // chunk), chunk
 
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
 
     def _pack_x2(lo: Float32, hi: Float32, operand: str) -> Uint32:
         """cvt.rn.{bf16,f16}x2.f32 (operand "bf16" or "f16"): lo rounded into the low half (the lower k index of an
@@ -738,8 +733,7 @@ def fake_args(cache: str = "bf16"):
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):
     """cute.compile both launches for a config and dims, for the arch the DSL targets in this process."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return cute.compile(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(cfg.cache), options=options)
 
 
@@ -747,7 +741,6 @@ def compile_report(cfg: MlaConfig, heads: int, latent: int, rope: int, arch: str
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return compile_for_arch(MlaDecodeKernel(cfg, heads, latent, rope), *fake_args(cfg.cache), arch=arch,
                             dynamic_smem_bytes=cfg.smem_bytes(heads, latent, rope), **kw)

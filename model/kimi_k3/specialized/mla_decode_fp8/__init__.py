@@ -18,9 +18,11 @@ import math
 
 import torch
 
+from kernels.cute import require_dsl
+
 from ..mla_decode import MlaConfig, absorbed_attention, available, check_args, compile
 from ..mla_decode import config_for as bf16_config_for
-from ..mla_decode.kernel import _IMPORT_ERROR
+from ..mla_decode.kernel import DSL
 
 __all__ = ["available", "compile", "compile_keys", "config_for", "mla_decode_fp8_cute"]
 
@@ -37,8 +39,7 @@ def mla_decode_fp8_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
     """The reference's result, out [B, H, V] fp32 (mla_decode_cute's launches over the e4m3 cache). `config`
     overrides the heuristic (an e4m3 one). Raises ValueError before launching anything on input outside the
     envelope."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     if not isinstance(kv_scale, (int, float)) or not (math.isfinite(kv_scale) and kv_scale > 0):
         raise ValueError(f"kv_scale must be a positive finite Python number, got {kv_scale!r}")
     if config is not None and config.cache != "e4m3":

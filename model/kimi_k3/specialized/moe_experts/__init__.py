@@ -18,11 +18,11 @@ import functools
 
 import torch
 
-from kernels.cute import CompileCache, current_cute_arch
+from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
 from ..linear import _num_sms, available
 from .kernel import (
-    _IMPORT_ERROR,
+    DSL,
     GROUP,
     MAX_TOKENS,
     MAX_TOP_K,
@@ -40,7 +40,7 @@ COMPILE_TOKENS = (1, 16)
 # Rank-local intermediate dim of K3's routed experts per TP size (3072 / 8; 3072 / 16 = 192 zero-padded to 256).
 INTERMEDIATE = {8: 384, 16: 256}
 
-_CACHE = CompileCache("moe_experts")
+_CACHE = CompileCache("moe_experts", module=f"{__name__}.kernel")
 _INT32_LIMIT = 2**31
 
 
@@ -121,8 +121,7 @@ def moe_experts_cute(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, 
     """The reference's result, y [T, L] fp32, in two launches on the current stream (kernel.py's module doc);
     deterministic. `config` overrides the heuristic (for tuning). Raises ValueError before launching anything on
     input outside the envelope (module doc)."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     t, k, e, latent, inter = check_args(z, ids, weights, w13, w2)
     y = torch.empty(t, latent, dtype=torch.float32, device=z.device)
     if t == 0:

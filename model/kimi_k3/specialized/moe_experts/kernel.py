@@ -56,20 +56,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.cute import import_cutlass
+from kernels.cute import dsl_import, import_cutlass, require_dsl
 
-try:
+with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
     from cutlass._mlir.dialects import llvm
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
-
-    _IMPORT_ERROR = None
-except Exception as _e:  # cutlass not installed or broken: the module stays importable
-    cutlass = cute = None
-    _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 GROUP = 32  # MXFP4 inputs per scale = E2M1 codes per 16-byte chunk
 CHUNK_WORDS = 4  # 32-bit words per chunk
@@ -200,7 +195,7 @@ class ExpertsConfig:
         return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4)
 
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
 
     def _f32(bits):
         return Float32(llvm.bitcast(_T.f32(), Uint32(bits).ir_value()))
@@ -613,8 +608,7 @@ def fake_args():
 
 def compile_kernel(cfg: ExpertsConfig, experts: int, latent: int, inter: int, top_k: int, options: str = ""):
     """cute.compile both launches for a config and dims, for the arch the DSL targets in this process."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return cute.compile(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), options=options)
 
 
@@ -622,8 +616,7 @@ def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, to
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
                             dynamic_smem_bytes=max(cfg.down_warps * cfg.down_rows_per_cta * 4,
                                                    cfg.up_warps * 16 * 4 if cfg.up_path == "mma" else 0), **kw)

@@ -21,12 +21,12 @@ import functools
 
 import torch
 
-from kernels.cute import CompileCache, current_cute_arch
+from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
 # the GPU, SM-count and activation-layout checks are linear's: its GEMV runs
 from ..linear import _num_sms, available, check_activation_layout, config_for
 from ..linear.kernel import MAX_TOKENS
-from .kernel import _IMPORT_ERROR, CANDIDATE_FIELDS, MAX_TOP_K, RouteConfig, compile_kernel, compile_report, launch_args
+from .kernel import CANDIDATE_FIELDS, DSL, MAX_TOP_K, RouteConfig, compile_kernel, compile_report, launch_args
 
 __all__ = ["RouteConfig", "available", "check_args", "compile", "compile_keys", "moe_route_cute",
            "moe_route_local_cute", "prepare", "route_config", "supports"]
@@ -35,7 +35,7 @@ __all__ = ["RouteConfig", "available", "check_args", "compile", "compile_keys", 
 COMPILE_TOKENS = (1, 2, 8, 9, 16, 32, 64)
 MAX_T = MAX_TOKENS["mma"]
 
-_CACHE = CompileCache("moe_route")
+_CACHE = CompileCache("moe_route", module=f"{__name__}.kernel")
 _SYNC: dict[int, torch.Tensor] = {}  # per device: the kernel's arrival counters, zero between launches
 
 
@@ -112,8 +112,7 @@ def moe_route_cute(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, to
     id; weights [T, top_k] fp32, the un-biased sigmoid scores, renormalized when asked, times scaling). `config`
     overrides route_config's (probe.py times the kernel's stages with it; a stage short of "select" leaves the
     outputs unwritten)."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     t, e, k = check_args(x, gate_w, bias, top_k)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
     weights = torch.empty(t, top_k, dtype=torch.float32, device=x.device)
@@ -129,8 +128,7 @@ def moe_route_local_cute(x: torch.Tensor, gate_w_local: torch.Tensor, bias_local
     it: [T, top_k, 3] fp32 of (choice key sigmoid(x . w) + bias, un-biased score, global id first_id + local id),
     in decreasing key order, ties to the lower id. gate_w_local [E_local, K] and bias_local [E_local] are the
     rank's rows (any E_local >= top_k); the same envelope as moe_route_cute otherwise."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     t, e, k = check_args(x, gate_w_local, bias_local, top_k)
     if not (0 <= first_id and first_id + e <= 2**24):
         raise ValueError(f"first_id={first_id}: global ids must stay in 0..2^24 (exact in fp32)")

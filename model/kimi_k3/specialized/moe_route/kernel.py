@@ -46,12 +46,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.cute import import_cutlass
+from kernels.cute import import_cutlass, require_dsl
 
 from ...ops.moe_route_tp import FIELDS
-from ..linear.kernel import _IMPORT_ERROR, LinearConfig
+from ..linear.kernel import DSL, LinearConfig
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
     cutlass, cute = import_cutlass()
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64, Uint32
@@ -221,7 +221,7 @@ class _DslWarpOps:
         return Int32(i)
 
 
-if _IMPORT_ERROR is None:
+if DSL.error is None:
     # LinearKernel.kernel's body as an inlinable function: the router's GEMV is that kernel's, unchanged.
     _linear_body = cute.jit(LinearKernel.kernel.__wrapped__)
 
@@ -364,8 +364,7 @@ def fake_args():
 
 def compile_kernel(cfg: RouteConfig, m: int, k: int, options: str = ""):
     """cute.compile the router for (cfg, M, K), for the arch the DSL targets in this process."""
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return cute.compile(RouteKernel(cfg, m, k), *fake_args(), options=options)
 
 
@@ -373,7 +372,6 @@ def compile_report(cfg: RouteConfig, m: int, k: int, arch: str = "sm_90a", **kw)
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"CuTe DSL unavailable: {_IMPORT_ERROR}")
+    require_dsl(DSL.error)
     return compile_for_arch(RouteKernel(cfg, m, k), *fake_args(), arch=arch,
                             dynamic_smem_bytes=cfg.gemv.smem_bytes(m) + 4, **kw)
