@@ -61,6 +61,14 @@ def copy_into(dst: Any, src: Any) -> None:
         d.copy_(s)
 
 
+def same_layout(a: Any, b: Any) -> bool:
+    """Whether a and b have one structure, equal non-tensor values, and tensors of equal shapes, strides, dtypes
+    and devices: then copy_into(a, b) makes a stand for b in a call, so a's buffers can serve b's."""
+    def layout(t: torch.Tensor) -> tuple:
+        return ("tensor", tuple(t.shape), t.stride(), t.dtype, t.device)
+    return map_tensors(a, layout) == map_tensors(b, layout)
+
+
 def digest(t: torch.Tensor) -> str:
     """dtype, shape and sha256 of the bytes (NaN payloads and signed zeros included): equal digests are the
     bitwise identity the determinism and mutation checks ask for, without sending the tensor."""

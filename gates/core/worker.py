@@ -29,7 +29,7 @@ from gates.core.compare import digest as _tensor_digest
 from gates.core.sources import in_repository, repository_path
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
-from kernels.trees import clone, copy_into, leaves, state_leaves
+from kernels.trees import clone, copy_into, leaves, same_layout, state_leaves
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -221,7 +221,8 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
 def run_cases(*, candidate: str, reference: str, device: str, names: list[str], cases: list, runs: int,
               output_specs: list) -> dict:
     """Every case of one envelope point on the same persistent buffers (same pointers, fresh contents, as a
-    serving engine calls a kernel). Run 0 follows the reference in this process, whose result has just been
+    serving engine calls a kernel; a case whose tensors differ in shape, as a cache of another context length
+    does, gets buffers of its own). Run 0 follows the reference in this process, whose result has just been
     freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
     match run 0's bit for bit."""
     ref = load(reference, trusted=True)
@@ -230,7 +231,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     results = []
     for case in cases:
         pristine = clone(case.args, device)
-        buffers = clone(pristine) if buffers is None else buffers
+        buffers = buffers if buffers is not None and same_layout(buffers, pristine) else clone(pristine)
         keep: list = []
         per_run = []
         for r in range(runs):
