@@ -218,20 +218,29 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
     del held
 
 
+def persistent_buffers(pool: list, pristine: Any) -> Any:
+    """The buffers in `pool` laid out as `pristine`, made on first need: a serving engine keeps one set per shape
+    (a cache of another context length is another allocation), and cases of one envelope point may differ so."""
+    for buffers in pool:
+        if same_layout(buffers, pristine):
+            return buffers
+    pool.append(clone(pristine))
+    return pool[-1]
+
+
 def run_cases(*, candidate: str, reference: str, device: str, names: list[str], cases: list, runs: int,
               output_specs: list) -> dict:
-    """Every case of one envelope point on the same persistent buffers (same pointers, fresh contents, as a
-    serving engine calls a kernel; a case whose tensors differ in shape, as a cache of another context length
-    does, gets buffers of its own). Run 0 follows the reference in this process, whose result has just been
-    freed, and returns its tensors; the other runs follow poisoned memory and return digests, which must
-    match run 0's bit for bit."""
+    """Every case of one envelope point on persistent buffers (same pointers, fresh contents, as a serving engine
+    calls a kernel; one set per layout, see persistent_buffers). Run 0 follows the reference in this process,
+    whose result has just been freed, and returns its tensors; the other runs follow poisoned memory and return
+    digests, which must match run 0's bit for bit."""
     ref = load(reference, trusted=True)
     fn = load(candidate)
-    buffers = None
+    pool: list = []
     results = []
     for case in cases:
         pristine = clone(case.args, device)
-        buffers = buffers if buffers is not None and same_layout(buffers, pristine) else clone(pristine)
+        buffers = persistent_buffers(pool, pristine)
         keep: list = []
         per_run = []
         for r in range(runs):
@@ -274,11 +283,12 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
     and changes after a warm-up shows as a call that differs from the first one on the same input."""
     fn = load(candidate)
     pristine = [clone(case.args, device) for case in cases]
-    buffers = clone(pristine[0])
+    pool: list = []
     keep: list = []
     results = []
     for k in range(calls):
         case = cases[k % len(cases)]
+        buffers = persistent_buffers(pool, pristine[k % len(cases)])
         copy_into(buffers, pristine[k % len(cases)])
         full = k < len(cases) or k >= calls - len(cases)
         result = call(fn, buffers, case.state, names, device, keep, full=full, with_inputs=False)
