@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gates.checks import benchmarks
-from gates.commands.gate import option_error, parse_ops
+from gates.commands.gate import RichReporter, option_error, parse_ops, progress_bar
 from gates.core.contracts import load_contracts
 from gates.core.runner import new_options, run_gates, unknown_ops
 from gates.core.sources import REPO_ROOT
@@ -58,16 +58,16 @@ def run(args) -> int:
         raise UsageError(unknown)
     console, machine = Console(), detect()
     results = {}
-    with console.status("timing") as status:
-        for op in ops:
+    with progress_bar(console) as progress:
+        reporter = RichReporter(progress, progress.add_task("timing", total=len(ops)), console)
+        for op in ops:  # each op's table as soon as it is timed: a run cut short keeps what it measured
             path, contract = by_op[op]
-            status.update(f"timing {op}")
-            (results[op],) = run_gates(contract, path, machine, options, gates=[benchmarks.GATE])
-    for op, result in results.items():
-        console.print(_table(op, result) if result.details.get("rows") else
-                      escape(f"{op}: {result.status.value}: {result.reason or result.summary}"), soft_wrap=True)
-        for flag in result.flags:
-            console.print(f"  [yellow]flag:[/] {escape(flag)}", soft_wrap=True, highlight=False)
+            result = results[op] = run_gates(contract, path, machine, options, reporter=reporter,
+                                             gates=[benchmarks.GATE])[0]
+            console.print(_table(op, result) if result.details.get("rows") else
+                          escape(f"{op}: {result.status.value}: {result.reason or result.summary}"), soft_wrap=True)
+            for flag in result.flags:
+                console.print(f"  [yellow]flag:[/] {escape(flag)}", soft_wrap=True, highlight=False)
     for problem in problems:
         console.print(f"[bold red]contract:[/] {escape(problem)}", soft_wrap=True, highlight=False)
     if args.json:

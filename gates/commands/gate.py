@@ -73,6 +73,12 @@ class RichReporter(Reporter):
         self.progress.advance(self.task)
 
 
+def progress_bar(console: Console) -> Progress:
+    """The bar `k3forge gate` and `k3forge bench` draw on a terminal (RichReporter logs lines elsewhere)."""
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
 def option_error(err: dict) -> str:
     """A pydantic error on GateOptions as the command line names it: `--max-blocks: ...`."""
     option = "-".join(map(str, err["loc"])).replace("_", "-")
@@ -97,8 +103,7 @@ def run(args) -> int:
     console = Console(stderr=True)
     n_ops = len(ops) if ops else len(contract_files(args.contracts))
     command = "k3forge " + shlex.join(sys.argv[1:]) if sys.argv[1:2] == ["gate"] else "k3forge gate"
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
+    with progress_bar(console) as progress:
         task = progress.add_task("checking contracts", total=n_ops * len(registered()))
         outcome = gate_all(args.contracts, args.out, ops, options, RichReporter(progress, task, console), command,
                            key)

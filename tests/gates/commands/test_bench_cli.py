@@ -18,6 +18,13 @@ def test_on_cpu_every_op_says_why_it_was_not_timed(tmp_path, capsys):
     assert "kda_decode: NOT_RUN: needs a CUDA GPU; this machine has none" in shown and "nothing was timed" in shown
     assert json.loads(out.read_text())["kda_decode"]["status"] == "NOT_RUN"
     assert not (tmp_path / "evidence").exists()
+    assert re.search(r"^\s+\d+\.\d s  kda_decode · benchmarks$", shown, re.M)  # no terminal: timed lines
+
+
+def test_each_op_is_shown_as_soon_as_it_is_timed(capsys):
+    assert main(["bench", "--ops", "attn_res,kda_decode"]) == 2
+    shown = capsys.readouterr().out
+    assert shown.index("attn_res: NOT_RUN") < shown.index(" kda_decode · benchmarks") < shown.index("kda_decode: NOT")
 
 
 def test_unknown_op_is_a_usage_error(capsys):
