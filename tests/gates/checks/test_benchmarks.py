@@ -6,10 +6,13 @@ import pytest
 
 from gates.checks import benchmarks
 from gates.checks.benchmarks import judge_point, time_point, timing
+from gates.checks.numerics import reference_run
 from gates.core.estimate import Estimate, enough, paired_speedup
-from gates.core.registry import GateOptions
+from gates.core.registry import GateOptions, arg_names
+from gates.core.sources import REPO_ROOT
 from gates.core.status import Status
-from gates.problems import Point
+from gates.problems import Point, bench_point, load_problem
+from kernels.contract import load_contract
 from tests.gates.fixtures.helpers import LAUNCH_US, kda_contract, paired_block, run_gate, timed
 
 POINT = Point(1, 0, (("heads", 12), ("head_dim", 128)), "bf16")
@@ -274,3 +277,25 @@ def test_a_candidate_whose_timed_outputs_ignore_their_inputs_fails_the_spot_chec
         assert len(found) == caught, (candidate, found)  # the one-call pair's and the in-pipeline set's
         assert not caught or "last in-pipeline pair, input set 3" in found[1]
 
+
+
+def _standard_off_by(rel: float) -> tuple:
+    """attn_res's first benchmark point on one input set, and the reply of a standard whose output is the
+    reference's off by `rel` (relative, every element)."""
+    contract = load_contract(REPO_ROOT / "contracts" / "attn_res.yaml")
+    problem = load_problem("attn_res")
+    point = bench_point(contract, problem, contract.benchmark.points[0])
+    expected = [reference_run(problem, problem.generate_input(point, 0, "normal"), arg_names(problem.reference),
+                              "cpu")]
+    replies = [{"problems": [], "outputs": [(n, t * (1 + rel)) for n, t in expected[0].outputs], "states": []}]
+    return problem, contract, point, replies, expected
+
+
+@pytest.mark.parametrize("rel, within", [(0.0, 1.0), (2.5e-5, benchmarks.STANDARD_SLACK), (1e-3, None)])
+def test_a_standard_that_rounds_differently_is_told_from_one_that_disagrees(rel, within):
+    """The contract's max_rel_l2 is 1e-5: 2.5 times it is a standard that rounds differently, 100 times one that
+    computes something else."""
+    problem, contract, point, replies, expected = _standard_off_by(rel)
+    at = {slack: not benchmarks.recheck_outputs(problem, contract, point, "standard", replies, expected, slack=slack)
+          for slack in (1.0, benchmarks.STANDARD_SLACK)}
+    assert [slack for slack, passed in at.items() if passed][:1] == ([within] if within else [])
