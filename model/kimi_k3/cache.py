@@ -9,7 +9,7 @@ import torch
 
 from .batch import StepBatch
 from .config import KimiK3Config
-from .ops.mla_decode_fp8 import quantize_kv
+from .ops.mla_decode_fp8 import dequantize_kv, quantize_kv
 from .parallel import TP
 
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # vLLM's kv_cache_dtype names; None: the activations'
@@ -80,8 +80,8 @@ class ModelCache:
 
     def kv_entries(self, layer: int, slot: int, length: int) -> torch.Tensor:
         """A sequence's first `length` MLA entries [length, C + R] as fp32 values (an fp8 cache's dequantized)."""
-        rows = self.kv[layer][slot, :length].float()
-        return rows * self.kv_scale if self.kv_fp8 else rows
+        rows = self.kv[layer][slot, :length]
+        return dequantize_kv(rows, self.kv_scale) if self.kv_fp8 else rows.float()
 
     def reserve_spec(self, spec_tokens: int) -> None:
         """Make room for verification steps of up to `spec_tokens` drafts per sequence."""

@@ -85,13 +85,12 @@ class KimiMLA(Weighted):
     def _prefill(self, q_nope, q_pe, entries, w_uk, w_uv) -> torch.Tensor:
         """Causal attention of n new queries over a sequence's whole cached context [L, C + R] (fp32 values),
         absorbed like decode, in groups of queries whose scores fit PREFILL_SCORE_BYTES."""
-        n, total = q_nope.shape[0], entries.shape[0]
-        shared = entries  # [L, C + R]: every query attends to the same sequence
+        n, total = q_nope.shape[0], entries.shape[0]  # every query attends to the same sequence's entries
         group = max(1, PREFILL_SCORE_BYTES // (SCORE_COPIES * 4 * self.heads * total))
         keys = torch.arange(total, device=entries.device)
         out = []
         for s in range(0, n, group):
             positions = torch.arange(total - n + s, total - n + min(n, s + group), device=entries.device)
-            out.append(absorbed_attention(q_nope[s:s + group], q_pe[s:s + group], shared,
+            out.append(absorbed_attention(q_nope[s:s + group], q_pe[s:s + group], entries,
                                           keys <= positions.unsqueeze(-1), w_uk, w_uv, self.scale))
         return torch.cat(out)

@@ -4,7 +4,7 @@
 
 The cache holds e4m3 entries (`torch.float8_e4m3fn`, 576 B a token instead of 1152) with one fp32 scale for the
 layer's whole cache, vLLM's `kv_cache_dtype="fp8"` (the scale is 1.0 unless a checkpoint or a calibration gives
-one): entry t of a slot is `kv_cache[slot, t].float() * kv_scale`. `quantize_kv` writes entries that way.
+one): entry t of a slot is `dequantize_kv(kv_cache[slot, t], kv_scale)`; `quantize_kv` writes entries that way.
 
 Because every e4m3 value is exact in bf16 and in f16, an implementation can convert the stored values exactly and
 fold the scale in twice: into the score scale (scale * kv_scale) and into the latent (latent * kv_scale), which is
@@ -29,12 +29,17 @@ def quantize_kv(entries: torch.Tensor, kv_scale: float) -> torch.Tensor:
     return (entries.float() / kv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
+def dequantize_kv(stored: torch.Tensor, kv_scale: float) -> torch.Tensor:
+    """The fp32 values of stored e4m3 entries: each exact in fp32, times kv_scale."""
+    return stored.float() * kv_scale
+
+
 def mla_decode_fp8(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_scale: float,
                    slots: torch.Tensor, lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor,
                    scale: float) -> torch.Tensor:
     """Weight-absorbed decode attention over e4m3 entries times kv_scale; otherwise `mla_decode`'s arguments and
     result ([B, H, V] fp32)."""
-    entries = kv_cache[slots].float() * kv_scale  # [B, L, C + R]
+    entries = dequantize_kv(kv_cache[slots], kv_scale)  # [B, L, C + R]
     valid = torch.arange(entries.shape[1], device=entries.device) < lengths.unsqueeze(-1)  # [B, L]
     return absorbed_attention(q_nope, q_pe, entries, valid, w_uk, w_uv, scale)
 

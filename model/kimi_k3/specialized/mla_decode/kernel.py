@@ -66,6 +66,7 @@ import math
 from dataclasses import dataclass
 
 from kernels.cute import dsl_import, import_cutlass, require_dsl
+from kernels.mma import mma_m16n8k16
 
 with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
@@ -228,19 +229,6 @@ if DSL.error is None:
                               "=f,=f,r", has_side_effects=False, is_align_stack=False,
                               asm_dialect=llvm.AsmDialect.AD_ATT)
         return Float32(llvm.extractvalue(_T.f32(), res, [0])), Float32(llvm.extractvalue(_T.f32(), res, [1]))
-
-    def _mma(a: list, b: list, c: list, operand: str) -> list:
-        """mma.sync.aligned.m16n8k16.row.col.f32.{operand}.{operand}.f32 (operand "bf16" or "f16"): d = A B + c for
-        one warp; a: 4 operand pairs, b: 2, c: 4 fp32 (lane (g, t) holds A (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..),
-        (g+8, 2t+8..); B (2t..2t+1, g), (2t+8.., g); C (g, 2t..2t+1), (g+8, 2t..2t+1): PTX's fragment layout)."""
-        res = llvm.inline_asm(
-            llvm.StructType.get_literal([_T.f32()] * 4),
-            [Uint32(x).ir_value() for x in (*a, *b)] + [Float32(x).ir_value() for x in c],
-            f"mma.sync.aligned.m16n8k16.row.col.f32.{operand}.{operand}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, "
-            "{$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [Float32(llvm.extractvalue(_T.f32(), res, [i])) for i in range(4)]
 
     def _ldmatrix_x4(addr: Int32, trans: bool) -> list:
         """ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: four 8 x 8 bf16 matrices, lane l giving the shared
@@ -621,8 +609,9 @@ if DSL.error is None:
                     for s2 in cutlass.range_constexpr(2):
                         for half in cutlass.range_constexpr(2):
                             qf = sQf[part * KS + 2 * kp + s2, half, lane, None].load()
-                            chains[2 * half + s2] = _mma([qf[v] for v in range(4)], [kvb[2 * s2], kvb[2 * s2 + 1]],
-                                                         chains[2 * half + s2], self.operand)
+                            chains[2 * half + s2] = mma_m16n8k16([qf[v] for v in range(4)],
+                                                                 [kvb[2 * s2], kvb[2 * s2 + 1]],
+                                                                 chains[2 * half + s2], self.operand)
                 for v in cutlass.range_constexpr(4):
                     score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
                     head, col = c_fragment_position(lane, v)
@@ -649,7 +638,7 @@ if DSL.error is None:
                     vb = _ldmatrix_x4(v_addr + j * MMA_N * 2, trans=True)
                     out = [acc[j, v] for v in range(4)]
                     for ks in cutlass.range_constexpr(TILE // MMA_K):
-                        out = _mma(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out, self.operand)
+                        out = mma_m16n8k16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out, self.operand)
                     for v in cutlass.range_constexpr(4):
                         acc[j, v] = out[v]
                 cute.arch.sync_threads()

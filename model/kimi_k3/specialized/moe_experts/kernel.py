@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kernels.cute import dsl_import, import_cutlass, require_dsl
+from kernels.mma import mma_m16n8k16
 
 with dsl_import() as DSL:
     cutlass, cute = import_cutlass()
@@ -257,19 +258,6 @@ if DSL.error is None:
     def _prmt(a, b, sel: int):
         return _asm_u32(f"prmt.b32 $0, $1, $2, {sel:#x};", a, b)
 
-    def _mma_bf16(a: list, b: list, c: list) -> list:
-        """mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: d = A B + c for one warp; a: 4 bf16x2 words, b: 2,
-        c: 4 fp32 (PTX's fragment layout: lane (g, t) holds A (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..);
-        B (2t..2t+1, g), (2t+8.., g); C (g, 2t..2t+1), (g+8, 2t..2t+1))."""
-        res = llvm.inline_asm(
-            llvm.StructType.get_literal([_T.f32()] * 4),
-            [Uint32(x).ir_value() for x in (*a, *b)] + [Float32(x).ir_value() for x in c],
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
-            "{$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [Float32(llvm.extractvalue(_T.f32(), res, [i])) for i in range(4)]
-
     class ExpertsKernel:
         """Both launches for one config and the problem's dims (E experts, L latent, I intermediate, k slots)
         baked in; the token count T is a runtime argument (the grids)."""
@@ -428,8 +416,8 @@ if DSL.error is None:
                         wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                     # MMA 1: pairs (0,4), (1,5); MMA 2: pairs (2,6), (3,7)
                     for m in cutlass.range_constexpr(2):
-                        acc = _mma_bf16([wp[0][2 * m], wp[1][2 * m], wp[0][2 * m + 1], wp[1][2 * m + 1]],
-                                        [zp[2 * m], zp[2 * m + 1]], acc)
+                        acc = mma_m16n8k16([wp[0][2 * m], wp[1][2 * m], wp[0][2 * m + 1], wp[1][2 * m + 1]],
+                                           [zp[2 * m], zp[2 * m + 1]], acc)
             if t == 0:
                 sPart[warp, g] = acc[0]  # column 0: row g (w1) and row g + 8 (w3)
                 sPart[warp, 8 + g] = acc[2]
@@ -543,8 +531,8 @@ if DSL.error is None:
                             pairs = e2m1_bf16_pairs(ring[s_, h, u, m % D], ops)
                             wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                         for q in cutlass.range_constexpr(2):
-                            acc = _mma_bf16([wp[0][2 * q], wp[1][2 * q], wp[0][2 * q + 1], wp[1][2 * q + 1]],
-                                            [hp[2 * q], hp[2 * q + 1]], acc)
+                            acc = mma_m16n8k16([wp[0][2 * q], wp[1][2 * q], wp[0][2 * q + 1], wp[1][2 * q + 1]],
+                                               [hp[2 * q], hp[2 * q + 1]], acc)
                 if cutlass.const_expr(m + D < P):
                     self.load_w2_mma(load, mW2, experts[m + D], rows, t, ring, m % D)
                 weight = mWeights[token, slots[m]]
