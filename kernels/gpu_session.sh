@@ -198,8 +198,9 @@ while [ $# -gt 0 ]; do
     train)
       # the mini-K3 (model/kimi_k3/train/NOTES.md) in the background for $2 minutes: FLA's first compile counts
       rm -rf "$RUN/mini_k3"
+      # shellcheck disable=SC2086  # TRAIN_ARGS: more of the training command's options, e.g. --window-steps 150
       start_job train "$RUN/train.json" python3 -m model.kimi_k3.train --out "$RUN/mini_k3" --seed 0 \
-        --minutes "$2" --device cuda
+        --minutes "$2" --device cuda ${TRAIN_ARGS:-}
       shift 2 ;;
     probes) run_probes; shift ;;
     cache)

@@ -19,7 +19,7 @@ from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.tokenizer import build_tokenizer
 from model.kimi_k3.train import export
 from model.kimi_k3.train.__main__ import main
-from model.kimi_k3.train.config import dense_experts, mini_config
+from model.kimi_k3.train.config import Recipe, dense_experts, mini_config
 from model.kimi_k3.train.data import Tasks
 from model.kimi_k3.train.forward import TrainOps, logits, trainable
 
@@ -108,11 +108,23 @@ def test_train_command_writes_a_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [(["--lengths", "a"], "--lengths"), (["--lengths", "16"], "at least 64"),
-                                           (["--minutes", "0"], "--minutes")])
+                                           (["--minutes", "0"], "--minutes"), (["--window-steps", "-1"], "negative")])
 def test_train_command_usage_errors(tmp_path, capsys, argv, message):
     assert main(["--out", str(tmp_path / "x"), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_window_curriculum_comes_first_then_the_mix(tmp_path):
+    recipe = Recipe(window_steps=2)
+    assert recipe.mix(0) == recipe.mix(1) == (0.0, {"recency_fraction": 0.0, "window_fraction": 1.0})
+    assert recipe.mix(2) == (recipe.recall_fraction, {"recency_fraction": recipe.recency_fraction,
+                                                       "window_fraction": recipe.window_fraction})
+    assert Recipe(recency_fraction=0, window_fraction=0, window_steps=1).data_version == 2
+    out = tmp_path / "mini"
+    assert main(["--out", str(out), "--device", "cpu", "--steps", "1", "--tokens-per-step", "64", "--lengths", "64",
+                 "--heldout-rows", "1", "--window-steps", "1"]) == 0
+    assert json.loads((out / export.RECORD_FILE).read_text())["recipe"]["window_steps"] == 1
 
 
 @pytest.mark.gpu

@@ -30,6 +30,8 @@ def parse(argv: list[str]) -> Run:
                         f"--window-fraction 0 too, version 1's data)")
     p.add_argument("--window-fraction", type=float,
                    help=f"rows of data version 2's windowed count (default {Recipe.window_fraction})")
+    p.add_argument("--window-steps", type=int,
+                   help="first steps of windowed-count rows only, before the mix (default 0: the mix from the start)")
     p.add_argument("--heldout-rows", type=int, default=16, help="held-out recall samples per length scored at the end")
     args = p.parse_args(argv)
     output_directory(args.out, "--out")
@@ -48,6 +50,10 @@ def parse(argv: list[str]) -> Run:
         if min(lengths) < 64:
             raise UsageError("--lengths: each at least 64 (a recall sample needs room for its pairs)")
         recipe = replace(recipe, lengths=lengths)
+    if args.window_steps is not None:
+        if args.window_steps < 0:
+            raise UsageError(f"--window-steps: {args.window_steps} is negative")
+        recipe = replace(recipe, window_steps=args.window_steps)
     for name in ("recency_fraction", "window_fraction"):
         if getattr(args, name) is not None:
             recipe = replace(recipe, **{name: getattr(args, name)})

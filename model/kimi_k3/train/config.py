@@ -43,6 +43,9 @@ class Recipe:
     # share (0 and 0: version 1's rows exactly); by default version 1's tasks keep 65 % of a step
     recency_fraction: float = 0.15
     window_fraction: float = 0.2
+    # a curriculum: the first `window_steps` steps are windowed-count rows only (the mix after), so the model
+    # learns the count, the one task whose answers move with the decay's exact value, before the others crowd it
+    window_steps: int = 0
     lr: float = 2e-3
     min_lr_fraction: float = 0.1  # cosine decay to this fraction of lr
     warmup_steps: int = 100
@@ -54,13 +57,15 @@ class Recipe:
 
     @property
     def data_version(self) -> int:
-        """The data version this mix draws from (1 while neither version 2 task is on)."""
-        return data_version(self.recency_fraction, self.window_fraction)
+        """The data version this mix draws from (1 while no version 2 task is on)."""
+        return data_version(self.recency_fraction, self.window_fraction + self.window_steps)
 
-    @property
-    def fractions(self) -> dict[str, float]:
-        """Tasks.batch's keyword fractions for the version 2 rows."""
-        return {"recency_fraction": self.recency_fraction, "window_fraction": self.window_fraction}
+    def mix(self, step: int) -> tuple[float, dict[str, float]]:
+        """Tasks.batch's recall fraction and keyword fractions at a step (the curriculum's, then the recipe's)."""
+        if step < self.window_steps:
+            return 0.0, {"recency_fraction": 0.0, "window_fraction": 1.0}
+        return self.recall_fraction, {"recency_fraction": self.recency_fraction,
+                                      "window_fraction": self.window_fraction}
 
     def as_dict(self) -> dict:
         return asdict(self)

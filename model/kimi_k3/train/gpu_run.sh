@@ -7,10 +7,12 @@
 #      written into $OUT/mini_k3/calibration.json), then latency_specialized and the known-bad kernels of
 #      tests/adversarial/broken_decode.py judged against the reference; report in $OUT/accuracy.json.
 # Usage, repo root on the H200:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh [MINUTES]
+#                              (TRAIN_ARGS="--window-steps 150": more options of the training command)
 #                         or:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh eval   (step 2 alone, on the
 #                              committed checkpoint, copied to $OUT/mini_k3 so that its calibration is written there)
 # Commit $OUT/mini_k3 as model/kimi_k3/train/mini_k3 (the evals' default subject) and the report's numbers.
 set -euo pipefail
+# shellcheck disable=SC2086  # TRAIN_ARGS is split into options on purpose
 OUT=${OUT:?set OUT to the output directory}
 MINUTES=${1:-4}
 source kernels/device_install.sh
@@ -20,7 +22,7 @@ if [ "$MINUTES" = eval ]; then
   cp -r model/kimi_k3/train/mini_k3 "$OUT/mini_k3"
 else
   timeout $(( ${MINUTES%.*} * 60 + 120 )) python -m model.kimi_k3.train --out "$OUT/mini_k3" --seed 0 \
-      --minutes "$MINUTES" --device cuda 2> >(tail -c 4000 >&2) | tee "$OUT/train.json"
+      --minutes "$MINUTES" --device cuda ${TRAIN_ARGS:-} 2> >(tail -c 4000 >&2) | tee "$OUT/train.json"
 fi
 left=$(( 525 - ($(date +%s) - start) ))
 mapfile -t KERNELS < <(python -c "from tests.adversarial.broken_decode import BROKEN

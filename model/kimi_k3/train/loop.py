@@ -87,8 +87,9 @@ def train(run: Run) -> dict:
             if time.perf_counter() - start > run.minutes * 60:
                 break
             length = rng.choice(r.lengths)
-            ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, r.recall_fraction,
-                                           run.device, **r.fractions)
+            recall_fraction, fractions = r.mix(step)
+            ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction,
+                                           run.device, **fractions)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, plan or r.warmup_steps, r)
             out = _forward(model, ids, ops, run)
