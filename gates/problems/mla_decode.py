@@ -58,13 +58,19 @@ def _lengths(b: int, max_len: int, seed: int, gen: torch.Generator, dist: str) -
 
 
 def generate_input(point: Point, seed: int, dist: str) -> Case:
-    h, c, r = point["heads"], point["kv_lora_rank"], point["rope_dim"]
-    b = point.batch * (1 + point.spec_tokens)
-    dtype = point.torch_dtype
-    gen = torch.Generator().manual_seed(seed)
     # the benchmarks draw every set "normal": those sets share the headline context, so a point's timing and its
     # floor (cost, seed 0) describe one kind of call; the other distributions vary the context by seed
     max_len = CONTEXTS[0] if dist == "normal" else CONTEXTS[seed % len(CONTEXTS)]
+    return make_case(point.batch * (1 + point.spec_tokens), max_len, point["heads"], point["kv_lora_rank"],
+                     point["rope_dim"], seed, dist, point.torch_dtype)
+
+
+def make_case(b: int, max_len: int, h: int, c: int, r: int, seed: int, dist: str = "normal",
+              dtype: torch.dtype = torch.bfloat16, full_lengths: bool = False) -> Case:
+    """One call's inputs at any context (generate_input's at the contract's; the kernel's bench at its own points):
+    B sequences in a cache of max_len rows, lengths as the module doc says, or every one max_len (full_lengths: the
+    floor's case, a bench's other series)."""
+    gen = torch.Generator().manual_seed(seed)
     num_slots = b + SPARE_SLOTS
     q_nope = sample((b, h, NOPE), dist, gen, dtype)
     q_pe = sample((b, h, r), dist, gen, dtype)
@@ -73,7 +79,8 @@ def generate_input(point: Point, seed: int, dist: str) -> Case:
     else:
         kv_cache = sample((num_slots, max_len, c + r), dist, gen, dtype)
     slots = torch.randperm(num_slots, generator=gen)[:b].to(torch.int64)
-    lengths = _lengths(b, max_len, seed, gen, dist)
+    lengths = (torch.full((b,), max_len, dtype=torch.int64) if full_lengths
+               else _lengths(b, max_len, seed, gen, dist))
     for i in range(b):
         kv_cache[slots[i], int(lengths[i]):] = POISON
     w_uk = (torch.randn(h, NOPE, c, generator=gen) * NOPE ** -0.5).to(dtype)

@@ -30,11 +30,17 @@ def reference(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scal
 
 
 def generate_input(point: Point, seed: int, dist: str) -> Case:
-    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = bf16_problem.generate_input(point, seed, dist).args
+    return fp8_case(bf16_problem.generate_input(point, seed, dist))
+
+
+def fp8_case(case: Case) -> Case:
+    """An mla_decode call's inputs over an FP8 cache: the valid rows quantized with the scale that maps their
+    largest magnitude to e4m3's, the rows past each length E4M3_MAX (the poison)."""
+    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = case.args
     valid = [kv[slots[i], : int(lengths[i])] for i in range(len(slots))]
     amax = max(float(rows.abs().max()) for rows in valid)
     kv_scale = amax / E4M3_MAX if amax > 0 else 1.0
-    cache = torch.empty(kv.shape, dtype=torch.float8_e4m3fn)
+    cache = torch.empty(kv.shape, dtype=torch.float8_e4m3fn, device=kv.device)
     for s in range(kv.shape[0]):  # a slot at a time: a 32K-token cache of 66 slots is 1.2 G entries
         cache[s] = quantize_kv(kv[s], kv_scale)
     for i in range(len(slots)):
