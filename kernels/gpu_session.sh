@@ -140,7 +140,12 @@ run_decode() {
 run_probes() {
   # the kernels' own timing probes (each NOTES.md says what they answer); the GPU must be otherwise idle
   run_limited probe_moe_experts 200 python3 -m model.kimi_k3.specialized.moe_experts.probe
-  run_limited bench_mla_decode 150 python3 -m model.kimi_k3.specialized.mla_decode.bench
+  # mla_decode: both caches at the gate's lengths and at full lengths, over the split heuristic's knob (NOTES.md,
+  # "Split plan"; a sweep compiles nothing new)
+  run_limited bench_mla_decode 150 python3 -m model.kimi_k3.specialized.mla_decode.bench --heads 12 \
+    --paths mma e4m3 --lengths random --ctas-per-sm 2 4 8
+  run_limited bench_mla_decode_full 120 python3 -m model.kimi_k3.specialized.mla_decode.bench --heads 12 \
+    --paths mma --lengths full --ctas-per-sm 2 4 8
   run_limited probe_moe_route 100 python3 -m model.kimi_k3.specialized.moe_route.probe
 }
 

@@ -319,6 +319,12 @@ def test_compile_keys_cover_the_contract():
     assert [(h, c, r) for _, h, c, r in keys] == [(6, 512, 64), (12, 512, 64)]
 
 
+def test_the_split_knobs_are_not_part_of_the_code():
+    tuned = MlaConfig(ctas_per_sm=8, min_split_rows=256)
+    assert tuned.code == MlaConfig() and MlaConfig(path="fma", ctas_per_sm=4).code == MlaConfig(path="fma")
+    assert split_plan(64, 4096, 132, tuned) != split_plan(64, 4096, 132, MlaConfig())  # they still split
+
+
 def test_config_paths():
     with pytest.raises(ValueError, match="path"):
         MlaConfig(path="wgmma")

@@ -99,7 +99,9 @@ def config_for(heads: int) -> MlaConfig:
 
 
 def _compiled(cfg: MlaConfig, heads: int, latent: int, rope: int):
-    return _CACHE.get((cfg, heads, latent, rope, current_cute_arch()), lambda: compile_kernel(cfg, heads, latent, rope))
+    code = cfg.code  # the split knobs are runtime arguments: configs that differ only there share one compile
+    return _CACHE.get((code, heads, latent, rope, current_cute_arch()),
+                      lambda: compile_kernel(code, heads, latent, rope))
 
 
 def prepare(heads: int, latent: int = 512, rope: int = 64, config: MlaConfig | None = None) -> MlaConfig:

@@ -63,7 +63,7 @@ slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kernels.cute import dsl_import, import_cutlass, require_dsl
 from kernels.mma import mma_m16n8k16
@@ -125,6 +125,12 @@ class MlaConfig:
     @property
     def warps(self) -> int:
         return self.threads // 32
+
+    @property
+    def code(self) -> MlaConfig:
+        """This config with the split heuristic's knobs at their defaults: all the generated code depends on (the
+        compile cache's key, so that a sweep of the splits compiles nothing new)."""
+        return replace(self, ctas_per_sm=MlaConfig.ctas_per_sm, min_split_rows=MlaConfig.min_split_rows)
 
     @property
     def score_parts(self) -> int:
