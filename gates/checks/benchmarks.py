@@ -53,6 +53,13 @@ NAME, TITLE = "benchmarks", "Benchmarks"
 BLOCK_TIMEOUT_S = 120.0  # one block of replays takes well under a second on a working GPU
 START_TIMEOUT_S = 300.0  # compiling, autotuning and capturing both implementations: a minute at most so far
 SUSPICIOUS_SPEEDUP = 10.0
+# The standard is also timed alone, in a process that never imports the candidate (standard_alone), for this many
+# blocks a point. Beside the candidate it may be this much slower (a ratio of in-pipeline medians) before the gate
+# says so, and this much before the measurement is an ERROR: the same graphs on the same inputs in two processes
+# differ by the machine's drift between the phases (a few %), not by 25 %.
+YARDSTICK_BLOCKS = 2
+YARDSTICK_FLAG = 1.08
+YARDSTICK_ERROR = 1.25
 HIDDEN_WORK_US = 10.0  # host-over-device excess beyond the standard's that suggests work off the timed stream
 IMPLS = ("candidate", "standard")
 # A standard farther from the reference than the candidate's tolerance may still compute the op: a library that
@@ -342,6 +349,47 @@ def first(found: Findings) -> str:
     return next(iter(found.examples.values()))[0]
 
 
+def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]) -> tuple[dict[str, float], list]:
+    """Per point (label) the standard's in-pipeline median over YARDSTICK_BLOCKS blocks, timed in a process that
+    never imports the candidate, before the candidate's process starts (so that nothing of the candidate runs
+    meanwhile, on the host or on the GPU), on the inputs the point is timed on; and flags where that could not be
+    done. The yardstick as it runs without the candidate: a candidate whose process slows the standard (a patched
+    library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`)."""
+    c, opts = ctx.contract, ctx.options
+    alone: dict[str, float] = {}
+    try:
+        with Sandbox() as clean:
+            for point in points:
+                ctx.progress(f"benchmarks: {point.label}, the standard alone")
+                sets = draw(point)
+                clean.request("bench_start", impls={"standard": c.standard}, names=names, state=sets[0].state,
+                              sets=[s.args for s in sets], timeout_s=START_TIMEOUT_S)
+                samples = []
+                for _ in range(YARDSTICK_BLOCKS):
+                    samples += clean.request("bench_block", pairs=opts.bench_pairs, check_set=0,
+                                             timeout_s=BLOCK_TIMEOUT_S)["pipeline_us"]["standard"]
+                alone[point.label] = statistics.median(samples)
+    except Exception as e:  # the check's own failure must not decide the gate: said, and the speed judged without it
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        return alone, [f"the standard could not be timed alone ({reason}): nothing shows whether the candidate's "
+                       "process slows it"]
+    return alone, []
+
+
+def yardstick(label: str, beside_us: float, alone_us: float | None) -> tuple[str | None, str | None]:
+    """(error, flag) from the standard's in-pipeline median beside the candidate and alone (standard_alone)."""
+    if not alone_us:
+        return None, None
+    ratio = beside_us / alone_us
+    text = (f"{label}: the standard took {beside_us:.2f} µs in the candidate's process and {alone_us:.2f} µs alone "
+            f"({ratio:.2f}x)")
+    if ratio > YARDSTICK_ERROR:
+        return f"{text}: the candidate's process slows the yardstick, so the speedup is not over the standard", None
+    if ratio > YARDSTICK_FLAG:
+        return None, f"{text}: slower beside the candidate than alone"
+    return None, None
+
+
 def run(ctx: GateContext) -> GateResult:
     c, opts, m = ctx.contract, ctx.options, ctx.machine
     if reason := inapplicable(c, m.arch):
@@ -354,12 +402,18 @@ def run(ctx: GateContext) -> GateResult:
     try:
         problem = ctx.problem()
         names = arg_names(problem.reference)
+        points = [bench_point(c, problem, bp) for bp in c.benchmark.points]
+
+        def draw(point: Point) -> list:
+            return [problem.generate_input(point, seed_for(opts.seed, NAME, point.label, k), "normal")
+                    for k in range(opts.input_sets)]
+
+        alone, alone_flags = standard_alone(ctx, points, draw, names)
+        flags += alone_flags
         with Sandbox() as box:
-            for bp in c.benchmark.points:
-                point = bench_point(c, problem, bp)
+            for bp, point in zip(c.benchmark.points, points):
                 ctx.progress(f"benchmarks: {point.label}")
-                sets = [problem.generate_input(point, seed_for(opts.seed, NAME, point.label, k), "normal")
-                        for k in range(opts.input_sets)]
+                sets = draw(point)
                 expected = [reference_run(problem, s, names, ctx.device) for s in sets]
                 cost = problem.cost(point)
                 floor_us = floor(cost.bytes, cost.flops, m).floor_us if peaks else None
@@ -385,7 +439,10 @@ def run(ctx: GateContext) -> GateResult:
                                      f"the candidate's tolerance and within {STANDARD_SLACK:g}x it ({first(found)})")
                 row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction)
                 row["pipeline"] = started["pipeline"]
-                rows.append(row), flags.extend(point_flags), slower.extend(point_slower)
+                row["standard_alone_us"] = alone.get(point.label)
+                error, flag = yardstick(point.label, row["standard"]["median_us"], alone.get(point.label))
+                impossible += [error] if error else []
+                rows.append(row), flags.extend(point_flags + ([flag] if flag else [])), slower.extend(point_slower)
                 if floor_us and row["candidate"]["median_us"] < floor_us:
                     impossible.append(f"{point.label}: {row['candidate']['median_us']:.2f} µs is under the "
                                       f"roofline floor of {floor_us:.2f} µs")
@@ -407,12 +464,16 @@ def run(ctx: GateContext) -> GateResult:
                          f"secret draw) until the in-pipeline speedup (median of "
                          f"paired ratios) and the fraction of the roofline have a 95 % interval over blocks clear of "
                          f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
-                         f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize",
+                         f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize; "
+                         f"the standard also timed alone first ({YARDSTICK_BLOCKS} blocks in a process that never "
+                         f"imports the candidate), flagged when it is {YARDSTICK_FLAG:g}× slower beside the "
+                         f"candidate, an ERROR at {YARDSTICK_ERROR:g}×",
                "recheck_failures": [m for ms in findings.examples.values() for m in ms], "loaded": sorted(box.loaded)}
     speedups = speedup_summary(rows)
     if impossible:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(impossible), flags=flags,
-                          summary="faster than the roofline allows: the measurement cannot be trusted", details=details)
+                          summary="faster than the roofline allows, or a yardstick slowed beside the candidate: the "
+                                  "measurement cannot be trusted", details=details)
     if findings:
         return GateResult(gate=NAME, title=TITLE, status=Status.FAILED_NUMERICS, flags=flags, details=details,
                           reason="; ".join(details["recheck_failures"]),

@@ -109,6 +109,16 @@ def test_benchmarks_reject_on_gpu(implementation):
     assert result.status is Status.ERROR, result.summary
 
 
+@pytest.mark.gpu
+def test_a_candidate_that_slows_the_standard_is_judged_against_the_standard_alone():
+    """A library function the standard calls, patched at import (nothing guarded): the standard beside the candidate
+    is slower than the same graphs in a process that never imported it."""
+    contract = kda_contract(implementation="tests.adversarial.slows_the_standard:kda_decode",
+                            benchmark={"points": [{"batch": 1}], "required_speedup": 0.1})
+    result = run_gate(benchmarks.GATE, contract)
+    assert result.status is Status.ERROR and "slows the yardstick" in result.reason, result.reason
+
+
 # ---------------------------------------------------------------- issue 23: a candidate that rewrites its judge
 
 

@@ -299,3 +299,12 @@ def test_a_standard_that_rounds_differently_is_told_from_one_that_disagrees(rel,
     at = {slack: not benchmarks.recheck_outputs(problem, contract, point, "standard", replies, expected, slack=slack)
           for slack in (1.0, benchmarks.STANDARD_SLACK)}
     assert [slack for slack, passed in at.items() if passed][:1] == ([within] if within else [])
+
+
+@pytest.mark.parametrize("beside, alone, error, flag", [(10.3, 10.0, False, False), (11.0, 10.0, False, True),
+                                                         (13.0, 10.0, True, False), (10.0, None, False, False)])
+def test_a_standard_slower_beside_the_candidate_than_alone(beside, alone, error, flag):
+    """Machine drift between the phases stays under YARDSTICK_FLAG; a patched library or a hog does not."""
+    got_error, got_flag = benchmarks.yardstick("batch 1", beside, alone)
+    assert (got_error is not None, got_flag is not None) == (error, flag)
+    assert got_error is None or "slows the yardstick" in got_error

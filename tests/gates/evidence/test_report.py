@@ -37,7 +37,9 @@ def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
     assert "Speedup over the standard implementation" in html and "Fraction of the roofline" in html
     assert "required 1.5×" in html
     md = render_markdown(gpu_like_bundle)
-    assert re.search(r"\| batch 64 · heads 12 · head_dim 128 · bf16 \| [\d.]+ µs ± [\d.]+ \|", md)
+    assert re.search(r"\| batch 64 · heads 12 · head_dim 128 · bf16 \| [\d.]+ µs ± [\d.]+ \| [\d.]+ µs ± [\d.]+ "
+                     r"\(alone [\d.]+ µs\) \|", md)  # the standard beside the candidate, and alone
+    assert re.search(r"± [\d.]+, alone [\d.]+ µs</span>", bench)
 
 
 def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
