@@ -308,3 +308,51 @@ def test_a_standard_slower_beside_the_candidate_than_alone(beside, alone, error,
     got_error, got_flag = benchmarks.yardstick("batch 1", beside, alone)
     assert (got_error is not None, got_flag is not None) == (error, flag)
     assert got_error is None or "slows the yardstick" in got_error
+
+
+class _FakeClean:
+    """A stand-in for the clean process: records requests, answers bench_block with `pipeline` µs per pair."""
+
+    def __init__(self, pipeline: list[float] | None, requests: list):
+        self.pipeline, self.requests = pipeline, requests
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def request(self, kind: str, **kw):
+        self.requests.append((kind, kw))
+        if self.pipeline is None:
+            raise benchmarks.SandboxError("the candidate's process died (exit code 1)")
+        return {"pipeline_us": {"standard": list(self.pipeline)}} if kind == "bench_block" else {}
+
+
+@pytest.mark.parametrize("pipeline", [[10.0, 11.0, 12.0], None])
+def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline):
+    """Only the standard is started in the clean process, on the point's own sets; a failure there is a flag."""
+    from gates.core.registry import GateContext
+    from kernels.arch import detect
+
+    requests: list = []
+    monkeypatch.setattr(benchmarks, "Sandbox", lambda: _FakeClean(pipeline, requests))
+    contract = kda_contract()
+    ctx = GateContext(contract=contract, contract_path=REPO_ROOT / "contracts" / "kda_decode.yaml", machine=detect(),
+                      options=GateOptions(seed=0))
+    problem = load_problem("kda_decode")
+    points = [bench_point(contract, problem, bp) for bp in contract.benchmark.points[:2]]
+    drawn = []
+
+    def draw(point):
+        drawn.append(point.label)
+        return [problem.generate_input(point, k, "normal") for k in range(2)]
+
+    alone, flags = benchmarks.standard_alone(ctx, points, draw, arg_names(problem.reference))
+    starts = [kw for kind, kw in requests if kind == "bench_start"]
+    assert starts and all(list(kw["impls"]) == ["standard"] for kw in starts)  # never the candidate
+    if pipeline:
+        assert alone == {p.label: 11.0 for p in points} and flags == [] and drawn == [p.label for p in points]
+        assert sum(kind == "bench_block" for kind, _ in requests) == 2 * benchmarks.YARDSTICK_BLOCKS
+    else:
+        assert alone == {} and len(flags) == 1 and "could not be timed alone" in flags[0]
