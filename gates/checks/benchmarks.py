@@ -285,6 +285,8 @@ class RecordedRow(BaseModel):
     one_per_graph: RecordedOnePerGraph | None = None  # absent in bundles made before in-pipeline timing
     # how the in-pipeline calls start cold (BenchSession); absent in bundles made before the choice existed
     pipeline: Literal["flushed", "cold_sets"] | None = None
+    # the standard's in-pipeline median timed alone (standard_alone); absent before that check, None where it failed
+    standard_alone_us: PositiveFloat | None = None
 
     @model_validator(mode="after")
     def _follows_from_its_samples(self) -> "RecordedRow":
@@ -325,6 +327,10 @@ def audit(result: GateResult) -> list[str]:
         problems += [f"{r.point}: {r.roofline_fraction:.1%} of the roofline is under the required "
                      f"{r.min_roofline_fraction:.0%}, yet the gate PASSED" for r in rows
                      if r.min_roofline_fraction and (r.roofline_fraction or 0.0) < r.min_roofline_fraction]
+        problems += [f"{r.point}: the standard took {r.standard.median_us / r.standard_alone_us:.2f}× its time alone "
+                     f"beside the candidate (the gate's bound {YARDSTICK_ERROR:g}×), yet the gate PASSED"
+                     for r in rows if r.standard_alone_us and
+                     r.standard.median_us / r.standard_alone_us > YARDSTICK_ERROR]
     return problems
 
 
