@@ -8,9 +8,10 @@ Shapes from the contract: `heads` (rank-local H), `kv_lora_rank` (C), `rope_dim`
 in the benchmark schema: left for the maintainers). Lengths differ across the batch, drawn in [1, max_len], with
 one sequence at 1 and one at max_len (a single sequence alternates between the two by seed, "normal" aside: the
 whole context). Slots are a random permutation of a cache with SPARE_SLOTS more slots than sequences (gathered,
-never in order). Rows past each length hold
+never in order). Only each sequence's valid rows are drawn: rows past each length and the spare slots hold
 POISON, finite so that the reference's masked softmax stays exact, large so that a kernel reading them into the
-softmax is visibly wrong. The cache and q follow the distribution; weights are drawn like trained ones.
+softmax (or reading another slot) is visibly wrong. The cache and q follow the distribution; weights are drawn like
+trained ones.
 
 The reference is the op's math in float64 (per sequence, over its valid rows only), returned as fp32: the
 checker (compare.check_tensor) then measures the candidate against exact attention, not against another fp32
@@ -22,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from gates.core.compare import check_tensor
-from gates.problems import Case, Cost, Point, sample
+from gates.problems import DISTRIBUTIONS, Case, Cost, Point, sample
 from model.kimi_k3.ops.mla_decode import OP
 
 SHAPE_KEYS = ("heads", "kv_lora_rank", "rope_dim")
@@ -74,15 +75,19 @@ def make_case(b: int, max_len: int, h: int, c: int, r: int, seed: int, dist: str
     num_slots = b + SPARE_SLOTS
     q_nope = sample((b, h, NOPE), dist, gen, dtype)
     q_pe = sample((b, h, r), dist, gen, dtype)
-    if dist == "normal":  # the big tensor drawn in bf16 directly (a 32K cache is ~1.2 G elements)
-        kv_cache = torch.randn(num_slots, max_len, c + r, generator=gen, dtype=torch.bfloat16).to(dtype)
-    else:
-        kv_cache = sample((num_slots, max_len, c + r), dist, gen, dtype)
     slots = torch.randperm(num_slots, generator=gen)[:b].to(torch.int64)
     lengths = (torch.full((b,), max_len, dtype=torch.int64) if full_lengths
                else _lengths(b, max_len, seed, gen, dist))
+    # only the rows a call may read are drawn, each sequence's first `length` ("mixed": a slot's distribution by its
+    # index, as `sample` gives rows); the rest, spare slots included, is POISON. Drawing whole 32K caches took ~30 s
+    # a case on one thread (a heavy-tailed value costs three normal draws)
+    kv_cache = torch.full((num_slots, max_len, c + r), POISON, dtype=dtype)
     for i in range(b):
-        kv_cache[slots[i], int(lengths[i]):] = POISON
+        slot, n = int(slots[i]), int(lengths[i])
+        if dist == "normal":  # drawn in bf16 directly: the benchmarks' large caches
+            kv_cache[slot, :n] = torch.randn(n, c + r, generator=gen, dtype=torch.bfloat16).to(dtype)
+        else:
+            kv_cache[slot, :n] = sample((n, c + r), DISTRIBUTIONS[slot % 3] if dist == "mixed" else dist, gen, dtype)
     w_uk = (torch.randn(h, NOPE, c, generator=gen) * NOPE ** -0.5).to(dtype)
     w_uv = (torch.randn(h, VALUE, c, generator=gen) * c ** -0.5).to(dtype)
     return Case(args=(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, SCALE))
