@@ -360,7 +360,9 @@ def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]
     never imports the candidate, before the candidate's process starts (so that nothing of the candidate runs
     meanwhile, on the host or on the GPU), on the inputs the point is timed on; and flags where that could not be
     done. The yardstick as it runs without the candidate: a candidate whose process slows the standard (a patched
-    library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`)."""
+    library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`). `draw`
+    draws a point's sets, here and again for the candidate's process: holding every point's sets between the two
+    phases would hold gigabytes (a 32K MLA cache, a 96-head KDA state) for the whole gate."""
     c, opts = ctx.contract, ctx.options
     alone: dict[str, float] = {}
     try:

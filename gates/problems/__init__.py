@@ -197,10 +197,15 @@ def bench_point(contract: Contract, problem: Problem, point: BenchPoint) -> Poin
     return Point(point.batch, point.spec_tokens, shape, contract.dtypes.activations)
 
 
+def part_distribution(dist: str, i: int) -> str:
+    """The distribution of part i of a draw: for "mixed", the others in turn (`sample`'s rows, a cache's slots)."""
+    return DISTRIBUTIONS[i % 3] if dist == "mixed" else dist
+
+
 def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
     """Random values of `dist` (one of DISTRIBUTIONS) rounded to `dtype`, drawn in fp32 on CPU."""
     if dist == "mixed":
-        rows = [sample(shape[1:], DISTRIBUTIONS[i % 3], gen, torch.float32) for i in range(shape[0])]
+        rows = [sample(shape[1:], part_distribution(dist, i), gen, torch.float32) for i in range(shape[0])]
         return torch.stack(rows).to(dtype) if rows else torch.empty(shape, dtype=dtype)
     x = torch.randn(shape, generator=gen)
     if dist == "heavy_tailed":  # Student-t, 2 dof: z / sqrt(chi2_2 / 2)

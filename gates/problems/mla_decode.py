@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from gates.core.compare import check_tensor
-from gates.problems import DISTRIBUTIONS, Case, Cost, Point, sample
+from gates.problems import Case, Cost, Point, part_distribution, sample
 from model.kimi_k3.ops.mla_decode import OP
 
 SHAPE_KEYS = ("heads", "kv_lora_rank", "rope_dim")
@@ -87,7 +87,7 @@ def make_case(b: int, max_len: int, h: int, c: int, r: int, seed: int, dist: str
         if dist == "normal":  # drawn in bf16 directly: the benchmarks' large caches
             kv_cache[slot, :n] = torch.randn(n, c + r, generator=gen, dtype=torch.bfloat16).to(dtype)
         else:
-            kv_cache[slot, :n] = sample((n, c + r), DISTRIBUTIONS[slot % 3] if dist == "mixed" else dist, gen, dtype)
+            kv_cache[slot, :n] = sample((n, c + r), part_distribution(dist, slot), gen, dtype)
     w_uk = (torch.randn(h, NOPE, c, generator=gen) * NOPE ** -0.5).to(dtype)
     w_uv = (torch.randn(h, VALUE, c, generator=gen) * c ** -0.5).to(dtype)
     return Case(args=(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, SCALE))

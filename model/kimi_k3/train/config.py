@@ -57,8 +57,9 @@ class Recipe:
 
     @property
     def data_version(self) -> int:
-        """The data version this mix draws from (1 while no version 2 task is on)."""
-        return data_version(self.recency_fraction, self.window_fraction + self.window_steps)
+        """The data version this mix draws from (1 while no version 2 task is on, the curriculum's included)."""
+        curriculum = 1.0 if self.window_steps else 0.0  # its steps are windowed-count rows only
+        return data_version(self.recency_fraction, max(self.window_fraction, curriculum))
 
     def mix(self, step: int) -> tuple[float, dict[str, float]]:
         """Tasks.batch's recall fraction and keyword fractions at a step (the curriculum's, then the recipe's)."""

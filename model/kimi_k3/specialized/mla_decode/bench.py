@@ -28,6 +28,7 @@ import dataclasses
 import torch
 
 from gates.problems.mla_decode import make_case, reference
+from kernels.trees import clone
 
 HBM_BYTES_PER_S = 4.3e12
 PATHS = ("fma", "mma", "e4m3")
@@ -37,8 +38,7 @@ N, C, R = 128, 512, 64
 
 def inputs(b: int, max_len: int, h: int, full_lengths: bool) -> tuple:
     """The problem's call at this point (seed 0, "normal"), on the GPU."""
-    args = make_case(b, max_len, h, C, R, 0, full_lengths=full_lengths).args
-    return tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    return clone(make_case(b, max_len, h, C, R, 0, full_lengths=full_lengths).args, "cuda")
 
 
 def capture(fn):
