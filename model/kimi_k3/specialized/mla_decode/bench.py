@@ -18,6 +18,10 @@ FAIL and that path is not timed there.
     python -m model.kimi_k3.specialized.mla_decode.bench --points 1x4096 64x32768 --heads 12 --paths mma
     python -m model.kimi_k3.specialized.mla_decode.bench --paths mma e4m3      # the FP8 cache beside bf16
     python -m model.kimi_k3.specialized.mla_decode.bench --paths mma --lengths random --ctas-per-sm 2 4 8
+    ncu -k regex:"partial|merge" python -m model.kimi_k3.specialized.mla_decode.bench --check-only ...  # a profile
+
+`--check-only` runs each path once per point (the check against float64) and times nothing: under a profiler, each
+point then launches each path's kernels exactly once.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def variant(path: str, h: int, args: tuple, ctas_per_sm: int) -> tuple:
 
 
 def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full_lengths: bool,
-                ctas_per_sm: list[int]) -> None:
+                ctas_per_sm: list[int], check_only: bool = False) -> None:
     from kernels.timing import time_graphs
     from model.kimi_k3.ops.mla_decode_standard import mla_decode_standard
     from model.kimi_k3.specialized import mla_decode as mk
@@ -91,9 +95,14 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
         if not torch.isfinite(got).all() or errs[path, k] > 1e-2:
             print(f"FAIL {label} path {path} ctas_per_sm {k}: rel_l2 {errs[path, k]:.3g}")
             continue
+        if check_only:
+            print(f"ok {label} path {path} ctas_per_sm {k}: rel_l2 {errs[path, k]:.2e}")
+            continue
         graphs["cute", path, k] = capture(lambda entry=entry, call=call: entry(*call))
         graphs["core", path, k] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k]:
                                           mk.attention_core(query, cache, slots, lengths, core_scale, cfg, C))
+    if check_only:
+        return
     us = {name: time_graphs([g], iters=iters, flush="l2").median_us for name, g in graphs.items()}
     floor = (rows * (C + R) * 2 + 2 * h * N * C * 2) / HBM_BYTES_PER_S * 1e6
     print(f"{label} ({rows} rows): standard {us['standard']:8.2f} us  floor {floor:7.2f} us (bf16 cache)")
@@ -118,11 +127,13 @@ def main(argv=None) -> int:
                         help="every sequence at L (the floor's case), or lengths drawn as the gate draws them")
     parser.add_argument("--ctas-per-sm", nargs="*", type=int, default=[2],
                         help="values of MlaConfig.ctas_per_sm, the split heuristic's knob, to time each path at")
+    parser.add_argument("--check-only", action="store_true",
+                        help="check each path once per point against float64 and time nothing (for a profiler)")
     a = parser.parse_args(argv)
     for point in a.points:
         b, max_len = (int(x) for x in point.split("x"))
         for h in a.heads:
-            bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm)
+            bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm, a.check_only)
     return 0
 
 
