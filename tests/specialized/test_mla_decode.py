@@ -31,13 +31,15 @@ from model.kimi_k3.specialized.mla_decode.kernel import (
     MMA_K,
     MMA_N,
     PATHS,
+    SCORE_PARTS,
     TILE,
     VEC,
     MlaConfig,
     c_fragment_position,
     p_ldmatrix_row,
-    q_fragment_word,
+    q_fragment_position,
     score_ldmatrix_row,
+    score_warp,
     split_plan,
 )
 
@@ -329,9 +331,13 @@ def test_config_paths():
     with pytest.raises(ValueError, match="path"):
         MlaConfig(path="wgmma")
     MlaConfig(path="mma").check(12, C, R)
-    MlaConfig(path="mma", threads=128).check(6, C, R)  # 1 score part of 36 k-steps, 16 P.V n-tiles a warp
-    with pytest.raises(ValueError, match="k ranges"):  # 4 score parts of 9 k-steps: ldmatrix.x4 takes pairs
-        MlaConfig(path="mma", threads=512).check(12, C, R)
+    MlaConfig(path="fma", threads=128)  # the fma path takes other block sizes; the mma path's warps are fixed
+    with pytest.raises(ValueError, match="k ranges x 2 row halves"):
+        MlaConfig(path="mma", threads=128)
+    with pytest.raises(ValueError, match="whole k-steps"):  # 4 score parts of whole k-steps
+        MlaConfig(path="mma").check(12, C, 32)
+    with pytest.raises(ValueError, match="stages"):
+        MlaConfig(stages=1)
     assert MlaConfig().path == "mma"  # faster than fma at every point measured on the H200 (NOTES.md, run 3)
 
 
@@ -374,38 +380,45 @@ def path_keys(path):
 @needs_dsl
 @pytest.mark.parametrize("key", path_keys("fma") + path_keys("mma"), ids=lambda k: f"{k[0].path}-H{k[1]}")
 def test_compiles_for_sm90a_without_spills(key):
+    """No spills, no stack; the shared memory fits ctas_per_sm CTAs a SM where the registers allow them: the fma
+    path <= 128 registers (2 CTAs of 256 threads), the mma path at most 255 (its query fragments live in registers:
+    one CTA a SM, its tiles in flight in the cp.async ring instead)."""
     rep = mk.compile(key, "sm_90a")
     names = sorted(k.name for k in rep.kernels)
     assert len(names) == 2 and any("partial" in n for n in names) and any("merge" in n for n in names)
-    # no spills, no stack; <= 128 registers: 2 CTAs of 256 threads a SM
-    assert rep.ok(max_registers=128), [(k.name, k.registers, k.spill_bytes, k.stack_frame_bytes) for k in rep.kernels]
     cfg, h, c, r = key
-    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // cfg.ctas_per_sm
+    limit = 128 if cfg.path == "fma" else 255
+    assert rep.ok(max_registers=limit), [(k.name, k.registers, k.spill_bytes, k.stack_frame_bytes) for k in rep.kernels]
+    resident = 65536 // (cfg.threads * max(k.registers for k in rep.kernels if "partial" in k.name))
+    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // max(1, min(resident, cfg.ctas_per_sm))
 
 
 @needs_dsl
 @pytest.mark.parametrize("key", path_keys("mma"), ids=lambda k: f"H{k[1]}")
 def test_mma_path_ptx(key):
     """The mma path's tile loop is one copy of its body (a dynamic loop): per warp and tile, the score MMAs (hi and
-    lo for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4 and the next tile's
-    16-byte loads (the first tile's before the loop); nothing in local memory."""
+    lo of both n-tiles for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4, and
+    the cp.async copies of the tile S - 1 ahead (the first S - 1 tiles' before the loop), one commit group each; the
+    query's fragments are registers (no shared-memory operand loads); nothing in local memory."""
     cfg, h, c, r = key
     rep = mk.compile(key, "sm_90a")
     counts = ptx_instruction_counts(ptx_entry(rep.ptx, "partial"), {
         "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
         "ldmatrix": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16\b",
         "ldmatrix.trans": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16\b",
-        "q fragments": r"\bld\.shared\.v4\.b32\b", "tile loads": r"\bld\.global\.L1::no_allocate\.v4\b",
+        "shared vector loads": r"\bld\.shared\.v4\b", "cp.async": r"\bcp\.async\.cg\.shared\.global(?:\.\w+)* \[",
+        "commit": r"\bcp\.async\.commit_group\b", "wait": r"\bcp\.async\.wait_group\b",
         "bar.sync": r"\bbar(?:rier)?\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
     w = c + r
-    steps = w // MMA_K // cfg.score_parts  # k-steps of a warp's score part
+    steps = w // MMA_K // SCORE_PARTS  # k-steps of a warp's score part
     n_tiles = c // MMA_N // cfg.warps  # P.V n-tiles a warp
-    assert counts["mma"] == 2 * steps + (TILE // MMA_K) * n_tiles  # 36 + 16 = 52 at 8 warps
-    assert counts["ldmatrix"] == steps // 2 + TILE // MMA_K  # B of two k-steps each; P's two k-steps
+    assert counts["mma"] == 4 * steps + (TILE // MMA_K) * n_tiles  # 36 + 16 = 52 at 8 warps
+    assert counts["ldmatrix"] == steps + TILE // MMA_K  # B of both n-tiles a k-step; P's two k-steps
     assert counts["ldmatrix.trans"] == n_tiles
-    assert counts["q fragments"] == 2 * steps  # hi and lo, 16 bytes each
-    assert counts["tile loads"] == 2 * (TILE * w // VEC // cfg.threads)  # the first tile's, then the next tile's
-    assert counts["bar.sync"] == 1 + 4 and counts["local"] == 0
+    assert counts["shared vector loads"] == 0
+    copies = TILE * w // VEC // cfg.threads  # a thread's 16-byte copies of a tile
+    assert counts["cp.async"] == cfg.stages * copies and counts["commit"] == cfg.stages and counts["wait"] == 1
+    assert counts["bar.sync"] == 3 + 1 and counts["local"] == 0
 
 
 @needs_dsl
@@ -484,32 +497,38 @@ def mma_m16n8k16(a: list, b: list, c: torch.Tensor) -> torch.Tensor:
 
 
 def test_mma_score_fragments_compute_q_kv():
-    """partial_mma's score step with its maps (q_fragment_word, score_ldmatrix_row, c_fragment_position), every warp,
-    on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0 past them."""
+    """partial_mma's score step with its maps (score_warp, q_fragment_position, score_ldmatrix_row,
+    c_fragment_position), every warp, on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0 past them,
+    and every (part, head, row) is written by exactly one warp."""
     h, w, cfg = 12, C + R, MlaConfig(path="mma")
-    steps = w // MMA_K // cfg.score_parts
+    steps = w // MMA_K // SCORE_PARTS
     g = torch.Generator().manual_seed(1)
     q = torch.randint(-4, 5, (16, w), generator=g).double()
     q[h:] = 0
     tile = torch.randint(-4, 5, (TILE, w), generator=g).double()
-    frags = {}
-    for idx in range((w // MMA_K) * 32 * 4):
-        ks, lane, j, head, e = q_fragment_word(idx)
-        frags[ks, lane, j] = (q[head, e], q[head, e + 1])
-    scores = torch.zeros(cfg.score_parts, 16, TILE, dtype=torch.float64)
+    scores = torch.zeros(SCORE_PARTS, 16, TILE, dtype=torch.float64)
+    written = torch.zeros(SCORE_PARTS, 16, TILE, dtype=torch.int64)
     for warp in range(cfg.warps):
-        part, rtile = warp // 4, warp % 4
-        rows_cols = [score_ldmatrix_row(lane, warp, steps) for lane in range(32)]
-        acc = torch.zeros(32, 4, dtype=torch.float64)
-        for kp in range(steps // 2):
-            kvb = ldmatrix_x4(tile, [(r, c + kp * 2 * MMA_K) for r, c in rows_cols], trans=False)
-            for s2 in range(2):
-                a = [[frags[part * steps + 2 * kp + s2, lane, j] for j in range(4)] for lane in range(32)]
-                acc = mma_m16n8k16(a, [kvb[lane][2 * s2 : 2 * s2 + 2] for lane in range(32)], acc)
-        for lane in range(32):
-            for v in range(4):
-                head, col = c_fragment_position(lane, v)
-                scores[part, head, 8 * rtile + col] = acc[lane, v]
+        part, half = score_warp(warp)
+        accs = [torch.zeros(32, 4, dtype=torch.float64) for _ in range(2)]
+        for ks in range(part * steps, (part + 1) * steps):
+            a = []
+            for lane in range(32):
+                words = []
+                for j in range(4):
+                    head, col = q_fragment_position(lane, ks, j)
+                    words.append((q[head, col], q[head, col + 1]))
+                a.append(words)
+            kvb = ldmatrix_x4(tile, [score_ldmatrix_row(lane, warp, ks) for lane in range(32)], trans=False)
+            for nt in range(2):
+                accs[nt] = mma_m16n8k16(a, [kvb[lane][2 * nt : 2 * nt + 2] for lane in range(32)], accs[nt])
+        for nt in range(2):
+            for lane in range(32):
+                for v in range(4):
+                    head, col = c_fragment_position(lane, v)
+                    scores[part, head, 16 * half + 8 * nt + col] = accs[nt][lane, v]
+                    written[part, head, 16 * half + 8 * nt + col] += 1
+    assert torch.equal(written, torch.ones_like(written))
     assert torch.equal(scores.sum(0), q @ tile.T)
 
 

@@ -5,11 +5,12 @@ cache quantized to e4m3 with a calibrated scale, through mla_decode_fp8_cute) th
 attention core alone. Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): every
 sequence at the full length L (`--lengths full`, the floor's case) or lengths drawn as the gate draws them
 (`--lengths random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times each path at each value of the split
-heuristic's knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim at).
+heuristic's knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim at), `--stages` at each ring depth.
 
 Method. Per point one CUDA graph per implementation, replayed by kernels.timing.time_graphs with the L2 flushed
 before each replay (flush='l2'); the median is reported. The floor is the cache bytes the call reads (the valid
-rows, bf16) / 4.3 TB/s (NOTES.md's table); TB/s is the path's cache bytes over its core's time. Each path is first
+rows, bf16, and the weights) / 4.3 TB/s (NOTES.md's table), each path's own beside its time (e4m3: half the cache
+bytes); TB/s is the path's cache bytes over its core's time. Each path is first
 checked at each point against the problem's float64 reference (e4m3: over the dequantized cache): a failure prints
 FAIL and that path is not timed there.
 
@@ -33,6 +34,7 @@ import torch
 
 from gates.problems.mla_decode import make_case, reference
 from kernels.trees import clone
+from model.kimi_k3.specialized.mla_decode.kernel import MlaConfig
 
 HBM_BYTES_PER_S = 4.3e12
 PATHS = ("fma", "mma", "e4m3")
@@ -57,8 +59,8 @@ def capture(fn):
     return graph
 
 
-def variant(path: str, h: int, args: tuple, ctas_per_sm: int) -> tuple:
-    """(entry point, its arguments, the attention core's cache and score scale, config, cache bytes a row) of one
+def variant(path: str, h: int, args: tuple, ctas_per_sm: int, stages: int) -> tuple:
+    """(entry point, its arguments, the attention core's cache and score scale, config, cache elements a row) of one
     path on the bf16 inputs."""
     from gates.problems import Case
     from gates.problems.mla_decode_fp8 import fp8_case
@@ -66,15 +68,16 @@ def variant(path: str, h: int, args: tuple, ctas_per_sm: int) -> tuple:
     from model.kimi_k3.specialized import mla_decode_fp8 as mk8
 
     if path != "e4m3":
-        cfg = mk.prepare(h, config=dataclasses.replace(mk.config_for(h), path=path, ctas_per_sm=ctas_per_sm))
+        cfg = mk.prepare(h, config=dataclasses.replace(mk.config_for(h), path=path, ctas_per_sm=ctas_per_sm,
+                                                       stages=stages))
         return lambda *a: mk.mla_decode_cute(*a, config=cfg), args, (args[2], args[-1]), cfg, C + R
-    cfg = mk.prepare(h, config=dataclasses.replace(mk8.config_for(h), ctas_per_sm=ctas_per_sm))
+    cfg = mk.prepare(h, config=dataclasses.replace(mk8.config_for(h), ctas_per_sm=ctas_per_sm, stages=stages))
     call = fp8_case(Case(args=args)).args  # (q_nope, q_pe, kv8, kv_scale, slots, ...)
     return (lambda *a: mk8.mla_decode_fp8_cute(*a, config=cfg), call, (call[2], call[-1] * call[3]), cfg, C + R)
 
 
 def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full_lengths: bool,
-                ctas_per_sm: list[int], check_only: bool = False) -> None:
+                ctas_per_sm: list[int], stages: list[int], check_only: bool = False, trace: bool = False) -> None:
     from kernels.timing import time_graphs
     from model.kimi_k3.ops.mla_decode_standard import mla_decode_standard
     from model.kimi_k3.specialized import mla_decode as mk
@@ -85,35 +88,45 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
     rows = int(lengths.sum())
     query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], -1).contiguous()
     graphs, errs, row_bytes, cfgs = {"standard": capture(lambda: mla_decode_standard(*args))}, {}, {}, {}
-    runs = [(path, k) for path in paths for k in ctas_per_sm]
-    for path, k in runs:
-        entry, call, (cache, core_scale), cfgs[path, k], width = variant(path, h, args, k)
+    runs = [(path, k, st) for path in paths for k in ctas_per_sm for st in stages]
+    keep = []  # every captured graph's inputs, alive until it has been replayed (a graph holds raw addresses)
+    for path, k, st in runs:
+        entry, call, (cache, core_scale), cfgs[path, k, st], width = variant(path, h, args, k, st)
+        keep.append((call, cache))
         row_bytes[path] = width * cache.element_size()
         want = reference(q_nope, q_pe, cache, slots, lengths, w_uk, w_uv, scale, core_scale / scale)
         got = entry(*call)
-        errs[path, k] = float((got.double() - want.double()).norm() / want.double().norm())
-        if not torch.isfinite(got).all() or errs[path, k] > 1e-2:
-            print(f"FAIL {label} path {path} ctas_per_sm {k}: rel_l2 {errs[path, k]:.3g}")
+        errs[path, k, st] = float((got.double() - want.double()).norm() / want.double().norm())
+        name = f"{path} (ctas_per_sm {k}, stages {st})"
+        if not torch.isfinite(got).all() or errs[path, k, st] > 1e-2:
+            print(f"FAIL {label} {name}: rel_l2 {errs[path, k, st]:.3g}")
             continue
         if check_only:
-            print(f"ok {label} path {path} ctas_per_sm {k}: rel_l2 {errs[path, k]:.2e}")
+            print(f"ok {label} {name}: rel_l2 {errs[path, k, st]:.2e}")
             continue
-        graphs["cute", path, k] = capture(lambda entry=entry, call=call: entry(*call))
-        graphs["core", path, k] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k]:
-                                          mk.attention_core(query, cache, slots, lengths, core_scale, cfg, C))
+        graphs["cute", path, k, st] = capture(lambda entry=entry, call=call: entry(*call))
+        graphs["core", path, k, st] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k, st]:
+                                              mk.attention_core(query, cache, slots, lengths, core_scale, cfg, C))
     if check_only:
         return
-    us = {name: time_graphs([g], iters=iters, flush="l2").median_us for name, g in graphs.items()}
-    floor = (rows * (C + R) * 2 + 2 * h * N * C * 2) / HBM_BYTES_PER_S * 1e6
+    us = {}
+    for name, g in graphs.items():
+        if trace:  # with CUDA_LAUNCH_BLOCKING=1, the last name printed is the graph whose replay failed
+            print(f"timing {label} {name}", flush=True)
+        us[name] = time_graphs([g], iters=iters, flush="l2").median_us
+    weights = 2 * h * N * C * 2  # W_UK and W_UV, bf16
+    floor = (rows * (C + R) * 2 + weights) / HBM_BYTES_PER_S * 1e6
     print(f"{label} ({rows} rows): standard {us['standard']:8.2f} us  floor {floor:7.2f} us (bf16 cache)")
-    for path, k in runs:
-        if ("cute", path, k) in us:
-            cute_us, core_us = us["cute", path, k], us["core", path, k]
+    for path, k, st in runs:
+        if ("cute", path, k, st) in us:
+            cute_us, core_us = us["cute", path, k, st], us["core", path, k, st]
             splits, _ = mk.split_plan(b, max_len, torch.cuda.get_device_properties(0).multi_processor_count,
-                                      cfgs[path, k])
-            print(f"    {path} (ctas_per_sm {k}, {splits} splits): cute {cute_us:8.2f} us  core {core_us:8.2f} us "
-                  f"({rows * row_bytes[path] / core_us / 1e6:5.2f} TB/s)  speedup {us['standard'] / cute_us:5.2f}x  "
-                  f"rel_l2 {errs[path, k]:.2e}")
+                                      cfgs[path, k, st])
+            path_floor = (rows * row_bytes[path] + weights) / HBM_BYTES_PER_S * 1e6  # its own cache's bytes
+            print(f"    {path} (ctas_per_sm {k}, stages {st}, {splits} splits): cute {cute_us:8.2f} us  core "
+                  f"{core_us:8.2f} us ({rows * row_bytes[path] / core_us / 1e6:5.2f} TB/s, "
+                  f"{path_floor / cute_us:4.0%} of its floor)  speedup {us['standard'] / cute_us:5.2f}x  "
+                  f"rel_l2 {errs[path, k, st]:.2e}")
 
 
 def main(argv=None) -> int:
@@ -127,13 +140,18 @@ def main(argv=None) -> int:
                         help="every sequence at L (the floor's case), or lengths drawn as the gate draws them")
     parser.add_argument("--ctas-per-sm", nargs="*", type=int, default=[2],
                         help="values of MlaConfig.ctas_per_sm, the split heuristic's knob, to time each path at")
+    parser.add_argument("--stages", nargs="*", type=int, default=[MlaConfig().stages],
+                        help="values of MlaConfig.stages (the mma path's tiles in flight; each compiles its own code)")
+    parser.add_argument("--trace", action="store_true",
+                        help="print each graph's name before timing it (with CUDA_LAUNCH_BLOCKING=1: which failed)")
     parser.add_argument("--check-only", action="store_true",
                         help="check each path once per point against float64 and time nothing (for a profiler)")
     a = parser.parse_args(argv)
     for point in a.points:
         b, max_len = (int(x) for x in point.split("x"))
         for h in a.heads:
-            bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm, a.check_only)
+            bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm, a.stages,
+                        a.check_only, a.trace)
     return 0
 
 

@@ -73,6 +73,7 @@ with dsl_import() as DSL:
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float8E4M3FN, Float16, Float32, Int32, Int64, Uint32
     from cutlass._mlir.dialects import llvm
+    from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
 
@@ -88,6 +89,8 @@ CACHES = ("bf16", "e4m3")  # the cache's element type
 MMA_K = 16  # k of mma.sync m16n8k16
 MMA_N = 8  # n of mma.sync m16n8k16
 ROW_PAD = 8  # bf16 past each shared row of the mma path: a 16-byte shift per row keeps ldmatrix conflict-free
+SCORE_PARTS = 4  # mma path: the k ranges of the score step (a warp's 9 k-steps of the query stay in its registers)
+MMA_THREADS = 256  # mma path: 8 warps, SCORE_PARTS k ranges x 2 halves of the tile's rows
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,13 @@ class MlaConfig:
     # "mma": the per-tile math on tensor cores (mma.sync m16n8k16 bf16, heads on M; faster at every measured
     # point); "fma": on CUDA cores in fp32 (v1: exact to ~1e-6 where mma's bf16 P gives ~5e-4 relative)
     path: str = "mma"
-    # "e4m3": an FP8 cache (mla_decode_fp8). Its rows arrive in 8-byte loads (the bf16 path's element mapping), are
-    # converted exactly to f16 (cvt.rn.f16x2.e4m3x2) into the shared tile, and the MMAs run on f16 operands (the
+    # "e4m3": an FP8 cache (mla_decode_fp8). Its rows arrive in 8-byte copies (the bf16 path's element mapping), are
+    # converted exactly to f16 (cvt.rn.f16x2.e4m3x2) into a shared tile, and the MMAs run on f16 operands (the
     # query's hi + lo and P in f16); mma path only
     cache: str = "bf16"
+    # mma path: tiles in flight per CTA, a ring of shared-memory stages filled by cp.async (stages - 1 tiles ahead of
+    # the one being computed)
+    stages: int = 4
 
     def __post_init__(self):
         if self.path not in PATHS:
@@ -114,6 +120,11 @@ class MlaConfig:
             raise ValueError(f"cache {self.cache!r}: one of {CACHES}")
         if self.cache == "e4m3" and self.path != "mma":
             raise ValueError("cache 'e4m3' runs on the mma path only")
+        if self.path == "mma" and self.threads != MMA_THREADS:
+            raise ValueError(f"threads {self.threads}: the mma path's warps are {SCORE_PARTS} k ranges x 2 row halves "
+                             f"({MMA_THREADS} threads)")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(f"stages {self.stages}: 2..8")
         if self.score_rows not in (1, 2, 4):
             raise ValueError(f"score_rows {self.score_rows}: 1, 2 or 4")
         if self.threads not in (128, 256, 512):
@@ -134,8 +145,9 @@ class MlaConfig:
 
     @property
     def score_parts(self) -> int:
-        """mma path: the warps split the scores into 4 row tiles of 8 x this many k ranges."""
-        return self.warps // 4
+        """mma path: the k ranges the scores are split into (a warp's share of the query lives in its registers); the
+        ranges' sums are added in range order."""
+        return SCORE_PARTS
 
     def check(self, heads: int, latent: int, rope: int) -> None:
         """ValueError where the dims do not fit this config's mapping."""
@@ -146,8 +158,8 @@ class MlaConfig:
             raise ValueError(f"latent dim {latent}: 2 columns a thread, {2 * self.threads} at {self.threads} threads")
         if self.path == "mma" and latent % (MMA_N * self.warps):
             raise ValueError(f"latent dim {latent}: {self.warps} warps x n-tiles of {MMA_N} columns")
-        if self.path == "mma" and width % (2 * MMA_K * self.score_parts):
-            raise ValueError(f"latent + rope = {width}: {self.score_parts} k ranges of ldmatrix.x4 pairs of k-steps")
+        if self.path == "mma" and width % (MMA_K * SCORE_PARTS):
+            raise ValueError(f"latent + rope = {width}: {SCORE_PARTS} k ranges of whole k-steps of {MMA_K}")
         if latent % (MERGE_COLS * 32):
             raise ValueError(f"latent dim {latent}: a multiple of {MERGE_COLS * 32}")
         if rope < 0 or width % 64:
@@ -160,35 +172,41 @@ class MlaConfig:
 
     def smem_bytes(self, heads: int, latent: int, rope: int) -> int:
         """The shared memory `partial` allocates, with alignment. fma: sQ (fp32) + sRow (bf16) + sP (fp32) + the
-        softmax state (3 x 16 fp32). mma: sQf (the hi and lo A fragments, 2 x 2 bytes an element of 16 rows) +
-        sRow (padded rows) + sS (fp32, a k range each, padded rows) + sPb (bf16, padded rows) + the state."""
+        softmax state (3 x 16 fp32). mma: the ring (`stages` tiles of padded bf16 rows; e4m3: `stages` tiles of raw
+        rows and two padded f16 tiles they are converted into) + sS (fp32, a k range each, padded rows) + sPb
+        (padded rows) + the state."""
         width = latent + rope
         state = 3 * MAX_HEADS * 4 + 4 * 128
         if self.path == "fma":
             return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + state
         padded = TILE + ROW_PAD
-        return (2 * MAX_HEADS * width * 2 + TILE * (width + ROW_PAD) * 2 + self.score_parts * MAX_HEADS * padded * 4
-                + MAX_HEADS * padded * 2 + state + 3 * 128)
+        tile = TILE * (width + ROW_PAD) * 2
+        ring = self.stages * TILE * width + 2 * tile if self.cache == "e4m3" else self.stages * tile
+        return ring + SCORE_PARTS * MAX_HEADS * padded * 4 + MAX_HEADS * padded * 2 + state + 3 * 128
 
 
 # --- the mma path's fragment maps: plain arithmetic on lane / warp indices (Python ints in the tests, Int32 in the
 # kernel), so that a CPU test can run them through a model of ldmatrix and mma.sync (PTX ISA fragment layouts).
 
 
-def q_fragment_word(idx):
-    """Word idx of one Q operand (hi or lo) in sQf -> (k-step, lane, word j, head, element e): the word holds the
-    head's elements e, e + 1 (low, high half). mma.sync's A fragment: word j of lane (g, t) is row g + 8 (j % 2),
-    columns 2 t + 8 (j // 2) and + 1 of the k-step's 16."""
-    ks, lane, j = idx // 128, (idx // 4) % 32, idx % 4
-    return ks, lane, j, lane // 4 + 8 * (j % 2), MMA_K * ks + 2 * (lane % 4) + 8 * (j // 2)
+def score_warp(warp):
+    """(k range, row half) of a warp in the score step: k-steps SCORE_PARTS... of the range, the tile's rows 16 half
+    .. 16 half + 15 (two n-tiles of 8)."""
+    return warp % SCORE_PARTS, warp // SCORE_PARTS
 
 
-def score_ldmatrix_row(lane, warp, steps: int):
-    """(tile row, column) of the 16 bytes lane addresses in the score step's first ldmatrix.x4 (the part's first two
-    k-steps; each next pair is 32 columns on): warp w's 8 rows 8 (w % 4) + lane % 8, matrix lane // 8 = columns
-    8 (lane // 8) .. of k range w // 4 (`steps` k-steps a range). Matrices 0, 1 are B of the first k-step, 2, 3 of
-    the second."""
-    return 8 * (warp % 4) + lane % 8, (warp // 4) * steps * MMA_K + 8 * (lane // 8)
+def q_fragment_position(lane, ks, j):
+    """(head, column) of the low element of word j of lane's A fragment for k-step ks (the high element is the next
+    column): mma.sync's A, row g + 8 (j % 2), columns 2 t + 8 (j // 2) of the k-step's 16."""
+    return lane // 4 + 8 * (j % 2), MMA_K * ks + 2 * (lane % 4) + 8 * (j // 2)
+
+
+def score_ldmatrix_row(lane, warp, ks):
+    """(tile row, column) of the 16 bytes lane addresses in the score step's ldmatrix.x4 for k-step ks: matrix
+    lane // 8 = (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15) of the warp's 16 rows;
+    matrices 0, 1 are B of its first n-tile, 2, 3 of its second (a KV row is a B column: no transpose)."""
+    _, half = score_warp(warp)
+    return 16 * half + lane % 8 + 8 * (lane // 16), MMA_K * ks + 8 * ((lane // 8) % 2)
 
 
 def p_ldmatrix_row(lane):
@@ -518,6 +536,36 @@ if DSL.error is None:
                 result = Float32(llvm.bitcast(_T.f32(), (biased << 23).ir_value()))
             return result
 
+        @cute.jit
+        def copy_tile(self, kv: cute.Tensor, stage: cute.Tensor, base: Int32, stop: Int32):
+            """cp.async of this thread's chunks of rows base .. base + TILE - 1 of kv into `stage` (a tile of shared
+            memory, any row stride keeping the copies aligned): thread_row's mapping, so a warp's copies cover 128
+            contiguous bytes of each of its rows. Rows past the split's end are clamped to its last valid row (no
+            padding byte is ever read; their p is 0). bf16: 16-byte copies that skip L1 (each byte is read once);
+            e4m3: 8-byte copies (cp.async.cg takes 16 bytes only). Needs stop > base."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
+            src = kv[cutlass.min(base + row, stop - 1), None]
+            dst = stage[row, None]
+            mode = cpasync.LoadCacheMode.ALWAYS if cutlass.const_expr(self.operand == "f16") else \
+                cpasync.LoadCacheMode.GLOBAL
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), self.cache_type,
+                                      num_bits_per_copy=VEC * self.cache_type.width)
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                chunk = chunk0 + LANES * i
+                cute.copy(g2s, cute.local_tile(src, (VEC,), (chunk,)), cute.local_tile(dst, (VEC,), (chunk,)))
+
+        @cute.jit
+        def convert_tile(self, raw: cute.Tensor, tile: cute.Tensor):
+            """e4m3: this thread's chunks (copy_tile's) of a raw tile into an f16 tile, exactly (cvt.rn.f16x2.e4m3x2).
+            A thread converts only what its own cp.async wrote (visible to it after cp.async.wait_group)."""
+            LANES = 32 * self.cfg.warps // TILE
+            row, chunk0 = self.thread_row()
+            for i in cutlass.range_constexpr(self.tile_loads()):
+                chunk = chunk0 + LANES * i
+                cute.local_tile(tile[row, None], (VEC,), (chunk,)).store(
+                    cute.local_tile(raw[row, None], (VEC,), (chunk,)).load().to(self.tile_type))
+
         @cute.kernel
         def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
                         mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
@@ -525,34 +573,33 @@ if DSL.error is None:
             """`partial` with the per-tile math on tensor cores (module doc, "mma path"). Lane (g, t) = (lane // 4,
             lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
             c, H, C, W = self.cfg, self.h, self.c, self.w
-            NT, NW = c.threads, c.warps
-            PARTS = c.score_parts
-            KS = W // MMA_K // PARTS  # k-steps of a score part
-            NTW = C // MMA_N // NW  # P.V n-tiles of 8 latent columns per warp
-            RS = W + ROW_PAD  # sRow's row stride (elements)
+            S = c.stages
+            KS = W // MMA_K // SCORE_PARTS  # k-steps of a score part
+            NTW = C // MMA_N // c.warps  # P.V n-tiles of 8 latent columns per warp
+            RS = W + ROW_PAD  # a padded tile's row stride (elements)
             PS = TILE + ROW_PAD  # sPb's and sS's row stride
-            QWORDS = (W // MMA_K) * 32 * 4  # 32-bit words of one A operand (hi or lo) over all k-steps
+            TILE_BYTES = TILE * RS * 2  # a padded tile (bf16 or f16)
+            fp8 = self.operand == "f16"
             tidx, _, _ = cute.arch.thread_idx()
             split, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             g = lane // 4  # the lane's MMA rows: heads g and g + 8
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
-            # the next tile's rows are in flight in registers while this one is computed; the first tile's while
-            # the prologue builds Q's fragments
-            ring = cute.make_rmem_tensor((VEC, self.tile_loads()), self.cache_type)
-            if ntiles > 0:
-                self.load_rows(kv, ring, start, stop)
 
             smem = cutlass.memory.SmemAllocator()
-            # (k-step, operand: 0 hi / 1 lo, lane, word): a lane's 16-byte fragment next to its neighbours', so a
-            # quarter-warp's ld.shared.v4 reads 128 contiguous bytes (no bank conflict)
-            sQf = smem.allocate_tensor(Uint32, cute.make_layout((W // MMA_K, 2, 32, 4), stride=(256, 128, 4, 1)),
-                                       byte_alignment=16)
-            sRow = smem.allocate_tensor(self.tile_type, cute.make_layout((TILE, W), stride=(RS, 1)),
-                                        byte_alignment=16)
+            # the ring of tiles cp.async fills; e4m3: raw rows, converted into one of two padded f16 tiles
+            if cutlass.const_expr(fp8):
+                sRing = smem.allocate_tensor(self.cache_type, cute.make_layout((S, TILE, W), stride=(TILE * W, W, 1)),
+                                             byte_alignment=16)
+                sTile = smem.allocate_tensor(self.tile_type, cute.make_layout((2, TILE, W), stride=(TILE * RS, RS, 1)),
+                                             byte_alignment=16)
+            else:
+                sRing = smem.allocate_tensor(self.cache_type, cute.make_layout((S, TILE, W), stride=(TILE * RS, RS, 1)),
+                                             byte_alignment=16)
+                sTile = sRing
             # padded rows: the accumulators' stores (heads g, g + 8 x columns 2t, 2t + 1) hit 16 banks, not 4
-            sS = smem.allocate_tensor(Float32, cute.make_layout((PARTS, MAX_HEADS, TILE),
+            sS = smem.allocate_tensor(Float32, cute.make_layout((SCORE_PARTS, MAX_HEADS, TILE),
                                                                 stride=(MAX_HEADS * PS, PS, 1)), byte_alignment=16)
             sPb = smem.allocate_tensor(self.tile_type, cute.make_layout((MAX_HEADS, TILE), stride=(PS, 1)),
                                        byte_alignment=16)
@@ -560,26 +607,37 @@ if DSL.error is None:
             sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
 
-            # Q as A fragments (q_fragment_word; 0 past H); hi = q rounded to the operand type, lo = q - hi rounded:
-            # hi + lo carries ~16 (bf16) or ~22 (f16) significant bits, so the scores keep near-fp32 accuracy (bf16 q
-            # alone fails the contract, NOTES.md). The query is scaled by qscale (query_scale), the scores back
+            # the first S - 1 tiles in flight while the prologue runs; one commit group per tile, empty ones too,
+            # so that "all but the newest S - 2 groups done" always means "this tile's rows have landed"
+            for st in cutlass.range_constexpr(S - 1):
+                if st < ntiles:
+                    self.copy_tile(kv, sRing[st, None, None], start + st * TILE, stop)
+                cute.arch.cp_async_commit_group()
+
+            # the warp's k range of Q as A fragments in registers (q_fragment_position; 0 past H): hi = q rounded to
+            # the operand type, lo = q - hi rounded: hi + lo carries ~16 (bf16) or ~22 (f16) significant bits, so
+            # the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md). The query is scaled
+            # by qscale (query_scale), the scores back
             qscale = self.query_scale(mQ, b, sS)
             score_scale = scale / qscale
-            for i in cutlass.range_constexpr(-(-QWORDS // NT)):
-                idx = tidx + i * NT
-                if idx < QWORDS:
-                    ks, qlane, j, head, e = q_fragment_word(idx)
-                    src = cutlass.min(head, H - 1) * W + e
+            part, half = score_warp(warp)
+            qfrag = []  # [k-step][hi, lo][word]
+            for ks in cutlass.range_constexpr(KS):
+                hi_words, lo_words = [], []
+                for j in cutlass.range_constexpr(4):
+                    head, col = q_fragment_position(lane, part * KS + ks, j)
+                    src = cutlass.min(head, H - 1) * W + col
                     x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0)) * qscale
                     x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0)) * qscale
                     hi = _pack_x2(x0, x1, self.operand)
                     hi0, hi1 = _unpack_x2(hi, self.operand)
-                    sQf[ks, 0, qlane, j] = hi
-                    sQf[ks, 1, qlane, j] = _pack_x2(x0 - hi0, x1 - hi1, self.operand)
+                    hi_words.append(hi)
+                    lo_words.append(_pack_x2(x0 - hi0, x1 - hi1, self.operand))
+                qfrag.append((hi_words, lo_words))
             # rows past H stay 0. Only the TILE columns the P ldmatrix reads: the last row's padding is past sPb's
             # allocation, where sM lies (zeroing it raced with init_state's -inf: NOTES.md, mma path, GPU run)
-            for i in cutlass.range_constexpr(-(-MAX_HEADS * TILE // NT)):
-                idx = tidx + i * NT
+            for i in cutlass.range_constexpr(-(-MAX_HEADS * TILE // c.threads)):
+                idx = tidx + i * c.threads
                 if idx < MAX_HEADS * TILE:
                     sPb[idx // TILE, idx % TILE] = self.tile_type(0.0)
             self.init_state(sM, sL, sA)
@@ -587,67 +645,70 @@ if DSL.error is None:
             for j in cutlass.range_constexpr(NTW):
                 for v in cutlass.range_constexpr(4):
                     acc[j, v] = Float32(0.0)
-            cute.arch.sync_threads()
 
-            # ldmatrix row addresses (shared window, bytes): lane l points at row l % 8 of 8 x 8 matrix l // 8
-            row_base = sRow.iterator.toint()
-            part, rtile = warp // 4, warp % 4  # score step: the warp's k range and 8-row n-tile
-            score_row, score_col = score_ldmatrix_row(lane, warp, KS)
-            score_addr = row_base + (score_row * RS + score_col) * 2
+            # ldmatrix row addresses (shared window, bytes) inside a tile: lane l points at row l % 8 of 8 x 8
+            # matrix l // 8
+            score_row, score_col = score_ldmatrix_row(lane, warp, part * KS)
+            score_off = (score_row * RS + score_col) * 2
             p_row, p_col = p_ldmatrix_row(lane)
             p_addr = sPb.iterator.toint() + (p_row * PS + p_col) * 2
             col0 = warp * NTW * MMA_N  # the warp's first latent column in the P.V step
-            v_addr = row_base + (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
+            v_off = (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory (the previous tile's last barrier freed sRow), then the next tile's
-                # loads, issued before the barrier so that the compiler cannot sink them past this tile's math
-                self.store_rows(ring, sRow)
-                if it + 1 < ntiles:
-                    self.load_rows(kv, ring, base + TILE, stop)
+                # 1. this tile's rows have landed (this thread's copies; the barrier: everyone's), e4m3 converted into
+                # the f16 tile of this iteration's parity; the barrier also ends the previous tile's P.V, so the
+                # stage it read is free for the tile S - 1 ahead
+                cute.arch.cp_async_wait_group(S - 2)
+                if cutlass.const_expr(fp8):
+                    self.convert_tile(sRing[it % S, None, None], sTile[it % 2, None, None])
                 cute.arch.sync_threads()
-                # 2. scores S[16 heads, rows 8 rtile ..] over the part's KS k-steps: ldmatrix.x4 gives B of two
-                # k-steps (matrices: 8 columns each); 4 independent accumulators (k-step parity x hi / lo) keep
-                # the MMA chains short; summed as (hi even + hi odd) + (lo even + lo odd)
-                chains = [[Float32(0.0) for _ in range(4)] for _ in range(4)]
-                for kp in cutlass.range_constexpr(KS // 2):
-                    kvb = _ldmatrix_x4(score_addr + kp * 2 * MMA_K * 2, trans=False)
-                    for s2 in cutlass.range_constexpr(2):
-                        for half in cutlass.range_constexpr(2):
-                            qf = sQf[part * KS + 2 * kp + s2, half, lane, None].load()
-                            chains[2 * half + s2] = mma_m16n8k16([qf[v] for v in range(4)],
-                                                                 [kvb[2 * s2], kvb[2 * s2 + 1]],
-                                                                 chains[2 * half + s2], self.operand)
-                for v in cutlass.range_constexpr(4):
-                    score = (chains[0][v] + chains[1][v]) + (chains[2][v] + chains[3][v])
-                    head, col = c_fragment_position(lane, v)
-                    sS[part, head, 8 * rtile + col] = score
+                ahead = it + S - 1
+                if ahead < ntiles:
+                    self.copy_tile(kv, sRing[ahead % S, None, None], start + ahead * TILE, stop)
+                cute.arch.cp_async_commit_group()
+                tile_addr = sTile.iterator.toint() + (it % (2 if fp8 else S)) * TILE_BYTES
+                # 2. scores S[16 heads, the warp's 16 rows] over its KS k-steps: one ldmatrix.x4 a k-step gives B of
+                # both n-tiles; the hi and the lo products in separate accumulators (4 chains of KS MMAs)
+                chains = [[Float32(0.0) for _ in range(4)] for _ in range(4)]  # [n-tile x 2 + lo][value]
+                for ks in cutlass.range_constexpr(KS):
+                    kvb = _ldmatrix_x4(tile_addr + score_off + ks * MMA_K * 2, trans=False)
+                    for nt in cutlass.range_constexpr(2):
+                        for lo in cutlass.range_constexpr(2):
+                            chains[2 * nt + lo] = mma_m16n8k16(qfrag[ks][lo], [kvb[2 * nt], kvb[2 * nt + 1]],
+                                                               chains[2 * nt + lo], self.operand)
+                for nt in cutlass.range_constexpr(2):
+                    for v in cutlass.range_constexpr(4):
+                        head, col = c_fragment_position(lane, v)
+                        sS[part, head, 16 * half + 8 * nt + col] = chains[2 * nt][v] + chains[2 * nt + 1][v]
                 cute.arch.sync_threads()
-                # 3. online softmax: warp w takes heads w and w + NW, lane l row l; the parts in order; p as bf16
+                # 3. online softmax: warp w takes heads w and w + 8, lane l row l; the parts in order; p rounded to the
+                # operand type
                 for hg in cutlass.range_constexpr(2):
-                    h = warp + hg * NW
+                    h = warp + hg * c.warps
                     if h < H:
                         s = sS[0, h, lane]
-                        for pp in cutlass.range_constexpr(1, PARTS):
+                        for pp in cutlass.range_constexpr(1, SCORE_PARTS):
                             s = s + sS[pp, h, lane]
                         s = cutlass.select_(base + lane < stop, s * score_scale, Float32(-math.inf))
                         sPb[h, lane] = self.online_softmax(s, h, sM, sL, sA).to(self.tile_type)
                 cute.arch.sync_threads()
                 # 4. O[16 heads, the warp's columns] = O alpha + P[16, 32] V[32, columns]: A = P (ldmatrix.x4 of
-                # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns)
+                # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns). The
+                # next iteration's first barrier orders these reads before sPb, sA and this stage are written again
                 alpha = (sA[g], sA[g + 8])
                 for j in cutlass.range_constexpr(NTW):
                     for v in cutlass.range_constexpr(4):
                         acc[j, v] = acc[j, v] * alpha[v // 2]
                 pa = [_ldmatrix_x4(p_addr + ks * MMA_K * 2, trans=False) for ks in range(TILE // MMA_K)]
                 for j in cutlass.range_constexpr(NTW):
-                    vb = _ldmatrix_x4(v_addr + j * MMA_N * 2, trans=True)
+                    vb = _ldmatrix_x4(tile_addr + v_off + j * MMA_N * 2, trans=True)
                     out = [acc[j, v] for v in range(4)]
                     for ks in cutlass.range_constexpr(TILE // MMA_K):
                         out = mma_m16n8k16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out, self.operand)
                     for v in cutlass.range_constexpr(4):
                         acc[j, v] = out[v]
-                cute.arch.sync_threads()
+            cute.arch.sync_threads()  # the last tile's softmax state, read below by other warps' lanes
             # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
             for r in cutlass.range_constexpr(2):
                 head, col = c_fragment_position(lane, 2 * r)
