@@ -39,7 +39,6 @@ from model.kimi_k3.specialized.mla_decode.kernel import (
     p_ldmatrix_row,
     q_fragment_position,
     score_ldmatrix_row,
-    score_warp,
     split_plan,
 )
 
@@ -331,9 +330,7 @@ def test_config_paths():
     with pytest.raises(ValueError, match="path"):
         MlaConfig(path="wgmma")
     MlaConfig(path="mma").check(12, C, R)
-    MlaConfig(path="fma", threads=128)  # the fma path takes other block sizes; the mma path's warps are fixed
-    with pytest.raises(ValueError, match="k ranges x 2 row halves"):
-        MlaConfig(path="mma", threads=128)
+    assert MlaConfig(path="fma").threads == 256 and MlaConfig().threads == 128  # each path's own
     with pytest.raises(ValueError, match="whole k-steps"):  # 4 score parts of whole k-steps
         MlaConfig(path="mma").check(12, C, 32)
     with pytest.raises(ValueError, match="stages"):
@@ -380,45 +377,45 @@ def path_keys(path):
 @needs_dsl
 @pytest.mark.parametrize("key", path_keys("fma") + path_keys("mma"), ids=lambda k: f"{k[0].path}-H{k[1]}")
 def test_compiles_for_sm90a_without_spills(key):
-    """No spills, no stack; the shared memory fits ctas_per_sm CTAs a SM where the registers allow them: the fma
-    path <= 128 registers (2 CTAs of 256 threads), the mma path at most 255 (its query fragments live in registers:
-    one CTA a SM, its tiles in flight in the cp.async ring instead)."""
+    """No spills, no stack; ctas_per_sm CTAs fit a SM, by registers (the fma path's 256 threads <= 128 registers;
+    the mma path's 128 threads, whose query fragments live in registers, <= 255) and by shared memory."""
     rep = mk.compile(key, "sm_90a")
     names = sorted(k.name for k in rep.kernels)
     assert len(names) == 2 and any("partial" in n for n in names) and any("merge" in n for n in names)
     cfg, h, c, r = key
-    limit = 128 if cfg.path == "fma" else 255
-    assert rep.ok(max_registers=limit), [(k.name, k.registers, k.spill_bytes, k.stack_frame_bytes) for k in rep.kernels]
-    resident = 65536 // (cfg.threads * max(k.registers for k in rep.kernels if "partial" in k.name))
-    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // max(1, min(resident, cfg.ctas_per_sm))
+    assert rep.ok(max_registers=65536 // (cfg.threads * cfg.ctas_per_sm) - 1), \
+        [(k.name, k.registers, k.spill_bytes, k.stack_frame_bytes) for k in rep.kernels]
+    assert cfg.smem_bytes(h, c, r) <= 227 * 1024 // cfg.ctas_per_sm
 
 
 @needs_dsl
 @pytest.mark.parametrize("key", path_keys("mma"), ids=lambda k: f"H{k[1]}")
 def test_mma_path_ptx(key):
     """The mma path's tile loop is one copy of its body (a dynamic loop): per warp and tile, the score MMAs (hi and
-    lo of both n-tiles for each of the part's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4, and
-    the cp.async copies of the tile S - 1 ahead (the first S - 1 tiles' before the loop), one commit group each; the
-    query's fragments are registers (no shared-memory operand loads); nothing in local memory."""
+    lo of the 4 n-tiles for each of the warp's k-steps), the P.V MMAs (2 k-steps per n-tile), their ldmatrix.x4,
+    and the cp.async copies of the tile S - 1 ahead (the first S - 1 tiles' and the query's before the loop), one
+    commit group each; the query's fragments are registers (no shared-memory operand reloads in the loop); nothing
+    in local memory."""
     cfg, h, c, r = key
     rep = mk.compile(key, "sm_90a")
     counts = ptx_instruction_counts(ptx_entry(rep.ptx, "partial"), {
         "mma": r"\bmma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32\b",
         "ldmatrix": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16\b",
         "ldmatrix.trans": r"\bldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16\b",
-        "shared vector loads": r"\bld\.shared\.v4\b", "cp.async": r"\bcp\.async\.cg\.shared\.global(?:\.\w+)* \[",
+        "cp.async": r"\bcp\.async\.cg\.shared\.global(?:\.\w+)* \[",
         "commit": r"\bcp\.async\.commit_group\b", "wait": r"\bcp\.async\.wait_group\b",
         "bar.sync": r"\bbar(?:rier)?\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
     w = c + r
     steps = w // MMA_K // SCORE_PARTS  # k-steps of a warp's score part
     n_tiles = c // MMA_N // cfg.warps  # P.V n-tiles a warp
-    assert counts["mma"] == 4 * steps + (TILE // MMA_K) * n_tiles  # 36 + 16 = 52 at 8 warps
-    assert counts["ldmatrix"] == steps + TILE // MMA_K  # B of both n-tiles a k-step; P's two k-steps
+    assert counts["mma"] == 2 * (TILE // MMA_N) * steps + (TILE // MMA_K) * n_tiles  # 72 + 32 at 4 warps
+    assert counts["ldmatrix"] == 2 * steps + TILE // MMA_K  # B of two n-tiles each; P's two k-steps
     assert counts["ldmatrix.trans"] == n_tiles
-    assert counts["shared vector loads"] == 0
     copies = TILE * w // VEC // cfg.threads  # a thread's 16-byte copies of a tile
-    assert counts["cp.async"] == cfg.stages * copies and counts["commit"] == cfg.stages and counts["wait"] == 1
-    assert counts["bar.sync"] == 3 + 1 and counts["local"] == 0
+    query = -(-h * w // 4 // cfg.threads)  # its copies of the query (fp32)
+    assert counts["cp.async"] == cfg.stages * copies + query
+    assert counts["commit"] == cfg.stages + 1 and counts["wait"] == 2
+    assert counts["bar.sync"] == 1 + 3 + 1 and counts["local"] == 0
 
 
 @needs_dsl
@@ -497,9 +494,9 @@ def mma_m16n8k16(a: list, b: list, c: torch.Tensor) -> torch.Tensor:
 
 
 def test_mma_score_fragments_compute_q_kv():
-    """partial_mma's score step with its maps (score_warp, q_fragment_position, score_ldmatrix_row,
-    c_fragment_position), every warp, on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0 past them,
-    and every (part, head, row) is written by exactly one warp."""
+    """partial_mma's score step with its maps (q_fragment_position, score_ldmatrix_row, c_fragment_position), every
+    warp (its k range over all the tile's rows), on integers (exact): the parts' sums are Q KV^T for the 12 heads, 0
+    past them, and every (part, head, row) is written by exactly one lane."""
     h, w, cfg = 12, C + R, MlaConfig(path="mma")
     steps = w // MMA_K // SCORE_PARTS
     g = torch.Generator().manual_seed(1)
@@ -509,26 +506,22 @@ def test_mma_score_fragments_compute_q_kv():
     scores = torch.zeros(SCORE_PARTS, 16, TILE, dtype=torch.float64)
     written = torch.zeros(SCORE_PARTS, 16, TILE, dtype=torch.int64)
     for warp in range(cfg.warps):
-        part, half = score_warp(warp)
-        accs = [torch.zeros(32, 4, dtype=torch.float64) for _ in range(2)]
-        for ks in range(part * steps, (part + 1) * steps):
-            a = []
-            for lane in range(32):
-                words = []
-                for j in range(4):
-                    head, col = q_fragment_position(lane, ks, j)
-                    words.append((q[head, col], q[head, col + 1]))
-                a.append(words)
-            kvb = ldmatrix_x4(tile, [score_ldmatrix_row(lane, warp, ks) for lane in range(32)], trans=False)
-            for nt in range(2):
-                accs[nt] = mma_m16n8k16(a, [kvb[lane][2 * nt : 2 * nt + 2] for lane in range(32)], accs[nt])
-        for nt in range(2):
+        accs = [torch.zeros(32, 4, dtype=torch.float64) for _ in range(TILE // MMA_N)]
+        for ks in range(warp * steps, (warp + 1) * steps):
+            a = [[(q[hd, col], q[hd, col + 1]) for hd, col in (q_fragment_position(lane, ks, j) for j in range(4))]
+                 for lane in range(32)]
+            for pair in range(TILE // 16):
+                kvb = ldmatrix_x4(tile, [score_ldmatrix_row(lane, ks, pair) for lane in range(32)], trans=False)
+                for half in range(2):
+                    nt = 2 * pair + half
+                    accs[nt] = mma_m16n8k16(a, [kvb[lane][2 * half : 2 * half + 2] for lane in range(32)], accs[nt])
+        for nt in range(TILE // MMA_N):
             for lane in range(32):
                 for v in range(4):
                     head, col = c_fragment_position(lane, v)
-                    scores[part, head, 16 * half + 8 * nt + col] = accs[nt][lane, v]
-                    written[part, head, 16 * half + 8 * nt + col] += 1
-    assert torch.equal(written, torch.ones_like(written))
+                    scores[warp, head, 8 * nt + col] = accs[nt][lane, v]
+                    written[warp, head, 8 * nt + col] += 1
+    assert cfg.warps == SCORE_PARTS and torch.equal(written, torch.ones_like(written))
     assert torch.equal(scores.sum(0), q @ tile.T)
 
 

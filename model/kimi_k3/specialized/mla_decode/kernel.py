@@ -90,7 +90,9 @@ MMA_K = 16  # k of mma.sync m16n8k16
 MMA_N = 8  # n of mma.sync m16n8k16
 ROW_PAD = 8  # bf16 past each shared row of the mma path: a 16-byte shift per row keeps ldmatrix conflict-free
 SCORE_PARTS = 4  # mma path: the k ranges of the score step (a warp's 9 k-steps of the query stay in its registers)
-MMA_THREADS = 256  # mma path: 8 warps, SCORE_PARTS k ranges x 2 halves of the tile's rows
+MMA_THREADS = 32 * SCORE_PARTS  # mma path: a warp a k range, every row of the tile; two CTAs a SM
+FMA_THREADS = 256  # fma path: 2 latent columns a thread
+QUERY_PAD = 8  # fp32 past each staged query row: a half-warp's 8-byte fragment reads hit distinct banks
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,6 @@ class MlaConfig:
     """Everything about the launches that changes the generated code besides the problem's dims (MlaDecodeKernel),
     and the split heuristic's knobs (which change only runtime arguments)."""
 
-    threads: int = 256  # threads per `partial` CTA (8 warps)
     ctas_per_sm: int = 2  # the split heuristic aims at ctas_per_sm x SMs CTAs
     min_split_rows: int = 128  # ... but gives no split fewer rows than this (the partials' own traffic)
     score_rows: int = 2  # rows whose elements a lane holds at once in the score step (registers: 18 per row)
@@ -109,9 +110,9 @@ class MlaConfig:
     # converted exactly to f16 (cvt.rn.f16x2.e4m3x2) into a shared tile, and the MMAs run on f16 operands (the
     # query's hi + lo and P in f16); mma path only
     cache: str = "bf16"
-    # mma path: tiles in flight per CTA, a ring of shared-memory stages filled by cp.async (stages - 1 tiles ahead of
-    # the one being computed)
-    stages: int = 4
+    # mma path: tiles per CTA in a ring of shared-memory stages filled by cp.async (stages - 1 tiles ahead of the
+    # one being computed); 2 keeps two CTAs a SM within the shared memory
+    stages: int = 2
 
     def __post_init__(self):
         if self.path not in PATHS:
@@ -120,18 +121,18 @@ class MlaConfig:
             raise ValueError(f"cache {self.cache!r}: one of {CACHES}")
         if self.cache == "e4m3" and self.path != "mma":
             raise ValueError("cache 'e4m3' runs on the mma path only")
-        if self.path == "mma" and self.threads != MMA_THREADS:
-            raise ValueError(f"threads {self.threads}: the mma path's warps are {SCORE_PARTS} k ranges x 2 row halves "
-                             f"({MMA_THREADS} threads)")
         if not 2 <= self.stages <= 8:
             raise ValueError(f"stages {self.stages}: 2..8")
         if self.score_rows not in (1, 2, 4):
             raise ValueError(f"score_rows {self.score_rows}: 1, 2 or 4")
-        if self.threads not in (128, 256, 512):
-            raise ValueError(f"threads {self.threads}: 128, 256 or 512")
         if self.ctas_per_sm < 1 or self.min_split_rows < TILE or self.min_split_rows % TILE:
             raise ValueError(f"ctas_per_sm {self.ctas_per_sm} >= 1, min_split_rows {self.min_split_rows}: a positive "
                              f"multiple of {TILE}")
+
+    @property
+    def threads(self) -> int:
+        """Threads per `partial` CTA: fma 256 (2 latent columns a thread), mma MMA_THREADS (a warp a k range)."""
+        return MMA_THREADS if self.path == "mma" else FMA_THREADS
 
     @property
     def warps(self) -> int:
@@ -152,8 +153,9 @@ class MlaConfig:
     def check(self, heads: int, latent: int, rope: int) -> None:
         """ValueError where the dims do not fit this config's mapping."""
         width = latent + rope
-        if not 1 <= heads <= MAX_HEADS or heads > 2 * self.warps:
-            raise ValueError(f"heads {heads}: 1..{min(MAX_HEADS, 2 * self.warps)}")
+        most = MAX_HEADS if self.path == "mma" else min(MAX_HEADS, 2 * self.warps)  # the softmax's heads a warp
+        if not 1 <= heads <= most:
+            raise ValueError(f"heads {heads}: 1..{most}")
         if self.path == "fma" and latent != 2 * self.threads:
             raise ValueError(f"latent dim {latent}: 2 columns a thread, {2 * self.threads} at {self.threads} threads")
         if self.path == "mma" and latent % (MMA_N * self.warps):
@@ -173,26 +175,20 @@ class MlaConfig:
     def smem_bytes(self, heads: int, latent: int, rope: int) -> int:
         """The shared memory `partial` allocates, with alignment. fma: sQ (fp32) + sRow (bf16) + sP (fp32) + the
         softmax state (3 x 16 fp32). mma: the ring (`stages` tiles of padded bf16 rows; e4m3: `stages` tiles of raw
-        rows and two padded f16 tiles they are converted into) + sS (fp32, a k range each, padded rows) + sPb
-        (padded rows) + the state."""
+        rows and the padded f16 tile they are converted into) + sS (fp32, a k range each, padded rows) + sPb
+        (padded rows) + the state. The staged query (MAX_HEADS rows of W + QUERY_PAD fp32) borrows a tile."""
         width = latent + rope
         state = 3 * MAX_HEADS * 4 + 4 * 128
         if self.path == "fma":
             return heads * width * 4 + TILE * width * 2 + MAX_HEADS * TILE * 4 + state
         padded = TILE + ROW_PAD
         tile = TILE * (width + ROW_PAD) * 2
-        ring = self.stages * TILE * width + 2 * tile if self.cache == "e4m3" else self.stages * tile
+        ring = self.stages * TILE * width + tile if self.cache == "e4m3" else self.stages * tile
         return ring + SCORE_PARTS * MAX_HEADS * padded * 4 + MAX_HEADS * padded * 2 + state + 3 * 128
 
 
 # --- the mma path's fragment maps: plain arithmetic on lane / warp indices (Python ints in the tests, Int32 in the
 # kernel), so that a CPU test can run them through a model of ldmatrix and mma.sync (PTX ISA fragment layouts).
-
-
-def score_warp(warp):
-    """(k range, row half) of a warp in the score step: k-steps SCORE_PARTS... of the range, the tile's rows 16 half
-    .. 16 half + 15 (two n-tiles of 8)."""
-    return warp % SCORE_PARTS, warp // SCORE_PARTS
 
 
 def q_fragment_position(lane, ks, j):
@@ -201,12 +197,12 @@ def q_fragment_position(lane, ks, j):
     return lane // 4 + 8 * (j % 2), MMA_K * ks + 2 * (lane % 4) + 8 * (j // 2)
 
 
-def score_ldmatrix_row(lane, warp, ks):
-    """(tile row, column) of the 16 bytes lane addresses in the score step's ldmatrix.x4 for k-step ks: matrix
-    lane // 8 = (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15) of the warp's 16 rows;
-    matrices 0, 1 are B of its first n-tile, 2, 3 of its second (a KV row is a B column: no transpose)."""
-    _, half = score_warp(warp)
-    return 16 * half + lane % 8 + 8 * (lane // 16), MMA_K * ks + 8 * ((lane // 8) % 2)
+def score_ldmatrix_row(lane, ks, pair):
+    """(tile row, column) of the 16 bytes lane addresses in the score step's ldmatrix.x4 for k-step ks and the tile's
+    rows 16 pair .. 16 pair + 15: matrix lane // 8 = (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7),
+    (rows 8-15, k 8-15); matrices 0, 1 are B of n-tile 2 pair, 2, 3 of n-tile 2 pair + 1 (a KV row is a B column:
+    no transpose)."""
+    return 16 * pair + lane % 8 + 8 * (lane // 16), MMA_K * ks + 8 * ((lane // 8) % 2)
 
 
 def p_ldmatrix_row(lane):
@@ -566,6 +562,22 @@ if DSL.error is None:
                 cute.local_tile(tile[row, None], (VEC,), (chunk,)).store(
                     cute.local_tile(raw[row, None], (VEC,), (chunk,)).load().to(self.tile_type))
 
+        @cute.jit
+        def stage_query(self, mQ: cute.Tensor, b: Int32, sQ: cute.Tensor):
+            """cp.async of sequence b's fp32 query [H, W] into sQ (rows of W + QUERY_PAD), 16 bytes a copy, the
+            threads side by side along each row (coalesced). One commit group."""
+            H, W, NT = self.h, self.w, self.cfg.threads
+            CH = W // 4  # 16-byte chunks a row
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
+                                      num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(-(-H * CH // NT)):
+                idx = cute.arch.thread_idx()[0] + i * NT
+                if idx < H * CH:
+                    head, c4 = idx // CH, idx % CH
+                    cute.copy(g2s, cute.local_tile(mQ[b, None], (4,), (head * CH + c4,)),
+                              cute.local_tile(sQ[head, None], (4,), (c4,)))
+            cute.arch.cp_async_commit_group()
+
         @cute.kernel
         def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
                         mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
@@ -574,7 +586,8 @@ if DSL.error is None:
             lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
             c, H, C, W = self.cfg, self.h, self.c, self.w
             S = c.stages
-            KS = W // MMA_K // SCORE_PARTS  # k-steps of a score part
+            KS = W // MMA_K // SCORE_PARTS  # k-steps of a warp's k range
+            NTS = TILE // MMA_N  # score n-tiles (8 rows each): every row of the tile
             NTW = C // MMA_N // c.warps  # P.V n-tiles of 8 latent columns per warp
             RS = W + ROW_PAD  # a padded tile's row stride (elements)
             PS = TILE + ROW_PAD  # sPb's and sS's row stride
@@ -583,21 +596,23 @@ if DSL.error is None:
             tidx, _, _ = cute.arch.thread_idx()
             split, b, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
-            warp = tidx // 32
+            warp = tidx // 32  # also the warp's k range in the score step
             g = lane // 4  # the lane's MMA rows: heads g and g + 8
             kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
 
             smem = cutlass.memory.SmemAllocator()
-            # the ring of tiles cp.async fills; e4m3: raw rows, converted into one of two padded f16 tiles
+            # the ring of tiles cp.async fills; e4m3: raw rows, converted into one padded f16 tile
             if cutlass.const_expr(fp8):
                 sRing = smem.allocate_tensor(self.cache_type, cute.make_layout((S, TILE, W), stride=(TILE * W, W, 1)),
                                              byte_alignment=16)
-                sTile = smem.allocate_tensor(self.tile_type, cute.make_layout((2, TILE, W), stride=(TILE * RS, RS, 1)),
+                sTile = smem.allocate_tensor(self.tile_type, cute.make_layout((TILE, W), stride=(RS, 1)),
                                              byte_alignment=16)
+                free_tile = sTile.iterator.toint()  # first written by tile 0's conversion, after a barrier
             else:
                 sRing = smem.allocate_tensor(self.cache_type, cute.make_layout((S, TILE, W), stride=(TILE * RS, RS, 1)),
                                              byte_alignment=16)
                 sTile = sRing
+                free_tile = sRing.iterator.toint() + (S - 1) * TILE_BYTES  # first filled in iteration 0, after one
             # padded rows: the accumulators' stores (heads g, g + 8 x columns 2t, 2t + 1) hit 16 banks, not 4
             sS = smem.allocate_tensor(Float32, cute.make_layout((SCORE_PARTS, MAX_HEADS, TILE),
                                                                 stride=(MAX_HEADS * PS, PS, 1)), byte_alignment=16)
@@ -606,29 +621,34 @@ if DSL.error is None:
             sM = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sL = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
             sA = smem.allocate_tensor(Float32, cute.make_layout((MAX_HEADS,)), byte_alignment=16)
+            # the query, staged in a tile no copy writes before the loop's first barrier (H x (W + QUERY_PAD) fp32
+            # fits a padded tile: 16 x 584 x 4 = 32 x 584 x 2 bytes at W = 576)
+            sQ = cute.make_tensor(cute.make_ptr(Float32, free_tile, cute.AddressSpace.smem, assumed_align=16),
+                                  cute.make_layout((H, W), stride=(W + QUERY_PAD, 1)))
 
-            # the first S - 1 tiles in flight while the prologue runs; one commit group per tile, empty ones too,
-            # so that "all but the newest S - 2 groups done" always means "this tile's rows have landed"
+            # the query's copies first, then the first S - 1 tiles': one commit group each, empty ones too, so that
+            # "all but the newest S - 2 groups done" always means "this tile's rows have landed"
+            self.stage_query(mQ, b, sQ)
             for st in cutlass.range_constexpr(S - 1):
                 if st < ntiles:
                     self.copy_tile(kv, sRing[st, None, None], start + st * TILE, stop)
                 cute.arch.cp_async_commit_group()
-
+            qscale = self.query_scale(mQ, b, sS)
+            score_scale = scale / qscale
+            cute.arch.cp_async_wait_group(S - 1)  # the query's group
+            cute.arch.sync_threads()
             # the warp's k range of Q as A fragments in registers (q_fragment_position; 0 past H): hi = q rounded to
             # the operand type, lo = q - hi rounded: hi + lo carries ~16 (bf16) or ~22 (f16) significant bits, so
             # the scores keep near-fp32 accuracy (bf16 q alone fails the contract, NOTES.md). The query is scaled
             # by qscale (query_scale), the scores back
-            qscale = self.query_scale(mQ, b, sS)
-            score_scale = scale / qscale
-            part, half = score_warp(warp)
             qfrag = []  # [k-step][hi, lo][word]
             for ks in cutlass.range_constexpr(KS):
                 hi_words, lo_words = [], []
                 for j in cutlass.range_constexpr(4):
-                    head, col = q_fragment_position(lane, part * KS + ks, j)
-                    src = cutlass.min(head, H - 1) * W + col
-                    x0 = cutlass.select_(head < H, mQ[b, src], Float32(0.0)) * qscale
-                    x1 = cutlass.select_(head < H, mQ[b, src + 1], Float32(0.0)) * qscale
+                    head, col = q_fragment_position(lane, warp * KS + ks, j)
+                    row = cutlass.min(head, H - 1)
+                    x0 = cutlass.select_(head < H, sQ[row, col], Float32(0.0)) * qscale
+                    x1 = cutlass.select_(head < H, sQ[row, col + 1], Float32(0.0)) * qscale
                     hi = _pack_x2(x0, x1, self.operand)
                     hi0, hi1 = _unpack_x2(hi, self.operand)
                     hi_words.append(hi)
@@ -648,7 +668,7 @@ if DSL.error is None:
 
             # ldmatrix row addresses (shared window, bytes) inside a tile: lane l points at row l % 8 of 8 x 8
             # matrix l // 8
-            score_row, score_col = score_ldmatrix_row(lane, warp, part * KS)
+            score_row, score_col = score_ldmatrix_row(lane, warp * KS, 0)
             score_off = (score_row * RS + score_col) * 2
             p_row, p_col = p_ldmatrix_row(lane)
             p_addr = sPb.iterator.toint() + (p_row * PS + p_col) * 2
@@ -656,35 +676,40 @@ if DSL.error is None:
             v_off = (lane * RS + col0) * 2  # transposed: matrix i = tile rows 8 i .. 8 i + 7
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. this tile's rows have landed (this thread's copies; the barrier: everyone's), e4m3 converted into
-                # the f16 tile of this iteration's parity; the barrier also ends the previous tile's P.V, so the
-                # stage it read is free for the tile S - 1 ahead
+                # 1. this tile's rows have landed (this thread's copies; the barrier: everyone's). The barrier also
+                # ends the previous tile's P.V, so the stage it read is free for the tile S - 1 ahead. e4m3: a
+                # barrier first frees the f16 tile, then each thread converts the chunks it copied
                 cute.arch.cp_async_wait_group(S - 2)
                 if cutlass.const_expr(fp8):
-                    self.convert_tile(sRing[it % S, None, None], sTile[it % 2, None, None])
+                    cute.arch.sync_threads()
+                    self.convert_tile(sRing[it % S, None, None], sTile)
                 cute.arch.sync_threads()
                 ahead = it + S - 1
                 if ahead < ntiles:
                     self.copy_tile(kv, sRing[ahead % S, None, None], start + ahead * TILE, stop)
                 cute.arch.cp_async_commit_group()
-                tile_addr = sTile.iterator.toint() + (it % (2 if fp8 else S)) * TILE_BYTES
-                # 2. scores S[16 heads, the warp's 16 rows] over its KS k-steps: one ldmatrix.x4 a k-step gives B of
-                # both n-tiles; the hi and the lo products in separate accumulators (4 chains of KS MMAs)
-                chains = [[Float32(0.0) for _ in range(4)] for _ in range(4)]  # [n-tile x 2 + lo][value]
+                tile_addr = sTile.iterator.toint() if cutlass.const_expr(fp8) else \
+                    sRing.iterator.toint() + (it % S) * TILE_BYTES
+                # 2. scores S[16 heads, the tile's 32 rows] over the warp's KS k-steps: per k-step two ldmatrix.x4
+                # (16 rows each) give B of the 4 n-tiles; the hi and the lo products in separate accumulators (8
+                # chains of KS MMAs)
+                chains = [[Float32(0.0) for _ in range(4)] for _ in range(2 * NTS)]  # [n-tile x 2 + lo][value]
                 for ks in cutlass.range_constexpr(KS):
-                    kvb = _ldmatrix_x4(tile_addr + score_off + ks * MMA_K * 2, trans=False)
-                    for nt in cutlass.range_constexpr(2):
-                        for lo in cutlass.range_constexpr(2):
-                            chains[2 * nt + lo] = mma_m16n8k16(qfrag[ks][lo], [kvb[2 * nt], kvb[2 * nt + 1]],
-                                                               chains[2 * nt + lo], self.operand)
-                for nt in cutlass.range_constexpr(2):
+                    for pair in cutlass.range_constexpr(NTS // 2):
+                        kvb = _ldmatrix_x4(tile_addr + score_off + (pair * 16 * RS + ks * MMA_K) * 2, trans=False)
+                        for half in cutlass.range_constexpr(2):
+                            nt = 2 * pair + half
+                            for lo in cutlass.range_constexpr(2):
+                                chains[2 * nt + lo] = mma_m16n8k16(qfrag[ks][lo], [kvb[2 * half], kvb[2 * half + 1]],
+                                                                   chains[2 * nt + lo], self.operand)
+                for nt in cutlass.range_constexpr(NTS):
                     for v in cutlass.range_constexpr(4):
                         head, col = c_fragment_position(lane, v)
-                        sS[part, head, 16 * half + 8 * nt + col] = chains[2 * nt][v] + chains[2 * nt + 1][v]
+                        sS[warp, head, 8 * nt + col] = chains[2 * nt][v] + chains[2 * nt + 1][v]
                 cute.arch.sync_threads()
-                # 3. online softmax: warp w takes heads w and w + 8, lane l row l; the parts in order; p rounded to the
-                # operand type
-                for hg in cutlass.range_constexpr(2):
+                # 3. online softmax: warp w takes heads w, w + 4, ...; lane l row l; the parts in order; p rounded to
+                # the operand type
+                for hg in cutlass.range_constexpr(MAX_HEADS // c.warps):
                     h = warp + hg * c.warps
                     if h < H:
                         s = sS[0, h, lane]
@@ -695,7 +720,7 @@ if DSL.error is None:
                 cute.arch.sync_threads()
                 # 4. O[16 heads, the warp's columns] = O alpha + P[16, 32] V[32, columns]: A = P (ldmatrix.x4 of
                 # the two k-steps), B = the tile's rows transposed (ldmatrix.x4.trans: rows 0..31, 8 columns). The
-                # next iteration's first barrier orders these reads before sPb, sA and this stage are written again
+                # next iteration's first barrier orders these reads before sPb, sA and this tile are written again
                 alpha = (sA[g], sA[g + 8])
                 for j in cutlass.range_constexpr(NTW):
                     for v in cutlass.range_constexpr(4):
@@ -708,7 +733,7 @@ if DSL.error is None:
                         out = mma_m16n8k16(pa[ks], [vb[2 * ks], vb[2 * ks + 1]], out, self.operand)
                     for v in cutlass.range_constexpr(4):
                         acc[j, v] = out[v]
-            cute.arch.sync_threads()  # the last tile's softmax state, read below by other warps' lanes
+            cute.arch.sync_threads()  # no tile (an empty split): init_state's values, read below by other lanes
             # the normalized partial and its log-sum-exp; an empty split: 0 and -inf
             for r in cutlass.range_constexpr(2):
                 head, col = c_fragment_position(lane, 2 * r)
