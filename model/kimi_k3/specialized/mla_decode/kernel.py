@@ -24,40 +24,45 @@ empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and wa
 Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty split writes o = 0, lse = -inf (no
 0 / 0, no exp(-inf - -inf)): the conventions of model/kimi_k3/ops/mla_dcp.py's `partial_attention`.
 
-Path "mma" (`partial_mma`, the default; NOTES.md run 3): the same CTAs, splits, tiles, softmax and outputs, the
+Path "mma" (`partial_mma`, the default; NOTES.md, v4): the same splits, tiles of 32 rows, softmax and outputs, the
 per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
-the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P):
-  - Q as A fragments in shared memory (per k-step the hi, then the lo operand, 16 bytes a lane; hi = bf16(q),
-    lo = bf16(q - hi)): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q (bf16 q alone fails the
-    contract on heavy-tailed and large inputs, NOTES.md). Tile rows are padded by 16 bytes in shared memory so that
-    every ldmatrix reads 8 rows from 8 different bank groups.
-  - load: the tile's rows are stored to shared memory at the top of the tile, then the next tile's loads are issued
-    into the same registers (before the barrier), so they are in flight during this tile's math (the first tile's
-    during the prologue).
-  - scores: warp w takes the 8 rows 8 (w % 4) .. (the MMA's N) and k range w // 4 of the W / 16 k-steps; B of two
-    k-steps per ldmatrix.x4; per k-step the hi and the lo MMA, in 4 independent accumulators (k-step parity x
-    hi / lo) summed at the end; the ranges' sums meet in shared memory (sS) and are added in range order.
-  - softmax as the fma path's step 3 (fp32 m, l, alpha; l sums the fp32 p); p rounded to bf16 into sPb.
-  - P.V: warp w owns latent columns [64 w, 64 w + 64) (8 n-tiles of 8); O = O alpha + P[16, 32] KV[32, cols]:
-    A = P by ldmatrix.x4 (two k-steps of 16 rows), B by ldmatrix.x4.trans of the tile rows; fp32 accumulators
-    (32 a lane).
-  Then o = O / l and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
+the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P). A CTA
+is MMA_THREADS = 128 threads (4 warps; ~233 registers, two CTAs a SM):
+  - prologue: the sequence's fp32 query staged into shared memory by coalesced cp.async (in a tile no copy writes
+    before the loop's first barrier), then each warp builds the A fragments of its k range (W / 16 / 4 = 9 k-steps)
+    in registers, hi = bf16(q) and lo = bf16(q - hi): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q
+    (bf16 q alone fails the contract on heavy-tailed and large inputs, NOTES.md).
+  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, rows past
+    the split clamped), stages - 1 tiles ahead of the one computed, one commit group per tile. Tile rows are padded
+    by 16 bytes so that every ldmatrix reads 8 rows from 8 different bank groups.
+  - scores: warp w takes k range w over all 32 rows: per k-step two ldmatrix.x4 give B of the 4 n-tiles; the hi and
+    the lo MMA in separate accumulators (8 chains); the ranges' sums meet in shared memory (sS) and are added in
+    range order.
+  - softmax as the fma path's step 3, warp w heads w, w + 4, ... (fp32 m, l, alpha; l sums the fp32 p); p rounded
+    to bf16 into sPb.
+  - P.V: warp w owns latent columns [128 w, 128 w + 128) (16 n-tiles of 8); O = O alpha + P[16, 32] KV[32, cols]:
+    A = P by ldmatrix.x4 (two k-steps of 16 rows), B by ldmatrix.x4.trans of the tile rows; fp32 accumulators.
+  Three barriers a tile (tile landed and the previous tile's stage free; scores in sS; p in sPb). Then o = O / l
+  and lse as the fma path (lane (g, t) stores heads g, g + 8 < H, columns 2 t, 2 t + 1 of each n-tile).
 
-Cache "e4m3" (MlaConfig.cache; the FP8 cache of mla_decode_fp8, mma path only): the same CTAs, tiles and fragment
-maps over one-byte elements. A thread's chunks are the bf16 path's (VEC elements each, 8-byte loads); store_rows
-converts each to f16 exactly (cvt.rn.f16x2.e4m3x2) into the shared tile, and every MMA runs on f16 operands
-(mma.sync...f32.f16.f16.f32): the query's hi and lo in f16 after `query_scale` multiplied it by the power of two that
-puts its largest magnitude in [2^13, 2^14) (f16 ends at 65504; the scores are scaled back), P in f16. The cache's
-scale never reaches the kernel: the entry point folds it into `scale` and the output.
+Cache "e4m3" (MlaConfig.cache; the FP8 cache of mla_decode_fp8, mma path only): the same CTAs and fragment maps over
+one-byte elements. The ring holds raw rows (8-byte cp.async, the bf16 path's element mapping); at the top of each
+tile a barrier frees the one f16 tile and each thread converts the chunks it copied exactly (cvt.rn.f16x2.e4m3x2)
+into it; every MMA runs on f16 operands (mma.sync...f32.f16.f16.f32): the query's hi and lo in f16 after
+`query_scale` multiplied it by the power of two that puts its largest magnitude in [2^13, 2^14) (f16 ends at 65504;
+the scores are scaled back), P in f16. The cache's scale never reaches the kernel: the entry point folds it into
+`scale` and the output.
 
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
 MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
-MERGE_UNROLL of them in flight: mla_dcp.merge's arithmetic. Deterministic (no atomics; fixed orders everywhere).
+MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp.merge's arithmetic. Deterministic
+(no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
-path (the default) reaches 1.5-2.3 TB/s, under half the bandwidth: one tile in flight per warp, no TMA. The
-slot's base address is 64-bit, offsets inside a slot 32-bit (check_args refuses L x W >= 2^31).
+path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
+cost when its split is short; the e4m3 cache halves the bytes but not that latency. The slot's base address is
+64-bit, offsets inside a slot 32-bit (check_args refuses L x W >= 2^31).
 """
 
 from __future__ import annotations
@@ -216,18 +221,32 @@ def c_fragment_position(lane, v: int):
     return lane // 4 + 8 * (v // 2), 2 * (lane % 4) + v % 2
 
 
+SPLIT_OVERHEAD_TILES = 4  # a CTA's fixed cost (query staging and fragments, the ring's fill, its partial) in tiles
+MERGE_TILES_PER_SPLIT = 1 / 16  # `merge`'s cost per split of a sequence, in tiles (its loop over the partials)
+
+
 def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = MlaConfig()) -> tuple[int, int]:
     """(splits, chunk): each sequence's rows are cut into `splits` chunks of `chunk` rows (a multiple of TILE), the
-    last possibly shorter; chunk x splits >= max_len and every split starts below max_len. Aims at ctas_per_sm x
-    num_sms CTAs over the batch, with no chunk under min_split_rows. Depends only on the host values B, L, SMs."""
+    last possibly shorter; chunk x splits >= max_len and every split starts below max_len. The count minimizes a
+    model of the time with every sequence at max_len: whole waves of ctas_per_sm x num_sms resident CTAs, each wave
+    as long as a chunk's tiles plus a CTA's fixed cost, plus the merge's per-split cost; no chunk under
+    min_split_rows; ties go to fewer splits. (Aiming at a CTA count instead left B = 64 with 5 splits, two waves the
+    second of which was a fifth full: NOTES.md.) Depends only on the host values B, L, SMs (graph-safe)."""
     if batch < 1 or max_len < 1:
         raise ValueError(f"batch {batch} and max_len {max_len} must be >= 1")
-    want = min(MAX_SPLITS, max(1, -(-cfg.ctas_per_sm * num_sms // batch)))
-    most = max(1, -(-max_len // cfg.min_split_rows))
-    splits = min(want, most)
-    chunk = -(-max_len // splits)
-    chunk = -(-chunk // TILE) * TILE
-    return -(-max_len // chunk), chunk
+    slots = cfg.ctas_per_sm * num_sms
+    most = min(MAX_SPLITS, max(1, -(-max_len // cfg.min_split_rows)))
+
+    def plan(splits: int) -> tuple[int, int]:
+        chunk = -(-(-(-max_len // splits)) // TILE) * TILE
+        return -(-max_len // chunk), chunk
+
+    def cost(splits: int) -> float:
+        splits, chunk = plan(splits)
+        waves = -(-batch * splits // slots)
+        return waves * (chunk // TILE + SPLIT_OVERHEAD_TILES) + splits * MERGE_TILES_PER_SPLIT
+
+    return plan(min(range(1, most + 1), key=lambda n: (cost(n), n)))
 
 
 if DSL.error is None:
@@ -780,11 +799,17 @@ if DSL.error is None:
             for j in cutlass.range_constexpr(MERGE_COLS):
                 out[j] = Float32(0.0)
             total = Float32(0.0)
+            # a split's MERGE_COLS columns in one 16-byte load (the partial rows are C fp32 from a 16-byte base)
+            row_bytes = self.c * 4
+            first = mPart.iterator.toint() + (Int64(b) * Int64(splits) * Int64(self.h) + Int64(h)) * Int64(row_bytes)
             for s in cutlass.range(splits, unroll=MERGE_UNROLL):
                 wgt = sW[s]
                 total = total + wgt
+                cols = cute.make_tensor(cute.make_ptr(Float32, first + Int64(s) * Int64(self.h * row_bytes) +
+                                                      Int64(c0 * 4), cute.AddressSpace.gmem, assumed_align=16),
+                                        cute.make_layout((MERGE_COLS,))).load()
                 for j in cutlass.range_constexpr(MERGE_COLS):
-                    out[j] = out[j] + wgt * mPart[b, s, h, c0 + j]
+                    out[j] = out[j] + wgt * cols[j]
             divisor = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
             for j in cutlass.range_constexpr(MERGE_COLS):
                 mLat[b, h, c0 + j] = out[j] / divisor
