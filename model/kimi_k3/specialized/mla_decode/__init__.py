@@ -9,8 +9,8 @@ v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T i
 them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
 launches (split-KV partials, then their log-sum-exp merge). The partials' per-tile math runs on tensor cores by
 default (MlaConfig.path "mma": 1.2-4.5x the cuBLAS standard on the H200, one op per graph, against the CUDA-core
-path's 0.6-2.7x); `config=MlaConfig(path="fma")` keeps it on CUDA cores in fp32, exact to ~1e-6 where the mma path's bf16 P gives
-~5e-4 relative (kernel.py, NOTES.md).
+path's 0.6-2.7x); `config=MlaConfig(path="fma")` keeps it on CUDA cores in fp32, exact to ~1e-6 where the mma
+path's bf16 P gives ~5e-4 relative (kernel.py, NOTES.md).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (the contract's; the mma mapping
 admits other multiples of 128, never run); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may
