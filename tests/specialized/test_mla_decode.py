@@ -240,6 +240,24 @@ def test_check_args_accepts_valid_cpu_inputs_up_to_the_device_check():
         mk.check_args(*_valid())
 
 
+def model_views(args):
+    """The call as the model makes it (model/kimi_k3/mla.py): q_nope and q_pe split from one [B, H, N + R]
+    projection, W_UK and W_UV sliced from one kv_b_proj [H, N + V, C]; all four strided views."""
+    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = args
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    kv_b = torch.cat([w_uk, w_uv], dim=1)
+    views = (*q.split([N, R], dim=-1), kv, slots, lengths, kv_b[:, :N], kv_b[:, N:], scale)
+    assert not any(v.is_contiguous() for i, v in enumerate(views) if i in (0, 1, 5, 6))
+    return views
+
+
+def test_check_args_accepts_the_models_strided_views():
+    """The model's queries and weights are views; the kernel reads only the cache, slots and lengths by address
+    (the first H200 layer bench found every specialized call falling back on `must be contiguous`)."""
+    with pytest.raises(ValueError, match="CUDA tensors on one device"):
+        mk.check_args(*model_views(_valid()))
+
+
 @pytest.mark.parametrize("over, message", [
     (dict(q_nope=torch.zeros(2, 12, N)), "must be bf16"),
     (dict(kv_cache=torch.zeros(3, 64, C + R, dtype=torch.float16)), "must be torch.bfloat16"),
@@ -628,6 +646,14 @@ def test_gpu_matches_reference(b, h, max_len, path):
     got = mk.mla_decode_cute(*args, config=MlaConfig(path=path))
     assert got.shape == (b, h, V) and got.dtype == torch.float32
     close(got.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+
+
+@pytest.mark.gpu
+def test_gpu_model_views_match_reference():
+    """The model's call (strided q_nope, q_pe, W_UK, W_UV views) gives the reference's result, with no copy asked of
+    the caller."""
+    args = model_views(_gpu_inputs(4, 12, 1024, seed=5))
+    close(mk.mla_decode_cute(*args).cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
 
 
 @pytest.mark.gpu

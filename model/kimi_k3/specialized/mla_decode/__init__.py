@@ -14,7 +14,8 @@ path's bf16 P gives ~5e-4 relative (kernel.py, NOTES.md).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (the contract's; the mma mapping
 admits other multiples of 128, never run); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may
-be larger); bf16 cache and weights, slots and lengths int64; every tensor contiguous, the cache 16-byte aligned; all on
+be larger); bf16 cache and weights, slots and lengths int64; the cache, slots and lengths contiguous (the queries and
+weights may be strided views: the model's are), the cache 16-byte aligned; all on
 one CUDA device. Anything else raises ValueError before anything is launched. Slots and lengths are read on the device
 (no host synchronisation): a slot outside [0, slots) is clamped into range and a length clamped into [0, L] rather than
 checked; a length of 0 gives a zero latent (decode always has >= 1).
@@ -83,8 +84,10 @@ def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
         raise ValueError(f"dims outside the kernel's mapping: {err}") from None
     if max_len * width >= _INT32_LIMIT:
         raise ValueError(f"a slot of kv_cache holds {max_len * width} elements: the kernel's offsets need < 2^31")
-    if not all(t.is_contiguous() for t in tensors):
-        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be contiguous")
+    # only these reach the kernel by address; the queries and weights go through torch first and may be any views
+    # (the model passes q_nope, q_pe split from one projection, W_UK and W_UV sliced from kv_b_proj)
+    if not all(t.is_contiguous() for t in (kv_cache, slots, lengths)):
+        raise ValueError("kv_cache, slots and lengths must be contiguous")
     if kv_cache.data_ptr() % 16:
         raise ValueError("kv_cache must be 16-byte aligned")
     if not all(t.is_cuda for t in tensors) or len({t.device for t in tensors}) != 1:
