@@ -65,6 +65,26 @@ def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
     assert attn_res["specialized"] == 0 and attn_res["fallbacks"].get("dtype", 0) == attn_res["standard"] > 0
 
 
+def test_a_kernel_that_raises_in_a_bench_is_named_not_hidden():
+    """A specialized kernel that raises falls back to the standard, which is then what the row timed: the tally
+    keeps what it said and the bench prints it (and exits 1), where a table alone showed a quietly slower backend
+    (the first H200 `bench layer --kind mla`: every mla_decode call refused the model's strided views)."""
+    from types import SimpleNamespace
+
+    from model.kimi_k3.bench.run import kernel_errors, tally_decisions
+    from model.kimi_k3.dispatch import Fallback, Reason
+
+    said = "q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be contiguous"
+    tally = tally_decisions([("mla_decode", False, Fallback(Reason.ERROR, said)), ("linear", True, None),
+                             ("mla_decode", False, Fallback(Reason.ERROR, said)),
+                             ("attn_res", False, Fallback(Reason.DTYPE, "fp32 only"))])
+    assert tally["mla_decode"] == {"specialized": 0, "standard": 2, "fallbacks": {"error": 2}, "errors": [said]}
+    assert "errors" not in tally["attn_res"] and tally["linear"]["specialized"] == 1
+    row = SimpleNamespace(backend="declared", batch=16, dispatch=tally)
+    assert kernel_errors([row]) == [f"declared batch 16: mla_decode's specialized kernel raised, so the standard ran "
+                                    f"and was timed: {said}"]
+
+
 def test_the_declared_backend_counts_kernels_that_only_declare_the_arch():
     """`declared` runs the kernels of contracts that list this arch as declared (counted validated, as the gate's
     own evals count it); latency_specialized runs only validated ones; neither takes a kernel of another arch."""

@@ -32,6 +32,7 @@ from .run import (
     bench_layers,
     bench_layers_on_ranks,
     bench_step,
+    kernel_errors,
 )
 
 out = Console(highlight=False)
@@ -179,6 +180,7 @@ def run_layer(args) -> int:
     bad += [f"layer output off the reference layer's: {r.backend} batch {r.batch}: {r.output_rel_l2_same_routing:.2e} "
             f"rel. L2 over the tokens routed alike (bound {LAYER_OUTPUT_REL_L2:g})" for r in rows
             if r.output_rel_l2_same_routing is not None and r.output_rel_l2_same_routing > LAYER_OUTPUT_REL_L2]
+    bad += kernel_errors(rows)
     for line in bad:
         out.print(line)
     for r in rows:
@@ -207,5 +209,8 @@ def run_step(args) -> int:
                       f"{r.bytes / 1e9:.2f}", f"{r.floor_ms:.3f}", _fmt(r.fraction_of_floor, ".0%"),
                       _fmt(r.tokens_per_s, ".0f"))
     out.print(table)
+    bad = kernel_errors(rows)
+    for line in bad:
+        out.print(line)
     _write(args, "step", rows)
-    return 0
+    return 1 if bad else 0

@@ -30,7 +30,7 @@ from kernels import arch as arch_info
 from kernels.timing import count_kernels, time_op, time_pipeline
 
 from ..config import KimiK3Config
-from ..dispatch import DECODE_BACKENDS, Dispatcher, Target, judged_here
+from ..dispatch import DECODE_BACKENDS, Dispatcher, Reason, Target, judged_here
 from ..distributed import BACKENDS
 from ..errors import UsageError
 from ..ops.registry import OPS, load_specialized
@@ -291,13 +291,28 @@ def _dispatch_summary(ops: Dispatcher, layer: BenchLayer) -> dict:
     with ops.recording() as decisions:
         ops.begin_step(layer.step)
         layer.run(ops)
+    return tally_decisions(decisions)
+
+
+def tally_decisions(decisions) -> dict[str, dict]:
+    """Per op: calls that ran the specialized kernel and the standard, fallbacks by reason, and what a kernel that
+    raised said (reason "error": the timing then measured the standard where the kernel was meant to run)."""
     out: dict[str, dict] = {}
     for name, specialized, fallback in decisions:
         row = out.setdefault(name, {"specialized": 0, "standard": 0, "fallbacks": {}})
         row["specialized" if specialized else "standard"] += 1
         if fallback is not None:
             row["fallbacks"][fallback.reason.value] = row["fallbacks"].get(fallback.reason.value, 0) + 1
+            if fallback.reason is Reason.ERROR and fallback.detail not in row.setdefault("errors", []):
+                row["errors"].append(fallback.detail)
     return out
+
+
+def kernel_errors(rows) -> list[str]:
+    """One line per (row, op) whose specialized kernel raised during a bench (its figure timed the standard)."""
+    return [f"{r.backend} batch {r.batch}: {op}'s specialized kernel raised, so the standard ran and was timed: "
+            f"{detail}" for r in rows for op, d in r.dispatch.items() if isinstance(d, dict)
+            for detail in d.get("errors", [])]
 
 
 def batch_points(text: str) -> list[int]:
@@ -436,12 +451,7 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                 row.tokens_per_s = batch * per_step / (row.ms / 1e3)
             else:
                 whole_step()
-        fallbacks: dict[str, dict] = {}
-        for name, _, fallback in decisions:
-            if fallback is not None:
-                counts = fallbacks.setdefault(name, {})
-                counts[fallback.reason.value] = counts.get(fallback.reason.value, 0) + 1
-        row.dispatch = {"fallbacks": fallbacks}
+        row.dispatch = tally_decisions(decisions)
         rows.append(row)
     return rows
 
