@@ -24,7 +24,7 @@ from gates.problems.mla_decode import page_pool
 from kernels.contract import load_contract
 from kernels.cute import ptx_instruction_counts
 from model.kimi_k3.ops import mla_dcp
-from model.kimi_k3.ops.mla_decode import mla_decode, page_index, paged_rows
+from model.kimi_k3.ops.mla_decode import mla_decode, page_index, paged_rows, table_rows
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
@@ -313,7 +313,8 @@ def test_check_args_bounds_a_page_and_a_sequence_not_the_whole_pool():
 
 def test_page_index_is_the_ops_definition():
     """Row t of sequence b is kv_cache[block_table[b, t // P], t % P], written out with Python ints; an entry outside
-    the pool is clamped into it (as the kernel clamps)."""
+    the pool is clamped into it (as the kernel clamps); the references' and the standards' whole-page gather
+    (`table_rows`) gives the same rows."""
     g = torch.Generator().manual_seed(4)
     pages, page_size, blocks = 7, 3, 4
     kv = torch.randn(pages, page_size, 5, generator=g)
@@ -324,6 +325,8 @@ def test_page_index_is_the_ops_definition():
             page = min(max(int(table[b, t // page_size]), 0), pages - 1)
             assert torch.equal(rows[b, t], kv[page, t % page_size])
     assert torch.equal(paged_rows(kv, table[1], torch.tensor([4, 0])), rows[1, [4, 0]])  # one sequence's table
+    gathered, positions = table_rows(kv, table)
+    assert torch.equal(gathered, rows) and torch.equal(positions, torch.arange(blocks * page_size))
 
 
 def test_the_slot_form_is_a_page_per_sequence():

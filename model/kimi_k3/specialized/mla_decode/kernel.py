@@ -1,18 +1,29 @@
 """MLA decode attention over the latent cache, the core after weight absorption, CuTe DSL, Hopper (sm_90a).
 
-    latent[b, h] = softmax_t(scale * query[b, h] . kv[slot_b, t]) over t < length_b, times kv[slot_b, t, :C]
+    latent[b, h] = softmax_t(scale * query[b, h] . row_b(t)) over t < length_b, times row_b(t)[:C]
+    row_b(t) = kv[block_table[b, t // P], t % P]
 
-query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv [slots, L, W] bf16, slots
-and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions (q_nope W_UK, latent W_UV^T) stay in
-torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host synchronisation and no
-data-dependent host logic (the split count depends on B and L only), so a call can be captured in a CUDA graph.
+query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv the paged cache [pages, P, W]
+bf16 (P rows a page, a runtime argument; a slot per sequence is P = L with a one-column table), block_table [B,
+max_blocks] int32 and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions (q_nope W_UK,
+latent W_UV^T) stay in torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host
+synchronisation and no data-dependent host logic (the split count depends on B and max_blocks x P only), so a call
+can be captured in a CUDA graph and replayed with other tables and lengths.
+
+Rows are addressed one at a time, by the thread that moves them (`tile_row`, `page_of`, `cache_row`): each thread
+owns one row of every tile, reads its page from the block table (clamped into [0, pages), never trusted) and
+addresses the row at the pool's base + page P W + (t % P) W elements, the page's offset in 64 bits, the row's inside
+it in 32 (check_args: P W < 2^31). A tile may span pages (P < 32, or P not a multiple of 32): every row still finds
+its own. Only the entries of a sequence's used blocks are read: rows past a split's end are clamped to its last
+valid row.
 
 Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path; default "mma"). Grid (splits, B), `threads` threads
-(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an
-empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
+(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b (possibly none: an empty
+split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
   1. load: warp w loads rows w T / 8 .. + T / 8 of the tile, 8 lanes a row, lane l the 16-byte chunks l % 8 + 8 i
-     (W / 64 of them), all loads before the stores to shared memory (bf16, T W 2 bytes); rows past the split's end
-     are clamped to its last valid row, so no padding byte is ever read; their probabilities are 0.
+     (W / 64 of them) of its row, found through its page, all loads before the stores to shared memory (bf16, T W 2
+     bytes); rows past the split's end are clamped to its last valid row, so no padding byte is ever read; their
+     probabilities are 0.
   2. scores: warp w owns rows w T / 8 .. + T / 8; lane l the bf16 pairs l + 32 j (j < W / 64) of each; per head,
      fp32 FMAs over the lane's pairs (element order 2p, 2p + 1, j ascending), a 5-step butterfly, times `scale`;
      -inf past the split's end. Stored to sP[h, t].
@@ -27,14 +38,16 @@ Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty 
 Path "mma" (`partial_mma`, the default; NOTES.md, v4): the same splits, tiles of 32 rows, softmax and outputs, the
 per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
 the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P). A CTA
-is MMA_THREADS = 128 threads (4 warps; ~233 registers, two CTAs a SM):
+is MMA_THREADS = 128 threads (4 warps; ~230 registers, two CTAs a SM):
   - prologue: the sequence's fp32 query staged into shared memory by coalesced cp.async (in a tile no copy writes
     before the loop's first barrier), then each warp builds the A fragments of its k range (W / 16 / 4 = 9 k-steps)
     in registers, hi = bf16(q) and lo = bf16(q - hi): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q
     (bf16 q alone fails the contract on heavy-tailed and large inputs, NOTES.md).
-  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, rows past
-    the split clamped), stages - 1 tiles ahead of the one computed, one commit group per tile. Tile rows are padded
-    by 16 bytes so that every ldmatrix reads 8 rows from 8 different bank groups.
+  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, each row
+    through its page, rows past the split clamped), stages - 1 tiles ahead of the one computed, one commit group per
+    tile. A thread reads the block-table entry of its row in the next tile to copy one tile early (`page_ahead`), so
+    the table load's latency passes under a tile's math instead of stalling the copies. Tile rows are padded by 16
+    bytes so that every ldmatrix reads 8 rows from 8 different bank groups.
   - scores: warp w takes k range w over all 32 rows: per k-step two ldmatrix.x4 give B of the 4 n-tiles; the hi and
     the lo MMA in separate accumulators (8 chains); the ranges' sums meet in shared memory (sS) and are added in
     range order.
@@ -61,8 +74,8 @@ MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
-cost when its split is short; the e4m3 cache halves the bytes but not that latency. The slot's base address is
-64-bit, offsets inside a slot 32-bit (check_args refuses L x W >= 2^31).
+cost when its split is short; the e4m3 cache halves the bytes but not that latency. The fma path reads its rows' pages
+in the tile they are loaded in (one table load's latency a tile; it is the exact path, not the fast one).
 """
 
 from __future__ import annotations
