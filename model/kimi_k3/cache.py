@@ -13,6 +13,9 @@ from .ops.mla_decode_fp8 import dequantize_kv, quantize_kv
 from .parallel import TP
 
 KV_CACHE_DTYPES = {"auto": None, "fp8": torch.float8_e4m3fn}  # vLLM's kv_cache_dtype names; None: the activations'
+# Rows a page of the MLA cache as the decode ops see it (kv_pages, block_table): FlashMLA's block size, a page size
+# the mla_decode contracts admit (a slot's whole length as one page would fall outside them)
+MLA_PAGE_SIZE = 64
 
 
 class CacheFull(RuntimeError):
@@ -22,10 +25,12 @@ class CacheFull(RuntimeError):
 class ModelCache:
     """Slot-indexed caches for every layer of one TP rank.
 
-    - MLA layer: `kv[l]` [slots, max_len, kv_lora_rank + qk_rope_head_dim] (normalized c_kv | k_pe),
-      replicated on every rank; `lengths[slot]` entries are valid. In the activation dtype, or with
-      `kv_cache_dtype="fp8"` (vLLM's name) in float8_e4m3fn holding entry / kv_scale (ops/mla_decode_fp8.py):
-      half the bytes; `store_kv` and `kv_entries` convert.
+    - MLA layer: `kv[l]` [slots, max_len rounded up to whole pages, kv_lora_rank + qk_rope_head_dim]
+      (normalized c_kv | k_pe), replicated on every rank; `lengths[slot]` entries are valid. In the activation
+      dtype, or with `kv_cache_dtype="fp8"` (vLLM's name) in float8_e4m3fn holding entry / kv_scale
+      (ops/mla_decode_fp8.py): half the bytes; `store_kv` and `kv_entries` convert. The decode ops read it paged
+      (ops/mla_decode.py): `kv_pages(l)` views it as pages of MLA_PAGE_SIZE rows, slot s owning the consecutive
+      pages s * blocks_per_slot + j, and `block_table(slots)` lists them.
     - KDA layer: `conv[l]` [slots, 3P_local, conv width] in the activation dtype and
       `ssm[l]` [slots, H_local, V, K] fp32: the committed state after the slot's last kept token.
 
@@ -49,6 +54,8 @@ class ModelCache:
         if not (math.isfinite(kv_scale) and kv_scale > 0):
             raise ValueError(f"kv_scale {kv_scale!r}: a positive finite number")
         self.cfg, self.num_slots, self.max_len = cfg, num_slots, max_len
+        self.blocks_per_slot = -(-max_len // MLA_PAGE_SIZE)
+        self._slot_pages = torch.arange(self.blocks_per_slot, dtype=torch.int32, device=device)  # a slot's, from 0
         self.kv_dtype = KV_CACHE_DTYPES[kv_cache_dtype] or act_dtype
         self.kv_scale = float(kv_scale)
         heads, dim = tp.local(cfg.kda_heads), cfg.kda_head_dim
@@ -58,7 +65,8 @@ class ModelCache:
         self.ssm: dict[int, torch.Tensor] = {}
         for layer in range(cfg.num_hidden_layers) if layers is None else layers:
             if cfg.is_mla_layer(layer):
-                self.kv[layer] = torch.zeros(num_slots, max_len, cfg.mla_cache_dim, dtype=self.kv_dtype, device=device)
+                self.kv[layer] = torch.zeros(num_slots, self.blocks_per_slot * MLA_PAGE_SIZE, cfg.mla_cache_dim,
+                                             dtype=self.kv_dtype, device=device)
             else:
                 self.conv[layer] = torch.zeros(num_slots, 3 * heads * dim, wc, dtype=act_dtype, device=device)
                 self.ssm[layer] = torch.zeros(num_slots, heads, dim, dim, dtype=torch.float32, device=device)
@@ -77,6 +85,16 @@ class ModelCache:
     def store_kv(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, entries: torch.Tensor) -> None:
         """Write MLA entries [T, C + R] at (slots, positions) of layer's cache, quantized for an fp8 cache."""
         self.kv[layer][slots, positions] = quantize_kv(entries, self.kv_scale) if self.kv_fp8 else entries
+
+    def kv_pages(self, layer: int) -> torch.Tensor:
+        """Layer's MLA cache as the decode ops' pages [slots x blocks_per_slot, MLA_PAGE_SIZE, C + R] (a view)."""
+        kv = self.kv[layer]
+        return kv.view(-1, MLA_PAGE_SIZE, kv.shape[-1])
+
+    def block_table(self, slots: torch.Tensor) -> torch.Tensor:
+        """The decode ops' block table of the sequences in `slots` [T]: [T, blocks_per_slot] int32, slot s's pages
+        s x blocks_per_slot + j in order (index ops on the device: no host synchronisation, CUDA-graph safe)."""
+        return slots.to(torch.int32).unsqueeze(-1) * self.blocks_per_slot + self._slot_pages
 
     def kv_entries(self, layer: int, slot: int, length: int) -> torch.Tensor:
         """A sequence's first `length` MLA entries [length, C + R] as fp32 values (an fp8 cache's dequantized)."""

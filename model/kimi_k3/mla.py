@@ -64,16 +64,16 @@ class KimiMLA(Weighted):
         cache.store_kv(self.layer, slots, positions, torch.cat([c_kv, k_pe], dim=-1))
 
         w_uk, w_uv = self.absorbed()
-        kv = cache.kv[self.layer]
         if batch.kind in (StepKind.DECODE, StepKind.VERIFY):
-            # One absorbed-attention row per token; a verified block is causal: token t of a sequence sees
-            # its context and the block up to itself.
+            # One absorbed-attention row per token, over its sequence's pages; a verified block is causal: token t
+            # of a sequence sees its context and the block up to itself.
             lengths = positions + 1
+            kv, table = cache.kv_pages(self.layer), cache.block_table(slots)
             if cache.kv_fp8:
-                attn = ops.call("mla_decode_fp8", q_nope, q_pe, kv, cache.kv_scale, slots, lengths, w_uk, w_uv,
+                attn = ops.call("mla_decode_fp8", q_nope, q_pe, kv, cache.kv_scale, table, lengths, w_uk, w_uv,
                                 self.scale)
             else:
-                attn = ops.call("mla_decode", q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, self.scale)
+                attn = ops.call("mla_decode", q_nope, q_pe, kv, table, lengths, w_uk, w_uv, self.scale)
         else:
             attn = torch.cat([
                 self._prefill(q_nope[s:s + n], q_pe[s:s + n], cache.kv_entries(self.layer, slot, ctx + n), w_uk, w_uv)

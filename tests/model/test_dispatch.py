@@ -17,6 +17,7 @@ import yaml
 from gates.cli import main
 from kernels.contract import parse_contract
 from model.kimi_k3.batch import StepBatch
+from model.kimi_k3.cache import MLA_PAGE_SIZE
 from model.kimi_k3.config import preset
 from model.kimi_k3.dispatch import Dispatcher, Target, detect
 from model.kimi_k3.drafters import NgramDrafter
@@ -195,7 +196,7 @@ def test_every_op_call_reads_the_dims_and_dtypes_it_declares(model, tiny_cfg):
     assert seen["kda_decode"].shapes == {"heads": cfg.kda_heads, "head_dim": cfg.kda_head_dim}
     assert seen["kda_decode"].dtypes == {"weights": "fp32", "ssm_state": "fp32"}
     assert seen["mla_decode"].shapes == {"heads": cfg.num_attention_heads, "kv_lora_rank": cfg.kv_lora_rank,
-                                         "rope_dim": cfg.qk_rope_head_dim}
+                                         "rope_dim": cfg.qk_rope_head_dim, "page_size": MLA_PAGE_SIZE}
     assert seen["moe_route"].shapes == {"experts": cfg.num_experts, "top_k": cfg.num_experts_per_token,
                                         "hidden": cfg.hidden_size}
     assert seen["moe_experts"].dtypes == {"weights": "mxfp4"}

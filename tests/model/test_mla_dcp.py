@@ -1,7 +1,7 @@
 """Decode context parallelism of MLA (model/kimi_k3/ops/mla_dcp.py): the round-robin partition, the partial attention
 with its LSE, the exact merge (single process, any partition, fp32 and fp64), and `mla_decode_dcp` over real gloo
-groups at DCP2 and DCP4 against the single-rank `mla_decode`, uneven lengths and sequences shorter than the rank
-count included."""
+groups at DCP2 and DCP4 against the single-rank `mla_decode` (over the same slots: a block table of one page per
+sequence, slots[:, None]), uneven lengths and sequences shorter than the rank count included."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_single_rank_equals_mla_decode():
     q_nope, q_pe, kv, w_uk, w_uv = inputs(2, len(LENGTHS))
     slots, lengths = torch.tensor(SLOTS), torch.tensor(LENGTHS)
     got = mla_decode_dcp(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, SCALE, TP())
-    torch.testing.assert_close(got, mla_decode(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, SCALE),
+    torch.testing.assert_close(got, mla_decode(q_nope, q_pe, kv, slots[:, None], lengths, w_uk, w_uv, SCALE),
                                rtol=RTOL, atol=ATOL)
 
 
@@ -175,7 +175,7 @@ def test_dcp_matches_single_rank(size, cache_dtype):
     out, same_on_every_rank = run_tp(_rank, size, q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, timeout=TIMEOUT_S)
     assert same_on_every_rank
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
-    torch.testing.assert_close(out, mla_decode(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, SCALE),
+    torch.testing.assert_close(out, mla_decode(q_nope, q_pe, kv, slots[:, None], lengths, w_uk, w_uv, SCALE),
                                rtol=RTOL, atol=ATOL)
 
 

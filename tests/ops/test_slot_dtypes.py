@@ -1,5 +1,6 @@
-"""Every implementation of every op that takes cache slots takes them as int32 or int64 (serving engines keep state
-indices in int32) and gives the same result: the references on CPU, the GPU standards on the H200."""
+"""Every implementation of every op that takes cache slots or block tables takes them as int32 or int64 (serving
+engines keep state indices and block tables in int32) and gives the same result: the references on CPU, the GPU
+standards on the H200."""
 
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ def _kda_run(fn, dtype, device):
     return out, case.conv_state, case.ssm_state
 
 
-def _mla_args(dtype, device, heads=4, lora=32, rope=8, nope=16, v=16, slots=5, length=7):
+def _mla_args(dtype, device, heads=4, lora=32, rope=8, nope=16, v=16, pages=6, page_size=4):
     gen = torch.Generator().manual_seed(3)
 
     def r(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.bfloat16)
 
     batch = 3
-    return (r(batch, heads, nope), r(batch, heads, rope), r(slots, length, lora + rope),
-            torch.tensor([4, 0, 2], dtype=dtype, device=device), torch.tensor([7, 3, 5], dtype=dtype, device=device),
-            r(heads, nope, lora), r(heads, v, lora), 0.1)
+    table = torch.tensor([[4, 1], [0, 5], [2, 3]], dtype=dtype, device=device)  # [B, max_blocks] of 4-row pages
+    return (r(batch, heads, nope), r(batch, heads, rope), r(pages, page_size, lora + rope), table,
+            torch.tensor([7, 3, 5], dtype=dtype, device=device), r(heads, nope, lora), r(heads, v, lora), 0.1)
 
 
 def _kda_verify_args(dtype):

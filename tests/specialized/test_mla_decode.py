@@ -1,10 +1,12 @@
 """mla_decode: the CuTe DSL kernel (model/kimi_k3/specialized/mla_decode).
 
-CPU: argument checks, the split plan, compiling both paths for sm_90a without a GPU (registers, spills, PTX
-instruction counts), and an emulation of each path's arithmetic (tiles, butterflies, online softmax, split partials,
-merge; the mma path's hi + lo bf16 query and bf16 p) in its order against an fp64 reference. GPU (marked), both
-paths: against the reference over batches, lengths and head counts, CUDA-graph replay with changed lengths,
-determinism, the gate problem's points.
+CPU: argument checks, the split plan, the paged cache's addressing (row t of sequence b is kv_cache[block_table[b,
+t // P], t % P]), compiling both paths for sm_90a without a GPU (registers, spills, PTX instruction counts, every
+cache load addressed through a block-table load), and an emulation of each path's arithmetic (tiles, butterflies,
+online softmax, split partials, merge; the mma path's hi + lo bf16 query and bf16 p) in its order, reading its rows
+through the pages, against an fp64 reference: page sizes 16 to 128 and a slot per sequence, pages in a random order,
+spare and poisoned pages. GPU (marked), both paths: against the reference over batches, lengths, head counts and page
+sizes, CUDA-graph replay with changed lengths and block tables, determinism, the gate problem's points.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import pytest
 import torch
 
 from gates.problems import DISTRIBUTIONS, ProblemError, bench_point, load_problem
+from gates.problems.mla_decode import page_pool
 from kernels.contract import load_contract
 from kernels.cute import ptx_instruction_counts
 from model.kimi_k3.ops import mla_dcp
-from model.kimi_k3.ops.mla_decode import mla_decode
+from model.kimi_k3.ops.mla_decode import mla_decode, page_index, paged_rows, table_rows
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
@@ -50,28 +53,32 @@ SCALE = 192 ** -0.5
 needs_dsl = pytest.mark.skipif(DSL.error is not None, reason=f"CuTe DSL unavailable: {DSL.error}")
 
 
-def make_inputs(b: int, h: int, max_len: int, lengths: list[int], num_slots: int | None = None, seed: int = 0,
+def make_inputs(b: int, h: int, max_len: int, lengths: list[int], page_size: int | None = None, seed: int = 0,
                 device: str = "cpu"):
-    """Random bf16 inputs; slots a permutation (gathered, not in order); padding rows past every length are NaN so
-    that reading them into the softmax would show."""
+    """Random bf16 inputs over a cache of `page_size` rows a page (None: max_len, a slot per sequence and a block
+    table [B, 1]) laid out as the gate problem's (`page_pool`: each sequence's pages in a random order, never
+    shared, spare pages, table entries past its used blocks on a spare page or past the pool). Every row but the
+    sequences' valid ones is NaN: the rest of each last page and the spare pages, so that reading one into the
+    softmax would show."""
     g = torch.Generator().manual_seed(seed)
-    num_slots = num_slots or b + 1
-    kv = torch.randn(num_slots, max_len, C + R, generator=g).to(torch.bfloat16)
-    slots = torch.randperm(num_slots, generator=g)[:b].to(torch.int64)
-    for i in range(b):
-        kv[slots[i], lengths[i]:] = float("nan")
+    page_size = page_size or max_len
+    lengths = torch.tensor(lengths, dtype=torch.int64)
+    pages, table = page_pool(lengths, max_len, page_size, g)
+    kv = torch.full((pages, page_size, C + R), float("nan"), dtype=torch.bfloat16)
+    for i, n in enumerate(lengths.tolist()):
+        kv[page_index(table[i], torch.arange(n), page_size, pages)] = torch.randn(n, C + R, generator=g).to(
+            torch.bfloat16)
     args = (torch.randn(b, h, N, generator=g).to(torch.bfloat16), torch.randn(b, h, R, generator=g).to(torch.bfloat16),
-            kv, slots, torch.tensor(lengths, dtype=torch.int64),
-            (torch.randn(h, N, C, generator=g) / N ** 0.5).to(torch.bfloat16),
+            kv, table, lengths, (torch.randn(h, N, C, generator=g) / N ** 0.5).to(torch.bfloat16),
             (torch.randn(h, V, C, generator=g) / C ** 0.5).to(torch.bfloat16), SCALE)
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-def reference64(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale) -> torch.Tensor:
-    """The op's math in fp64 (the masked softmax over each sequence's valid rows only)."""
+def reference64(q_nope, q_pe, kv, block_table, lengths, w_uk, w_uv, scale) -> torch.Tensor:
+    """The op's math in fp64 (the masked softmax over each sequence's valid rows only, found through its pages)."""
     out = []
     for i in range(q_nope.shape[0]):
-        ent = kv[slots[i], : int(lengths[i])].double()
+        ent = paged_rows(kv, block_table[i], torch.arange(int(lengths[i]), device=kv.device)).double()
         q_lat = torch.einsum("hn,hnc->hc", q_nope[i].double(), w_uk.double())
         query = torch.cat([q_lat, q_pe[i].double()], dim=-1)
         p = torch.softmax(query @ ent.T * scale, dim=-1)
@@ -141,11 +148,12 @@ def scores_mma(query: torch.Tensor, tile: torch.Tensor, parts: int,
     return total
 
 
-def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: int, start: int, chunk: int,
+def emulate_partial(query: torch.Tensor, kv: torch.Tensor, blocks: torch.Tensor, length: int, start: int, chunk: int,
                     scale: float, cfg: MlaConfig = MlaConfig()) -> tuple[torch.Tensor, torch.Tensor]:
-    """One `partial` CTA of cfg.path in fp32, the kernel's order: (o [H, C], lse [H]). query [H, W] fp32."""
+    """One `partial` CTA of cfg.path in fp32, the kernel's order: (o [H, C], lse [H]). query [H, W] fp32; the
+    sequence's rows are read through its block table `blocks` [max_blocks] (entries clamped into the pool)."""
     h, w = query.shape
-    max_len = kv.shape[1]
+    max_len = blocks.shape[0] * kv.shape[1]
     length = min(max(length, 0), max_len)
     stop = min(start + chunk, length)
     rows = max(stop - start, 0)
@@ -155,7 +163,7 @@ def emulate_partial(query: torch.Tensor, kv: torch.Tensor, slot: int, length: in
     for it in range(-(-rows // TILE)):
         base = start + it * TILE
         idx = torch.clamp(base + torch.arange(TILE), max=stop - 1)  # clamped rows: finite, probability 0
-        tile = kv[slot, idx].float()  # [T, W]; e4m3 and bf16 are exact in fp32 (and e4m3 in f16)
+        tile = paged_rows(kv, blocks, idx).float()  # [T, W]; e4m3 and bf16 are exact in fp32 (and e4m3 in f16)
         if cfg.path == "mma":
             qscale = query_scale(query, cfg)
             raw = scores_mma(query * qscale, tile, cfg.score_parts, operand_dtype(cfg))
@@ -192,15 +200,15 @@ def emulate_merge(parts: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:
     return out / (total if total > 0 else 1.0)
 
 
-def emulate(q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale, num_sms=132, cfg=MlaConfig()):
+def emulate(q_nope, q_pe, kv, block_table, lengths, w_uk, w_uv, scale, num_sms=132, cfg=MlaConfig()):
     """The entry point with the kernel's launches emulated: out [B, H, V] fp32, and the partials' lses."""
     b, h = q_nope.shape[:2]
-    splits, chunk = split_plan(b, kv.shape[1], num_sms, cfg)
+    splits, chunk = split_plan(b, block_table.shape[1] * kv.shape[1], num_sms, cfg)
     query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], dim=-1)
     latent = torch.zeros(b, h, C)
     all_lse = torch.zeros(b, splits, h)
     for i in range(b):
-        parts = [emulate_partial(query[i], kv, int(slots[i]), int(lengths[i]), s * chunk, chunk, scale, cfg)
+        parts = [emulate_partial(query[i], kv, block_table[i], int(lengths[i]), s * chunk, chunk, scale, cfg)
                  for s in range(splits)]
         ps, ls = torch.stack([p for p, _ in parts]), torch.stack([lse for _, lse in parts])  # [S, H, C], [S, H]
         all_lse[i] = ls
@@ -228,8 +236,8 @@ def test_contract_names_this_kernel():
 
 
 def _valid(**over):
-    args = list(make_inputs(2, 12, 64, [1, 64]))
-    names = ["q_nope", "q_pe", "kv_cache", "slots", "lengths", "w_uk", "w_uv", "scale"]
+    args = list(make_inputs(2, 12, 64, [1, 64], page_size=16))
+    names = ["q_nope", "q_pe", "kv_cache", "block_table", "lengths", "w_uk", "w_uv", "scale"]
     for k, val in over.items():
         args[names.index(k)] = val
     return args
@@ -238,15 +246,17 @@ def _valid(**over):
 def test_check_args_accepts_valid_cpu_inputs_up_to_the_device_check():
     with pytest.raises(ValueError, match="CUDA tensors on one device"):
         mk.check_args(*_valid())
+    with pytest.raises(ValueError, match="CUDA tensors on one device"):  # int64 tables too (converted on launch)
+        mk.check_args(*_valid(block_table=_valid()[3].long()))
 
 
 def model_views(args):
     """The call as the model makes it (model/kimi_k3/mla.py): q_nope and q_pe split from one [B, H, N + R]
     projection, W_UK and W_UV sliced from one kv_b_proj [H, N + V, C]; all four strided views."""
-    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = args
+    q_nope, q_pe, kv, block_table, lengths, w_uk, w_uv, scale = args
     q = torch.cat([q_nope, q_pe], dim=-1)
     kv_b = torch.cat([w_uk, w_uv], dim=1)
-    views = (*q.split([N, R], dim=-1), kv, slots, lengths, kv_b[:, :N], kv_b[:, N:], scale)
+    views = (*q.split([N, R], dim=-1), kv, block_table, lengths, kv_b[:, :N], kv_b[:, N:], scale)
     assert not any(v.is_contiguous() for i, v in enumerate(views) if i in (0, 1, 5, 6))
     return views
 
@@ -261,17 +271,24 @@ def test_check_args_accepts_the_models_strided_views():
 @pytest.mark.parametrize("over, message", [
     (dict(q_nope=torch.zeros(2, 12, N)), "must be bf16"),
     (dict(kv_cache=torch.zeros(3, 64, C + R, dtype=torch.float16)), "must be torch.bfloat16"),
-    (dict(slots=torch.tensor([0, 1], dtype=torch.int32)), "must be int64"),
-    (dict(lengths=torch.tensor([1, 2], dtype=torch.int32)), "must be int64"),
+    (dict(block_table=torch.zeros(2, 4)), "block_table must be int32 or int64"),
+    (dict(lengths=torch.tensor([1, 2], dtype=torch.int32)), "lengths must be int64"),
     (dict(scale=0.0), "positive"),
     (dict(scale=torch.tensor(0.1)), "positive"),
     (dict(q_pe=torch.zeros(2, 12, R, 1, dtype=torch.bfloat16)), r"\[B, H, \*\]"),
-    (dict(slots=torch.zeros(2, 1, dtype=torch.int64)), r"must be \[B\]"),
-    (dict(lengths=torch.zeros(3, dtype=torch.int64)), "must match"),
+    (dict(block_table=torch.zeros(2, dtype=torch.int32)), r"block_table \(2,\) must be \[B, max_blocks\]"),
+    (dict(block_table=torch.zeros(2, 0, dtype=torch.int32)), "at least one block"),
+    (dict(block_table=torch.zeros(3, 4, dtype=torch.int32)), r"lengths \(2,\) must be \[B\]"),
+    (dict(block_table=torch.zeros(3, 4, dtype=torch.int32), lengths=torch.ones(3, dtype=torch.int64)),
+     "must match q_nope's B=2"),
+    (dict(lengths=torch.zeros(2, 1, dtype=torch.int64)), r"must be \[B\]"),
     (dict(w_uv=torch.zeros(11, V, C, dtype=torch.bfloat16)), "w_uv"),
     (dict(kv_cache=torch.zeros(3, 64, C + 2 * R, dtype=torch.bfloat16)), "wide"),
-    (dict(kv_cache=torch.zeros(3, 0, C + R, dtype=torch.bfloat16)), "at least one"),
+    (dict(kv_cache=torch.zeros(3, 0, C + R, dtype=torch.bfloat16)), "at least one page and row"),
+    (dict(kv_cache=torch.zeros(0, 16, C + R, dtype=torch.bfloat16)), "at least one page and row"),
+    (dict(kv_cache=torch.zeros(64, C + R, dtype=torch.bfloat16)), r"\[pages, P, C \+ R\]"),
     (dict(kv_cache=torch.zeros(3, 128, C + R, dtype=torch.bfloat16)[:, ::2]), "contiguous"),
+    (dict(block_table=torch.zeros(2, 8, dtype=torch.int32)[:, ::2]), "contiguous"),
 ])
 def test_check_args_refuses(over, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -287,21 +304,86 @@ def test_check_args_refuses_envelope():
     args = make_inputs(1, 17, 1, [1])
     with pytest.raises(ValueError, match="at most 16"):
         mk.check_args(*args)
-    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
+    q_nope, q_pe, kv, table, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
     with pytest.raises(ValueError, match="mapping"):  # C = 192: not 8 warps' n-tiles and whole 128-column merges
-        mk.check_args(q_nope, q_pe[..., :R], kv[..., : 192 + R].contiguous(), slots, lengths,
+        mk.check_args(q_nope, q_pe[..., :R], kv[..., : 192 + R].contiguous(), table, lengths,
                       w_uk[..., :192].contiguous(), w_uv[..., :192].contiguous(), scale)
 
 
-def test_check_args_bounds_a_slot_not_the_whole_cache():
-    """The slot's base is 64-bit in the kernel: a cache past 2^31 elements is fine, a slot past it is not."""
-    q_nope, q_pe, _, slots, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
-    big = torch.empty(2**31 // (C + R) + 1, 1, C + R, dtype=torch.bfloat16, device="meta")  # many short slots
+def test_check_args_bounds_a_page_and_a_sequence_not_the_whole_pool():
+    """A page's base is 64-bit in the kernel: a pool past 2^31 elements is fine; a page past 2^31 elements (the
+    offsets inside it are 32-bit) is not, nor a sequence of 2^31 rows (row numbers are 32-bit)."""
+    q_nope, q_pe, _, table, lengths, w_uk, w_uv, scale = make_inputs(1, 12, 1, [1])
+    many = torch.empty(2**31 // (C + R) + 1, 1, C + R, dtype=torch.bfloat16, device="meta")  # many one-row pages
     with pytest.raises(ValueError, match="CUDA tensors"):  # passes every check before the device's
-        mk.check_args(q_nope, q_pe, big, slots, lengths, w_uk, w_uv, scale)
-    long = torch.empty(1, 2**31 // (C + R) + 1, C + R, dtype=torch.bfloat16, device="meta")
-    with pytest.raises(ValueError, match="2\\^31"):
-        mk.check_args(q_nope, q_pe, long, slots, lengths, w_uk, w_uv, scale)
+        mk.check_args(q_nope, q_pe, many, table, lengths, w_uk, w_uv, scale)
+    big = torch.empty(1, 2**31 // (C + R) + 1, C + R, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"a page of kv_cache .* 2\^31"):
+        mk.check_args(q_nope, q_pe, big, table, lengths, w_uk, w_uv, scale)
+    wide = torch.zeros(1, 2**31 // 16, dtype=torch.int32, device="meta")
+    small = torch.empty(1, 16, C + R, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match=r"row numbers need < 2\^31"):
+        mk.check_args(q_nope, q_pe, small, wide, lengths, w_uk, w_uv, scale)
+
+
+# --- the paged cache's addressing ----------------------------------------------------------------------------------
+
+
+def test_page_index_is_the_ops_definition():
+    """Row t of sequence b is kv_cache[block_table[b, t // P], t % P], written out with Python ints; an entry outside
+    the pool is clamped into it (as the kernel clamps); the references' and the standards' whole-page gather
+    (`table_rows`) gives the same rows."""
+    g = torch.Generator().manual_seed(4)
+    pages, page_size, blocks = 7, 3, 4
+    kv = torch.randn(pages, page_size, 5, generator=g)
+    table = torch.tensor([[5, 0, 6, 2], [1, 3, -4, 9]], dtype=torch.int32)
+    rows = paged_rows(kv, table, torch.arange(blocks * page_size))
+    for b in range(2):
+        for t in range(blocks * page_size):
+            page = min(max(int(table[b, t // page_size]), 0), pages - 1)
+            assert torch.equal(rows[b, t], kv[page, t % page_size])
+    assert torch.equal(paged_rows(kv, table[1], torch.tensor([4, 0])), rows[1, [4, 0]])  # one sequence's table
+    gathered, positions = table_rows(kv, table)
+    assert torch.equal(gathered, rows) and torch.equal(positions, torch.arange(blocks * page_size))
+
+
+def test_the_slot_form_is_a_page_per_sequence():
+    """A cache of one slot of L rows per sequence is the paged op at P = L with block_table = slots[:, None]: the
+    reference equals the attention over kv_cache[slots] written directly."""
+    q_nope, q_pe, kv, table, lengths, w_uk, w_uv, scale = make_inputs(3, 6, 40, [40, 1, 17], seed=8)
+    assert table.shape == (3, 1) and kv.shape[1] == 40
+    entries = torch.nan_to_num(kv[table[:, 0].long()].float())  # [B, L, W]: the slots' rows, padding made finite
+    valid = torch.arange(40) < lengths[:, None]
+    q_lat = torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float())
+    scores = torch.cat([q_lat, q_pe.float()], -1) @ entries.transpose(1, 2) * scale
+    probs = torch.softmax(scores.masked_fill(~valid[:, None], -math.inf), -1)
+    want = torch.einsum("bhc,hvc->bhv", probs @ entries[..., :C], w_uv.float())
+    clean = torch.nan_to_num(kv)
+    torch.testing.assert_close(mla_decode(q_nope, q_pe, clean, table, lengths, w_uk, w_uv, scale), want)
+
+
+@pytest.mark.parametrize("page_size", [16, 64, None])
+def test_the_inputs_are_paged_out_of_order_and_poisoned(page_size):
+    """The layout every test below runs on (the gate problem's `page_pool`): each sequence's used pages are its
+    own, not in order; every other row is NaN (the rest of the last page, the spare pages); table entries past the
+    used blocks point at a spare page or one past the pool."""
+    lengths = [130, 1, 64, 200]
+    _, _, kv, table, lens, *_ = make_inputs(4, 2, 200, lengths, page_size=page_size, seed=3)
+    p = page_size or 200
+    used = [-(-n // p) for n in lengths]
+    owned = [table[i, :u].tolist() for i, u in enumerate(used)]
+    flat = [page for pages in owned for page in pages]
+    assert len(set(flat)) == len(flat) == kv.shape[0] - 2  # never shared; two spare pages
+    assert all(pages != list(range(pages[0], pages[0] + len(pages))) for pages in owned if len(pages) > 1)
+    assert table.dtype == torch.int32 and table.shape == (4, -(-200 // p))
+    for i, n in enumerate(lengths):
+        assert torch.isfinite(paged_rows(kv, table[i], torch.arange(n)).float()).all()
+        last = owned[i][-1]
+        assert torch.isnan(kv[last, (n - 1) % p + 1:].float()).all()  # past the length on its last page
+        beyond = table[i, used[i]:].tolist()
+        assert all(e == kv.shape[0] or e not in flat for e in beyond)  # a spare page, or one past the pool
+    spare = sorted(set(range(kv.shape[0])) - set(flat))
+    assert torch.isnan(kv[spare].float()).all()
 
 
 # --- the split plan ------------------------------------------------------------------------------------------------
@@ -395,6 +477,84 @@ def lane_divergent_shuffles(ptx: str) -> list[str]:
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One PTX instruction: its line number, opcode, the registers it writes and reads, and its global address
+    register (the first [...] of a load, the source [...] of a cp.async; None elsewhere)."""
+
+    line: int
+    op: str
+    writes: frozenset
+    reads: frozenset
+    address: str | None
+
+
+def ptx_instructions(ptx: str) -> list[Instruction]:
+    out = []
+    for number, raw in enumerate(ptx.splitlines()):
+        text = re.sub(r"^@!?%\w+\s+", "", raw.strip().rstrip(";"))
+        if not text or text.startswith((".", "//", "$", "{", "}")):
+            continue
+        op, _, rest = text.partition(" ")
+        first, _, others = rest.strip().partition(",")
+        if first.startswith("["):  # a store or a copy: every operand is read
+            writes, reads = frozenset(), frozenset(re.findall(r"%[\w.]+", rest))
+        else:
+            writes, reads = frozenset(re.findall(r"%[\w.]+", first)), frozenset(re.findall(r"%[\w.]+", others))
+        brackets = re.findall(r"\[\s*(%\w+)", rest)
+        address = (brackets[-1] if op.startswith("cp.async") else brackets[0]) if brackets and (
+            op.startswith(("ld.global", "cp.async"))) else None
+        out.append(Instruction(number, op, writes, reads, address))
+    return out
+
+
+def derived_registers(instructions: list[Instruction], seeds: set[str]) -> set[str]:
+    """The registers computed from `seeds` by arithmetic (not through a load: an address, not the data at it), to a
+    fixpoint (a loop carries values back to its top through movs)."""
+    found, grown = set(seeds), True
+    while grown:
+        grown = False
+        for ins in instructions:
+            if not ins.op.startswith("ld.") and ins.reads & found and not ins.writes <= found:
+                found |= ins.writes
+                grown = True
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheReads:
+    """How one kernel's PTX reads the cache: its loads and cp.async copies whose global address is computed from the
+    cache pointer (`partial`'s parameter 1), those of them whose address is also computed from a value loaded from
+    the block table (parameter 2), those block-table loads, and the (label line, back-edge line) of every loop."""
+
+    cache_loads: list[Instruction]
+    paged: list[Instruction]
+    table_loads: list[Instruction]
+    loops: list[tuple[int, int]]
+
+    def loop_around(self, line: int) -> tuple[int, int]:
+        """The innermost loop holding `line`."""
+        return min((loop for loop in self.loops if loop[0] < line < loop[1]), key=lambda loop: loop[1] - loop[0])
+
+
+def cache_reads(ptx: str) -> CacheReads:
+    instructions = ptx_instructions(ptx)
+
+    def pointer(index: int) -> str:
+        (reg,) = re.findall(rf"ld\.param\.b64\s+(%\w+), \[\w+_param_{index}\];", ptx)
+        return reg
+
+    cache, table = (derived_registers(instructions, {pointer(i)}) for i in (1, 2))
+    table_loads = [ins for ins in instructions if ins.op.startswith("ld.global") and ins.address in table]
+    pages = derived_registers(instructions, {reg for ins in table_loads for reg in ins.writes})
+    cache_loads = [ins for ins in instructions if ins.address in cache]
+    lines = ptx.splitlines()
+    labels = {line.strip()[:-1]: n for n, line in enumerate(lines) if re.fullmatch(r"\$\w+:", line.strip())}
+    loops = [(labels[m.group(1)], n) for n, line in enumerate(lines)
+             if (m := re.search(r"\bbra(?:\.uni)?\s+(\$\w+);", line)) and labels.get(m.group(1), n) < n]
+    return CacheReads(cache_loads, [ins for ins in cache_loads if ins.address in pages], table_loads, loops)
+
+
 def path_keys(path):
     return [(dataclasses.replace(cfg, path=path), h, c, r) for cfg, h, c, r in mk.compile_keys(CONTRACT)]
 
@@ -441,6 +601,47 @@ def test_mma_path_ptx(key):
     assert counts["cp.async"] == cfg.stages * copies + query
     assert counts["commit"] == cfg.stages + 1 and counts["wait"] == 2
     assert counts["bar.sync"] == 1 + 3 + 1 and counts["local"] == 0
+
+
+@needs_dsl
+@pytest.mark.parametrize("key", path_keys("fma") + path_keys("mma"), ids=lambda k: f"{k[0].path}-H{k[1]}")
+def test_every_cache_read_goes_through_the_block_table(key):
+    """`partial` reads the cache through the pages: every load or cp.async from the cache pointer (fma: a thread's
+    tile loads; mma: its copies of the first tile and of the tile a stage ahead) has its address computed from a
+    value loaded from the block table, and the tile loop itself loads from the block table (fma: the page of the
+    tile's rows; mma: of the next tile's, one tile early), so every tile's rows find their own page (a slot read
+    once before the loop would not)."""
+    cfg = key[0]
+    reads = cache_reads(ptx_entry(mk.compile(key, "sm_90a").ptx, "partial"))
+    per_tile = (C + R) // VEC // (32 * cfg.warps // TILE)  # a thread's loads or copies of a tile
+    assert len(reads.cache_loads) == per_tile * (1 if cfg.path == "fma" else cfg.stages)
+    assert reads.paged == reads.cache_loads
+    start, end = reads.loop_around(reads.cache_loads[-1].line)
+    assert any(start < load.line < end for load in reads.table_loads)
+
+
+def test_the_cache_read_finder_tells_paged_loads_from_others():
+    """The PTX analysis above on hand-written kernels: a load whose address comes from a block-table entry loaded
+    in the loop is paged; one from the cache pointer plus the loop counter is not."""
+    def kernel(offset: str) -> str:
+        return f"""
+	ld.param.b64 	%rd1, [k_param_1];
+	ld.param.b64 	%rd2, [k_param_2];
+	mov.b32 	%r1, 0;
+$L__BB0_1:
+	mul.wide.s32 	%rd3, %r1, 4;
+	add.s64 	%rd4, %rd2, %rd3;
+	ld.global.b32 	%r2, [%rd4];
+	mul.wide.s32 	%rd5, {offset}, 1152;
+	add.s64 	%rd6, %rd1, %rd5;
+	cp.async.cg.shared.global [%r9], [%rd6], 16, 16;
+	add.s32 	%r1, %r1, 1;
+	@%p1 bra 	$L__BB0_1;
+"""
+    paged, slotted = cache_reads(kernel("%r2")), cache_reads(kernel("%r1"))
+    assert len(paged.cache_loads) == len(paged.paged) == 1 and len(paged.table_loads) == 1
+    assert paged.loop_around(paged.cache_loads[0].line)[0] < paged.table_loads[0].line
+    assert len(slotted.cache_loads) == 1 and slotted.paged == []
 
 
 @needs_dsl
@@ -579,7 +780,11 @@ def test_mma_pv_fragments_compute_p_kv():
 # --- the kernel's arithmetic, emulated -------------------------------------------------------------------------------
 
 
+PAGE_SIZES = [16, 32, 64, 128, None]  # vLLM's block sizes (a tile spans two pages at 16); None: a slot per sequence
+
+
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES, ids=lambda p: f"page{p or '=L'}")
 @pytest.mark.parametrize("b, h, max_len, lengths, num_sms", [
     (1, 12, 1, [1], 132),  # one row
     (3, 6, 17, [1, 17, 5], 132),  # a length shorter than a tile; clamped rows
@@ -587,12 +792,14 @@ def test_mma_pv_fragments_compute_p_kv():
     (2, 6, 300, [300, 31], 1),  # one split, several tiles (online softmax across tiles)
     (2, 12, 97, [33, 97], 132),  # a tile boundary inside a split
 ])
-def test_emulation_matches_fp64_reference(b, h, max_len, lengths, num_sms, path):
-    args = make_inputs(b, h, max_len, lengths, seed=b + h + max_len)
+def test_emulation_matches_fp64_reference(b, h, max_len, lengths, num_sms, page_size, path):
+    """Every row through its page (make_inputs: pages out of order, lengths ending mid-page, NaN in the rest of
+    the last page, in the spare pages and behind the table's unused entries)."""
+    args = make_inputs(b, h, max_len, lengths, page_size=page_size, seed=b + h + max_len)
     got, lses = emulate(*args, num_sms=num_sms, cfg=MlaConfig(path=path))
     want = reference64(*args)
     close(got, want)
-    splits, chunk = split_plan(b, max_len, num_sms)
+    splits, chunk = split_plan(b, args[3].shape[1] * args[2].shape[1], num_sms)  # the table's rows: blocks x P
     for i, n in enumerate(lengths):  # empty splits report -inf, the others a finite lse
         for s in range(splits):
             assert torch.isfinite(lses[i, s]).all() == (s * chunk < n)
@@ -604,13 +811,13 @@ def test_mma_emulation_matches_fp64_reference(b, h):
     """The mma path's arithmetic (hi + lo bf16 query, bf16 p, fp32 accumulation) within the contract at lengths 1,
     17 and 1024 (one split, a partial tile, eight 128-row splits of four tiles)."""
     lengths = [1024, 17, 1][:b] if b > 1 else [1024]
-    args = make_inputs(b, h, 1024, lengths, seed=10 * b + h)
+    args = make_inputs(b, h, 1024, lengths, page_size=16, seed=10 * b + h)
     got, _ = emulate(*args, cfg=MlaConfig(path="mma"))
     close(got, reference64(*args))
 
 
 def test_fma_emulation_agrees_with_the_fp32_reference():
-    args = make_inputs(2, 12, 200, [200, 7], seed=3)
+    args = make_inputs(2, 12, 200, [200, 7], page_size=64, seed=3)
     got, _ = emulate(*args, cfg=MlaConfig(path="fma"))
     clean = list(args)
     clean[2] = torch.nan_to_num(args[2])  # the reference masks after scoring: padding must be finite there
@@ -618,9 +825,9 @@ def test_fma_emulation_agrees_with_the_fp32_reference():
 
 
 def test_emulated_empty_sequence_gives_zero_not_nan():
-    q_nope, q_pe, kv, slots, _, w_uk, w_uv, scale = make_inputs(1, 6, 64, [64])
+    q_nope, q_pe, kv, table, _, w_uk, w_uv, scale = make_inputs(1, 6, 64, [64], page_size=16)
     query = torch.cat([torch.einsum("hn,hnc->hc", q_nope[0].float(), w_uk.float()), q_pe[0].float()], dim=-1)
-    o, lse = emulate_partial(query, kv, int(slots[0]), 0, 0, 64, scale)
+    o, lse = emulate_partial(query, kv, table[0], 0, 0, 64, scale)
     assert (o == 0).all() and (lse == -math.inf).all()
     assert (emulate_merge(o[None, :1].expand(2, 1, C)[:, 0], torch.full((2,), -math.inf)) == 0).all()
 
@@ -628,12 +835,18 @@ def test_emulated_empty_sequence_gives_zero_not_nan():
 # --- GPU --------------------------------------------------------------------------------------------------------------
 
 
-def _gpu_inputs(b, h, max_len, seed):
+def _gpu_inputs(b, h, max_len, seed, page_size=16):
+    """make_inputs on the GPU, lengths drawn in [1, max_len] with one at 1 and one at max_len; pages of 16 rows
+    (vLLM's default block size, the smallest contracted: a tile's rows lie on two pages) unless said."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, max_len + 1, (b,), generator=g).tolist()
     lengths[0] = 1
     lengths[-1] = max_len
-    return make_inputs(b, h, max_len, lengths, seed=seed, device=DEVICE)
+    return make_inputs(b, h, max_len, lengths, page_size=page_size, seed=seed, device=DEVICE)
+
+
+def _cpu(args):
+    return [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 @pytest.mark.gpu
@@ -645,7 +858,22 @@ def test_gpu_matches_reference(b, h, max_len, path):
     args = _gpu_inputs(b, h, max_len, seed=b * 7 + max_len + h)
     got = mk.mla_decode_cute(*args, config=MlaConfig(path=path))
     assert got.shape == (b, h, V) and got.dtype == torch.float32
-    close(got.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+    close(got.cpu(), reference64(*_cpu(args)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES, ids=lambda p: f"page{p or '=L'}")
+def test_gpu_page_sizes(page_size, path):
+    """Every page size of the emulation's, a slot per sequence included, at lengths ending mid-page; an int64 block
+    table gives the int32 one's result."""
+    args = _gpu_inputs(16, 12, 1000, seed=21, page_size=page_size)
+    cfg = MlaConfig(path=path)
+    got = mk.mla_decode_cute(*args, config=cfg)
+    close(got.cpu(), reference64(*_cpu(args)))
+    wide = list(args)
+    wide[3] = args[3].long()
+    assert torch.equal(mk.mla_decode_cute(*wide, config=cfg), got)
 
 
 @pytest.mark.gpu
@@ -668,9 +896,14 @@ def test_gpu_deterministic(path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("path", PATHS)
-def test_gpu_cuda_graph_replay_with_changed_lengths(path):
-    b, h, max_len = 4, 12, 1024
-    args = list(_gpu_inputs(b, h, max_len, seed=11))
+def test_gpu_cuda_graph_replay_with_changed_lengths_and_pages(path):
+    """One capture replayed with new lengths and block tables (each sequence takes the next one's pages): the split
+    plan depends on B and the table's width only. Every sequence owns a whole context of pages; NaN past each new
+    length."""
+    b, h, max_len, page_size = 4, 12, 1024, 64
+    args = list(make_inputs(b, h, max_len, [max_len] * b, page_size=page_size, seed=11, device=DEVICE))
+    kv, table, lengths = args[2], args[3], args[4]
+    clean = kv.clone()
     cfg = mk.prepare(h, config=MlaConfig(path=path))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -681,12 +914,14 @@ def test_gpu_cuda_graph_replay_with_changed_lengths(path):
     with torch.cuda.graph(graph):
         out = mk.mla_decode_cute(*args, config=cfg)
     for new in ([1, 2, 3, 4], [1024, 1, 500, 77], [33, 33, 1024, 1]):
-        args[4].copy_(torch.tensor(new, dtype=torch.int64))
-        for i, n in enumerate(new):  # refill so the padding past the new lengths stays NaN and the rest finite
-            args[2][args[3][i], :n] = torch.nan_to_num(args[2][args[3][i], :n], nan=0.5)
+        lengths.copy_(torch.tensor(new, dtype=torch.int64))
+        table.copy_(table.roll(1, 0))
+        kv.copy_(clean)
+        for i, n in enumerate(new):
+            kv[page_index(table[i], torch.arange(n, max_len, device=DEVICE), page_size, kv.shape[0])] = float("nan")
         graph.replay()
         torch.cuda.synchronize()
-        close(out.cpu(), reference64(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args]))
+        close(out.cpu(), reference64(*_cpu(args)))
 
 
 def _to(args, device):

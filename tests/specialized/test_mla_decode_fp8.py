@@ -1,10 +1,11 @@
 """MLA decode over an e4m3 latent cache (mla_decode's kernel, MlaConfig(cache="e4m3")) against the float64 reference.
 
 CPU: the config's rules, the entry point's argument checks, the e4m3 kernel compiled for sm_90a (registers, the exact
-e4m3 -> f16 conversions, f16 MMAs, 8-byte cache loads, no local memory, no shuffle behind a lane branch), and the
-kernel's arithmetic emulated in torch (tests/specialized/test_mla_decode.py's emulation with the f16 operands and the
-query's power-of-two scaling) within the contract's tolerance on every distribution of the problem. GPU (H200): the
-kernel against the reference at every benchmark point and distribution.
+e4m3 -> f16 conversions, f16 MMAs, 8-byte cache loads through the block table, no local memory, no shuffle behind a
+lane branch), and the kernel's arithmetic emulated in torch (tests/specialized/test_mla_decode.py's emulation with the
+f16 operands and the query's power-of-two scaling, its rows read through the pages) within the contract's tolerance
+on every distribution of the problem, at both contracted page sizes. GPU (H200): the kernel against the reference at
+every benchmark point and distribution.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from model.kimi_k3.specialized import mla_decode_fp8 as mk8
 from model.kimi_k3.specialized.mla_decode import compile as compile_key
 from model.kimi_k3.specialized.mla_decode.kernel import DSL, MlaConfig
 from tests.specialized.test_mla_decode import (
+    cache_reads,
     emulate,
     lane_divergent_shuffles,
     operand_dtype,
@@ -39,8 +41,9 @@ E4M3 = MlaConfig(cache="e4m3")
 needs_dsl = pytest.mark.skipif(DSL.error is not None, reason=f"CuTe DSL unavailable: {DSL.error}")
 
 
-def point(batch: int, heads: int = 12) -> Point:
-    return Point(batch, 0, (("heads", heads), ("kv_lora_rank", 512), ("rope_dim", 64)), "bf16")
+def point(batch: int, heads: int = 12, page_size: int = 64) -> Point:
+    return Point(batch, 0, (("heads", heads), ("kv_lora_rank", 512), ("rope_dim", 64), ("page_size", page_size)),
+                 "bf16")
 
 
 def test_contract_names_this_kernel():
@@ -67,7 +70,7 @@ def test_compile_keys_are_the_e4m3_configs_at_every_head_count():
 
 def _valid(**over):
     args = list(PROBLEM.generate_input(point(2), 0, "normal").args)
-    names = ["q_nope", "q_pe", "kv_cache", "kv_scale", "slots", "lengths", "w_uk", "w_uv", "scale"]
+    names = ["q_nope", "q_pe", "kv_cache", "kv_scale", "block_table", "lengths", "w_uk", "w_uv", "scale"]
     for k, val in over.items():
         args[names.index(k)] = val
     return args
@@ -108,7 +111,8 @@ def test_compiles_with_exact_conversions_and_f16_mmas(key):
     S - 1 tiles' and each next tile's) into a raw ring, every e4m3 pair goes through cvt.rn.f16x2.e4m3x2 on its way to
     the f16 tile (4 a copy), every MMA is f16 (the bf16 kernel's count), the query in 16-byte copies as the bf16
     kernel's, two barriers more than the bf16 kernel (the query's scaling; the f16 tile freed before each
-    conversion), nothing in local memory, no shuffle behind a lane branch."""
+    conversion), nothing in local memory, no shuffle behind a lane branch; every cache copy's address comes from a
+    block-table entry and the tile loop reads the table (as the bf16 kernel's, test_mla_decode.py)."""
     rep = compile_key(key, "sm_90a")
     assert rep.ok(max_registers=65536 // (key[0].threads * key[0].ctas_per_sm) - 1), \
         [(k.name, k.registers, k.spill_bytes) for k in rep.kernels]
@@ -129,6 +133,10 @@ def test_compiles_with_exact_conversions_and_f16_mmas(key):
     assert got["16-byte copies"] == query and was["16-byte copies"] == cfg.stages * copies + query
     assert got["bar.sync"] == was["bar.sync"] + 2 and got["local"] == 0
     assert lane_divergent_shuffles(part) == [] and lane_divergent_shuffles(ptx_entry(rep.ptx, "merge")) == []
+    reads = cache_reads(part)
+    assert len(reads.cache_loads) == cfg.stages * copies and reads.paged == reads.cache_loads
+    start, end = reads.loop_around(reads.cache_loads[-1].line)
+    assert any(start < load.line < end for load in reads.table_loads)
 
 
 # --- the kernel's arithmetic, emulated ------------------------------------------------------------------------------
@@ -146,13 +154,14 @@ def test_the_query_scale_keeps_f16_in_range_exactly():
     assert operand_dtype(E4M3) == torch.float16 and operand_dtype(MlaConfig()) == torch.bfloat16
 
 
+@pytest.mark.parametrize("page_size", CONTRACT.shapes["page_size"])
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
-def test_the_emulated_kernel_is_within_the_contract(dist):
+def test_the_emulated_kernel_is_within_the_contract(dist, page_size):
     """mla_decode_fp8_cute's arithmetic (f16 operands, the query scaled by a power of two, kv_scale folded into the
     score scale and the output) against the float64 reference, at 12 heads on the problem's inputs."""
-    case = PROBLEM.generate_input(point(2), 11, dist)
-    q_nope, q_pe, cache, kv_scale, slots, lengths, w_uk, w_uv, scale = case.args
-    got, _ = emulate(q_nope, q_pe, cache, slots, lengths, w_uk, w_uv, scale * kv_scale, cfg=mk8.config_for(12))
+    case = PROBLEM.generate_input(point(2, page_size=page_size), 11, dist)
+    q_nope, q_pe, cache, kv_scale, table, lengths, w_uk, w_uv, scale = case.args
+    got, _ = emulate(q_nope, q_pe, cache, table, lengths, w_uk, w_uv, scale * kv_scale, cfg=mk8.config_for(12))
     check = PROBLEM.check("out", got * kv_scale, PROBLEM.reference(*case.args), CONTRACT.tolerance)
     assert check.passed, check.problems
 

@@ -7,20 +7,24 @@ first use. Until one of them travels in the wheelhouse, the standard is the stro
 GEMMs: bf16 batched GEMMs with fp32 accumulation (cuBLAS), fp32 scores and softmax, no fp32 copy of the cache.
 Every report labels it so (Op.standard_label).
 
-The cache rows of the batch are gathered once ([B, L, C + R], L the cache's length), which a paged kernel would
-not need: the composition reads the selected rows twice and writes them once.
+Every row the block table addresses is gathered once through the pages ([B, max_blocks x P, C + R], index ops on
+the device: no host synchronisation, no loop over the batch, CUDA-graph safe), which the paged kernel does not
+need: the composition reads the selected rows twice and writes them once.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .mla_decode import check_paged, table_rows
 
-def mla_decode_standard(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+
+def mla_decode_standard(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                         lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float) -> torch.Tensor:
     """Same signature and semantics as `mla_decode.mla_decode`; returns [B, H, V] fp32."""
-    entries = kv_cache.index_select(0, slots.long()).to(w_uk.dtype)  # [B, L, C + R]
-    return attention_over_rows(q_nope, q_pe, entries, lengths, w_uk, w_uv, scale)
+    check_paged(kv_cache, block_table, lengths)
+    entries, _ = table_rows(kv_cache, block_table)  # [B, max_blocks x P, C + R]
+    return attention_over_rows(q_nope, q_pe, entries.to(w_uk.dtype), lengths, w_uk, w_uv, scale)
 
 
 def attention_over_rows(q_nope: torch.Tensor, q_pe: torch.Tensor, entries: torch.Tensor, lengths: torch.Tensor,

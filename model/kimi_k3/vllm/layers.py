@@ -12,7 +12,10 @@ the layer's own causal absorbed attention. States in vLLM's layout:
 - KDA: conv window [3P, Wc] in the activation dtype (the last Wc inputs of q|k|v, oldest first; vLLM's own
   K3 keeps Wc - 1 of them: k3forge's decode ops and its contracted kernel keep the whole window), and the
   recurrent state [H, V, K] fp32, V-major, exactly as vLLM's K3 stores it. P = H*K local heads times head dim.
-- MLA: vLLM's paged cache viewed as [blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim].
+- MLA: vLLM's paged cache viewed as [blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]. Decode hands its
+  pages [blocks, block_size, entry], vLLM's block table and the sequence lengths, all on the device, straight to the
+  paged `mla_decode` op (no copy of the contexts, no host synchronisation in the layer); prefill gathers each
+  request's context through its pages.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ class K3StepMetadata:
     num_reqs: int
     num_actual_tokens: int
     query_start_loc: torch.Tensor  # [num_reqs + 1] int, on the CPU
-    seq_lens: torch.Tensor  # [num_reqs] context + new tokens, on the CPU
-    block_table: torch.Tensor  # [num_reqs, max_blocks]
+    seq_lens: torch.Tensor  # [num_reqs] int64 context + new tokens, on the device (the decode op's lengths)
+    seq_lens_cpu: torch.Tensor  # the same on the CPU (the step's host-side shape: StepBatch, prefill)
+    block_table: torch.Tensor  # [num_reqs, max_blocks] int32, on the device
     slot_mapping: torch.Tensor  # [num_actual_tokens] flat cache slot of each token (attention groups)
     state_indices: torch.Tensor | None = None  # [num_reqs] int64 state slot of each request (KDA group)
 
@@ -58,7 +62,7 @@ class K3StepMetadata:
 
     @property
     def context_lens(self) -> list[int]:
-        return [s - q for s, q in zip(self.seq_lens.tolist(), self.query_lens)]
+        return [s - q for s, q in zip(self.seq_lens_cpu.tolist(), self.query_lens)]
 
 
 class _Builder(AttentionMetadataBuilder[K3StepMetadata]):
@@ -76,7 +80,8 @@ class _Builder(AttentionMetadataBuilder[K3StepMetadata]):
             num_reqs=n,
             num_actual_tokens=m.num_actual_tokens,
             query_start_loc=m.query_start_loc_cpu[:n + 1].to(torch.int64),
-            seq_lens=m.seq_lens[:n].to("cpu", torch.int64),
+            seq_lens=m.seq_lens[:n].to(torch.int64),
+            seq_lens_cpu=m.seq_lens[:n].to("cpu", torch.int64),
             block_table=m.block_table_tensor[:n],
             slot_mapping=m.slot_mapping[:m.num_actual_tokens],
             state_indices=self._state_indices(m),
@@ -251,18 +256,13 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
         block_size = pages.shape[1]
         flat = meta.slot_mapping.to(torch.int64)
         pages[flat // block_size, flat % block_size] = torch.cat([c_kv, k_pe], dim=-1).to(pages.dtype)
-        lengths = meta.seq_lens.tolist()
-        contexts = [self._context(pages, meta.block_table[i], n) for i, n in enumerate(lengths)]
 
         w_uk, w_uv = inner.absorbed()
-        if batch.kind == k3.StepKind.DECODE:
-            entries = pages.new_zeros(len(contexts), max(lengths), self.entry_dim)
-            for i, c in enumerate(contexts):
-                entries[i, :c.shape[0]] = c
-            rows = torch.arange(len(contexts), device=x.device)
-            attn = ops.call("mla_decode", q_nope, q_pe, entries, rows, meta.seq_lens.to(x.device), w_uk, w_uv,
+        if batch.kind == k3.StepKind.DECODE:  # one token a request: the paged op reads the pages where they are
+            attn = ops.call("mla_decode", q_nope, q_pe, pages, meta.block_table, meta.seq_lens, w_uk, w_uv,
                             inner.scale)
         else:
+            contexts = [self._context(pages, meta.block_table[i], n) for i, n in enumerate(meta.seq_lens_cpu.tolist())]
             attn = torch.cat([inner._prefill(q_nope[s:s + n], q_pe[s:s + n], c, w_uk, w_uv)
                               for s, n, c in zip(batch.starts, batch.query_lens, contexts)])
         gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(ops.call("linear", x, inner.g_proj))
@@ -270,9 +270,9 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
 
     @staticmethod
     def _context(pages: torch.Tensor, blocks: torch.Tensor, length: int) -> torch.Tensor:
-        """A request's first `length` cached entries [length, entry], gathered from its pages."""
-        used = -(-length // pages.shape[1])
-        return pages[blocks[:used].to(torch.int64)].flatten(0, 1)[:length]
+        """A request's first `length` cached entries [length, entry], gathered through its pages (the decode op's
+        addressing, `paged_rows`)."""
+        return k3.paged_rows(pages, blocks, torch.arange(length, device=pages.device))
 
 
 def kda_state_shapes(cfg: "k3.KimiK3Config", tp_size: int) -> tuple[tuple[int, int], tuple[int, int, int]]:

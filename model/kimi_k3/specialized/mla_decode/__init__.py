@@ -1,9 +1,10 @@
 """K3's weight-absorbed MLA decode attention over the latent cache, the attention core in CuTe DSL (sm_90). Entry point:
 `mla_decode_cute`, the signature of the reference (model/kimi_k3/ops/mla_decode.py).
 
-    >>> out = mla_decode_cute(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
-    ... # q_nope [B, H, N] bf16, q_pe [B, H, R] bf16, kv_cache [slots, L, C + R] bf16, slots / lengths [B] int64,
-    ... # w_uk [H, N, C] bf16, w_uv [H, V, C] bf16 -> out [B, H, V] fp32
+    >>> out = mla_decode_cute(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale)
+    ... # q_nope [B, H, N] bf16, q_pe [B, H, R] bf16, kv_cache [pages, P, C + R] bf16 (vLLM's paged cache),
+    ... # block_table [B, max_blocks] int32 (or int64), lengths [B] int64, w_uk [H, N, C] bf16, w_uv [H, V, C] bf16
+    ... # -> out [B, H, V] fp32; row t of sequence b is kv_cache[block_table[b, t // P], t % P]
 
 v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T in fp32, as the reference computes
 them); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
@@ -13,12 +14,16 @@ path's 0.6-2.7x); `config=MlaConfig(path="fma")` keeps it on CUDA cores in fp32,
 path's bf16 P gives ~5e-4 relative (kernel.py, NOTES.md).
 
 Envelope: B 1..64 (B = 0 returns an empty out without a launch); H 1..16; C = 512 (the contract's; the mma mapping
-admits other multiples of 128, never run); C + R a multiple of 64; L >= 1 with L (C + R) < 2^31 (the cache itself may
-be larger); bf16 cache and weights, slots and lengths int64; the cache, slots and lengths contiguous (the queries and
-weights may be strided views: the model's are), the cache 16-byte aligned; all on
-one CUDA device. Anything else raises ValueError before anything is launched. Slots and lengths are read on the device
-(no host synchronisation): a slot outside [0, slots) is clamped into range and a length clamped into [0, L] rather than
-checked; a length of 0 gives a zero latent (decode always has >= 1).
+admits other multiples of 128, never run); C + R a multiple of 64; any page size P >= 1 (a runtime argument; a slot per
+sequence is P = L with block_table = slots[:, None]) with P (C + R) < 2^31 (the pool itself may be larger), fewer than
+2^31 pages and max_blocks x P < 2^31 rows a sequence; bf16 cache and weights, lengths int64, the block table int32 (an
+int64 one is converted on the device first: one small launch); the cache, the block table and the lengths contiguous
+(the queries and weights may be strided views: the model's are), the cache 16-byte aligned; all on one CUDA device.
+Anything else raises ValueError before anything is launched. The block table and the lengths are read on the device
+(no host synchronisation): an entry outside [0, pages) is clamped into range and a length clamped into [0, max_blocks
+x P] rather than checked; only the entries of a sequence's first ceil(length / P) blocks are read; a length of 0 gives
+a zero latent (decode always has >= 1). The split plan depends on B and max_blocks x P only (host values), so a call
+can be captured in a CUDA graph and replayed with other tables and lengths.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
+from ...ops.mla_decode import check_paged
 from ..linear import _num_sms, available
 from .kernel import DSL, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
 
@@ -40,13 +46,14 @@ _CACHE = CompileCache("mla_decode", module=f"{__name__}.kernel")
 _INT32_LIMIT = 2**31
 
 
-def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
+def check_args(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale,
                kv_dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int, int, int, int]:
-    """Validate a call (the cache's elements of `kv_dtype`); return (B, H, N, C, R, V, L). Raises ValueError with one
-    line, device last, so that every other check runs on CPU tensors."""
-    tensors = (q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv)
+    """Validate a call (the cache's elements of `kv_dtype`); return (B, H, N, C, R, V, max_len), max_len = the block
+    table's width x P (the most rows a sequence may have). Raises ValueError with one line, device last, so that
+    every other check runs on CPU tensors."""
+    tensors = (q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv)
     if not all(isinstance(t, torch.Tensor) for t in tensors):
-        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be tensors")
+        raise ValueError("q_nope, q_pe, kv_cache, block_table, lengths, w_uk and w_uv must be tensors")
     if not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(f"scale must be a positive Python number, got {scale!r}")
     if any(t.dtype != torch.bfloat16 for t in (q_nope, q_pe, w_uk, w_uv)):
@@ -54,20 +61,20 @@ def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
                          f"{w_uv.dtype}")
     if kv_cache.dtype != kv_dtype:
         raise ValueError(f"kv_cache must be {kv_dtype}, got {kv_cache.dtype}")
-    if slots.dtype != torch.int64 or lengths.dtype != torch.int64:
-        raise ValueError(f"slots and lengths must be int64, got {slots.dtype}, {lengths.dtype}")
-    if q_nope.dim() != 3 or q_pe.dim() != 3 or kv_cache.dim() != 3 or w_uk.dim() != 3 or w_uv.dim() != 3:
-        raise ValueError("q_nope, q_pe must be [B, H, *], kv_cache [slots, L, C + R], w_uk [H, N, C], w_uv [H, V, C]")
-    if slots.dim() != 1 or lengths.dim() != 1:
-        raise ValueError(f"slots and lengths must be [B], got {tuple(slots.shape)}, {tuple(lengths.shape)}")
+    if lengths.dtype != torch.int64:
+        raise ValueError(f"lengths must be int64, got {lengths.dtype}")
+    if q_nope.dim() != 3 or q_pe.dim() != 3 or w_uk.dim() != 3 or w_uv.dim() != 3:
+        raise ValueError("q_nope, q_pe must be [B, H, *], w_uk [H, N, C], w_uv [H, V, C]")
+    check_paged(kv_cache, block_table, lengths)
     b, h, n = q_nope.shape
     r = q_pe.shape[-1]
     c = w_uk.shape[-1]
     v = w_uv.shape[1]
-    num_slots, max_len, width = kv_cache.shape
-    if tuple(q_pe.shape[:2]) != (b, h) or tuple(slots.shape) != (b,) or tuple(lengths.shape) != (b,):
-        raise ValueError(f"q_pe {tuple(q_pe.shape)}, slots {tuple(slots.shape)}, lengths {tuple(lengths.shape)} must "
-                         f"match q_nope's B={b}, H={h}")
+    num_pages, page_size, width = kv_cache.shape
+    blocks = block_table.shape[1]
+    if tuple(q_pe.shape[:2]) != (b, h) or block_table.shape[0] != b:
+        raise ValueError(f"q_pe {tuple(q_pe.shape)}, block_table {tuple(block_table.shape)} must match q_nope's B={b}, "
+                         f"H={h}")
     if tuple(w_uk.shape) != (h, n, c) or tuple(w_uv.shape) != (h, v, c):
         raise ValueError(f"w_uk {tuple(w_uk.shape)} must be [H={h}, N={n}, C], w_uv {tuple(w_uv.shape)} [H, V, C={c}]")
     if width != c + r:
@@ -76,23 +83,26 @@ def check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
         raise ValueError(f"B={b} sequences: at most {MAX_BATCH}")
     if h > MAX_HEADS:
         raise ValueError(f"H={h} heads: at most {MAX_HEADS}")
-    if num_slots < 1 or max_len < 1:
-        raise ValueError(f"kv_cache {tuple(kv_cache.shape)} must have at least one slot and one row")
     try:
         MlaConfig().check(h, c, r)
     except ValueError as err:
         raise ValueError(f"dims outside the kernel's mapping: {err}") from None
-    if max_len * width >= _INT32_LIMIT:
-        raise ValueError(f"a slot of kv_cache holds {max_len * width} elements: the kernel's offsets need < 2^31")
+    if page_size * width >= _INT32_LIMIT:
+        raise ValueError(f"a page of kv_cache holds {page_size * width} elements: the kernel's offsets inside a page "
+                         "need < 2^31")
+    if num_pages >= _INT32_LIMIT or blocks * page_size >= _INT32_LIMIT:
+        raise ValueError(f"kv_cache has {num_pages} pages and block_table admits {blocks * page_size} rows a sequence: "
+                         "the kernel's page and row numbers need < 2^31")
     # only these reach the kernel by address; the queries and weights go through torch first and may be any views
     # (the model passes q_nope, q_pe split from one projection, W_UK and W_UV sliced from kv_b_proj)
-    if not all(t.is_contiguous() for t in (kv_cache, slots, lengths)):
-        raise ValueError("kv_cache, slots and lengths must be contiguous")
+    if not all(t.is_contiguous() for t in (kv_cache, block_table, lengths)):
+        raise ValueError("kv_cache, block_table and lengths must be contiguous")
     if kv_cache.data_ptr() % 16:
         raise ValueError("kv_cache must be 16-byte aligned")
     if not all(t.is_cuda for t in tensors) or len({t.device for t in tensors}) != 1:
-        raise ValueError("q_nope, q_pe, kv_cache, slots, lengths, w_uk and w_uv must be CUDA tensors on one device")
-    return b, h, n, c, r, v, max_len
+        raise ValueError("q_nope, q_pe, kv_cache, block_table, lengths, w_uk and w_uv must be CUDA tensors on one "
+                         "device")
+    return b, h, n, c, r, v, blocks * page_size
 
 
 @functools.cache
@@ -117,23 +127,23 @@ def prepare(heads: int, latent: int = 512, rope: int = 64, config: MlaConfig | N
     return cfg
 
 
-def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                     lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float, *,
                     config: MlaConfig | None = None) -> torch.Tensor:
     """The reference's result, out [B, H, V] fp32: torch for the absorptions, two launches for the attention core on
     the current stream (kernel.py's module doc); deterministic. `config` overrides the heuristic (for tuning). Raises
     ValueError before launching anything on input outside the envelope (module doc)."""
     require_dsl(DSL.error)
-    b, h, _, c, r, v, max_len = check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale)
+    b, h, _, c, r, v, _ = check_args(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale)
     if b == 0:
         return torch.empty(0, h, v, dtype=torch.float32, device=q_nope.device)
     cfg = config or config_for(h)
     if config is not None:
         config.check(h, c, r)
-    return absorbed_attention(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale, cfg)
+    return absorbed_attention(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale, cfg)
 
 
-def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float,
                        cfg: MlaConfig) -> torch.Tensor:
     """The absorptions in torch around the two launches, for a checked call: out [B, H, V] fp32."""
@@ -141,30 +151,34 @@ def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch
     # W_UK made on every call (3 MB written and read again at 12 heads, and two launches)
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk, out_dtype=torch.float32).transpose(0, 1)  # [B, H, C]
     query = torch.cat([q_lat, q_pe.float()], dim=-1).contiguous()  # [B, H, C + R]
-    latent = attention_core(query, kv_cache, slots, lengths, scale, cfg, w_uk.shape[-1])
+    # the kernel reads int32 entries, vLLM's; an int64 table costs one conversion on the device (no-op for int32)
+    latent = attention_core(query, kv_cache, block_table.to(torch.int32), lengths, scale, cfg, w_uk.shape[-1])
     return torch.einsum("bhc,hvc->bhv", latent, w_uv.float())
 
 
-def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
                    scale: float, cfg: MlaConfig, latent_dim: int) -> torch.Tensor:
-    """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous):
-    latent [B, H, C] fp32. For the benchmark's kernel-only timing."""
+    """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous, the
+    block table int32): latent [B, H, C] fp32. For the benchmark's kernel-only timing."""
     b, h, _ = query.shape
-    c, max_len = latent_dim, kv_cache.shape[1]
-    splits, chunk = split_plan(b, max_len, _num_sms(query.device.index), cfg)
+    c = latent_dim
+    num_pages, page_size, _ = kv_cache.shape
+    blocks = block_table.shape[1]
+    splits, chunk = split_plan(b, blocks * page_size, _num_sms(query.device.index), cfg)
     part = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
     lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
     latent = torch.empty(b, h, c, dtype=torch.float32, device=query.device)
     _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
-        query.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(), lengths.data_ptr(), part.data_ptr(), lse.data_ptr(),
-        latent.data_ptr(), b, max_len, kv_cache.shape[0], splits, chunk, float(scale),
+        query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(), part.data_ptr(),
+        lse.data_ptr(), latent.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
         torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
     return latent
 
 
 def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:
     """The gate's compile protocol: the (config, H, C, R) the entry point compiles at every head count / latent / rope
-    dim the contract admits. B, L, the split plan and the scale are runtime arguments."""
+    dim the contract admits. B, the page size, the block table's width, the split plan and the scale are runtime
+    arguments."""
     keys = {(config_for(h), h, c, r) for h in contract.shapes["heads"] for c in contract.shapes["kv_lora_rank"]
             for r in contract.shapes["rope_dim"]}
     return sorted(keys, key=lambda key: (key[1], key[2], key[3]))

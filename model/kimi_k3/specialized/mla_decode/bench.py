@@ -2,10 +2,12 @@
 
 Per (B, L, H): the standard, and for each path (MlaConfig.path: "fma", "mma"; "e4m3": the mma path over the same
 cache quantized to e4m3 with a calibrated scale, through mla_decode_fp8_cute) the entry point end to end and its
-attention core alone. Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): every
-sequence at the full length L (`--lengths full`, the floor's case) or lengths drawn as the gate draws them
-(`--lengths random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times each path at each value of the split
-heuristic's knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim at), `--stages` at each ring depth.
+attention core alone. Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): a paged
+cache of `--page-size` rows a page (default 64; 0: one page of L rows per sequence, the slot form) with each
+sequence's pages in a random order, every sequence at the full length L (`--lengths full`, the floor's case) or
+lengths drawn as the gate draws them (`--lengths random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times
+each path at each value of the split heuristic's knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim
+at), `--stages` at each ring depth.
 
 Method. Per point one CUDA graph per implementation, replayed by kernels.timing.time_graphs with the L2 flushed
 before each replay (flush='l2'); the median is reported. The floor is the cache bytes the call reads (the valid
@@ -19,6 +21,7 @@ FAIL and that path is not timed there.
     python -m model.kimi_k3.specialized.mla_decode.bench --points 1x4096 64x32768 --heads 12 --paths mma
     python -m model.kimi_k3.specialized.mla_decode.bench --paths mma e4m3      # the FP8 cache beside bf16
     python -m model.kimi_k3.specialized.mla_decode.bench --paths mma --lengths random --ctas-per-sm 2 4 8
+    python -m model.kimi_k3.specialized.mla_decode.bench --paths mma --page-size 16 64 0  # paging's cost
     ncu -k regex:"partial|merge" python -m model.kimi_k3.specialized.mla_decode.bench --check-only ...  # a profile
 
 `--check-only` runs each path once per point (the check against float64) and times nothing: under a profiler, each
@@ -42,9 +45,10 @@ POINTS = ("1x1024", "1x4096", "1x32768", "16x4096", "16x8192", "64x4096", "64x32
 N, C, R = 128, 512, 64
 
 
-def inputs(b: int, max_len: int, h: int, full_lengths: bool) -> tuple:
-    """The problem's call at this point (seed 0, "normal"), on the GPU."""
-    return clone(make_case(b, max_len, h, C, R, 0, full_lengths=full_lengths).args, "cuda")
+def inputs(b: int, max_len: int, h: int, full_lengths: bool, page_size: int) -> tuple:
+    """The problem's call at this point (seed 0, "normal"), pages of `page_size` rows (0: max_len), on the GPU."""
+    return clone(make_case(b, max_len, h, C, R, 0, full_lengths=full_lengths, page_size=page_size or max_len).args,
+                 "cuda")
 
 
 def capture(fn):
@@ -72,19 +76,20 @@ def variant(path: str, h: int, args: tuple, ctas_per_sm: int, stages: int) -> tu
                                                        stages=stages))
         return lambda *a: mk.mla_decode_cute(*a, config=cfg), args, (args[2], args[-1]), cfg, C + R
     cfg = mk.prepare(h, config=dataclasses.replace(mk8.config_for(h), ctas_per_sm=ctas_per_sm, stages=stages))
-    call = fp8_case(Case(args=args)).args  # (q_nope, q_pe, kv8, kv_scale, slots, ...)
+    call = fp8_case(Case(args=args)).args  # (q_nope, q_pe, kv8, kv_scale, block_table, ...)
     return (lambda *a: mk8.mla_decode_fp8_cute(*a, config=cfg), call, (call[2], call[-1] * call[3]), cfg, C + R)
 
 
 def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full_lengths: bool,
-                ctas_per_sm: list[int], stages: list[int], check_only: bool = False, trace: bool = False) -> None:
+                ctas_per_sm: list[int], stages: list[int], page_size: int = 64, check_only: bool = False,
+                trace: bool = False) -> None:
     from kernels.timing import time_graphs
     from model.kimi_k3.ops.mla_decode_standard import mla_decode_standard
     from model.kimi_k3.specialized import mla_decode as mk
 
-    args = inputs(b, max_len, h, full_lengths)
-    q_nope, q_pe, kv, slots, lengths, w_uk, w_uv, scale = args
-    label = f"B={b:3d} L={max_len:6d} H={h:2d}"
+    args = inputs(b, max_len, h, full_lengths, page_size)
+    q_nope, q_pe, kv, table, lengths, w_uk, w_uv, scale = args
+    label = f"B={b:3d} L={max_len:6d} H={h:2d} P={kv.shape[1]:5d}"
     rows = int(lengths.sum())
     query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], -1).contiguous()
     graphs, errs, row_bytes, cfgs = {"standard": capture(lambda: mla_decode_standard(*args))}, {}, {}, {}
@@ -94,7 +99,7 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
         entry, call, (cache, core_scale), cfgs[path, k, st], width = variant(path, h, args, k, st)
         keep.append((call, cache))
         row_bytes[path] = width * cache.element_size()
-        want = reference(q_nope, q_pe, cache, slots, lengths, w_uk, w_uv, scale, core_scale / scale)
+        want = reference(q_nope, q_pe, cache, table, lengths, w_uk, w_uv, scale, core_scale / scale)
         got = entry(*call)
         errs[path, k, st] = float((got.double() - want.double()).norm() / want.double().norm())
         name = f"{path} (ctas_per_sm {k}, stages {st})"
@@ -106,7 +111,7 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
             continue
         graphs["cute", path, k, st] = capture(lambda entry=entry, call=call: entry(*call))
         graphs["core", path, k, st] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k, st]:
-                                              mk.attention_core(query, cache, slots, lengths, core_scale, cfg, C))
+                                              mk.attention_core(query, cache, table, lengths, core_scale, cfg, C))
     if check_only:
         return
     us = {}
@@ -120,8 +125,8 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
     for path, k, st in runs:
         if ("cute", path, k, st) in us:
             cute_us, core_us = us["cute", path, k, st], us["core", path, k, st]
-            splits, _ = mk.split_plan(b, max_len, torch.cuda.get_device_properties(0).multi_processor_count,
-                                      cfgs[path, k, st])
+            splits, _ = mk.split_plan(b, table.shape[1] * kv.shape[1],
+                                      torch.cuda.get_device_properties(0).multi_processor_count, cfgs[path, k, st])
             path_floor = (rows * row_bytes[path] + weights) / HBM_BYTES_PER_S * 1e6  # its own cache's bytes
             print(f"    {path} (ctas_per_sm {k}, stages {st}, {splits} splits): cute {cute_us:8.2f} us  core "
                   f"{core_us:8.2f} us ({rows * row_bytes[path] / core_us / 1e6:5.2f} TB/s, "
@@ -142,6 +147,8 @@ def main(argv=None) -> int:
                         help="values of MlaConfig.ctas_per_sm, the split heuristic's knob, to time each path at")
     parser.add_argument("--stages", nargs="*", type=int, default=[MlaConfig().stages],
                         help="values of MlaConfig.stages (the mma path's tiles in flight; each compiles its own code)")
+    parser.add_argument("--page-size", nargs="*", type=int, default=[64],
+                        help="rows a page of the cache (0: one page of L rows per sequence, the slot form)")
     parser.add_argument("--trace", action="store_true",
                         help="print each graph's name before timing it (with CUDA_LAUNCH_BLOCKING=1: which failed)")
     parser.add_argument("--check-only", action="store_true",
@@ -150,8 +157,9 @@ def main(argv=None) -> int:
     for point in a.points:
         b, max_len = (int(x) for x in point.split("x"))
         for h in a.heads:
-            bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm, a.stages,
-                        a.check_only, a.trace)
+            for page_size in a.page_size:
+                bench_point(b, max_len, h, a.iters, a.paths, a.lengths == "full", a.ctas_per_sm, a.stages, page_size,
+                            a.check_only, a.trace)
     return 0
 
 

@@ -1,18 +1,29 @@
 """MLA decode attention over the latent cache, the core after weight absorption, CuTe DSL, Hopper (sm_90a).
 
-    latent[b, h] = softmax_t(scale * query[b, h] . kv[slot_b, t]) over t < length_b, times kv[slot_b, t, :C]
+    latent[b, h] = softmax_t(scale * query[b, h] . row_b(t)) over t < length_b, times row_b(t)[:C]
+    row_b(t) = kv[block_table[b, t // P], t % P]
 
-query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv [slots, L, W] bf16, slots
-and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions (q_nope W_UK, latent W_UV^T) stay in
-torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host synchronisation and no
-data-dependent host logic (the split count depends on B and L only), so a call can be captured in a CUDA graph.
+query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv the paged cache [pages, P, W]
+bf16 (P rows a page, a runtime argument; a slot per sequence is P = L with a one-column table), block_table [B,
+max_blocks] int32 and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions (q_nope W_UK,
+latent W_UV^T) stay in torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host
+synchronisation and no data-dependent host logic (the split count depends on B and max_blocks x P only), so a call
+can be captured in a CUDA graph and replayed with other tables and lengths.
+
+Rows are addressed one at a time, by the thread that moves them (`tile_row`, `page_of`, `cache_row`): each thread
+owns one row of every tile, reads its page from the block table (clamped into [0, pages), never trusted) and
+addresses the row at the pool's base + page P W + (t % P) W elements, the page's offset in 64 bits, the row's inside
+it in 32 (check_args: P W < 2^31). A tile may span pages (P < 32, or P not a multiple of 32): every row still finds
+its own. Only the entries of a sequence's used blocks are read: rows past a split's end are clamped to its last
+valid row.
 
 Launch 1, `partial` (flash-decoding), path "fma" (MlaConfig.path; default "mma"). Grid (splits, B), `threads` threads
-(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b's slot (possibly none: an
-empty split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
+(8 warps). CTA (s, b) owns the rows [s chunk, min((s + 1) chunk, length_b)) of sequence b (possibly none: an empty
+split). It keeps the H queries in shared memory (fp32, H W 4 bytes) and walks its rows in tiles of T = 32 rows:
   1. load: warp w loads rows w T / 8 .. + T / 8 of the tile, 8 lanes a row, lane l the 16-byte chunks l % 8 + 8 i
-     (W / 64 of them), all loads before the stores to shared memory (bf16, T W 2 bytes); rows past the split's end
-     are clamped to its last valid row, so no padding byte is ever read; their probabilities are 0.
+     (W / 64 of them) of its row, found through its page, all loads before the stores to shared memory (bf16, T W 2
+     bytes); rows past the split's end are clamped to its last valid row, so no padding byte is ever read; their
+     probabilities are 0.
   2. scores: warp w owns rows w T / 8 .. + T / 8; lane l the bf16 pairs l + 32 j (j < W / 64) of each; per head,
      fp32 FMAs over the lane's pairs (element order 2p, 2p + 1, j ascending), a 5-step butterfly, times `scale`;
      -inf past the split's end. Stored to sP[h, t].
@@ -27,14 +38,16 @@ Then (normalized partial, log-sum-exp): o = acc / l, lse = m + log(l); an empty 
 Path "mma" (`partial_mma`, the default; NOTES.md, v4): the same splits, tiles of 32 rows, softmax and outputs, the
 per-tile math on tensor cores (mma.sync.m16n8k16.row.col.f32.bf16.bf16.f32, lane (g, t) = (lane // 4, lane % 4)),
 the H <= 16 heads on the MMA's M side (rows g and g + 8 of every fragment; rows past H are zero in Q and P). A CTA
-is MMA_THREADS = 128 threads (4 warps; ~233 registers, two CTAs a SM):
+is MMA_THREADS = 128 threads (4 warps; ~230 registers, two CTAs a SM):
   - prologue: the sequence's fp32 query staged into shared memory by coalesced cp.async (in a tile no copy writes
     before the loop's first barrier), then each warp builds the A fragments of its k range (W / 16 / 4 = 9 k-steps)
     in registers, hi = bf16(q) and lo = bf16(q - hi): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q
     (bf16 q alone fails the contract on heavy-tailed and large inputs, NOTES.md).
-  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, rows past
-    the split clamped), stages - 1 tiles ahead of the one computed, one commit group per tile. Tile rows are padded
-    by 16 bytes so that every ldmatrix reads 8 rows from 8 different bank groups.
+  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, each row
+    through its page, rows past the split clamped), stages - 1 tiles ahead of the one computed, one commit group per
+    tile. A thread reads the block-table entry of its row in the next tile to copy one tile early (`page_ahead`), so
+    the table load's latency passes under a tile's math instead of stalling the copies. Tile rows are padded by 16
+    bytes so that every ldmatrix reads 8 rows from 8 different bank groups.
   - scores: warp w takes k range w over all 32 rows: per k-step two ldmatrix.x4 give B of the 4 n-tiles; the hi and
     the lo MMA in separate accumulators (8 chains); the ranges' sums meet in shared memory (sS) and are added in
     range order.
@@ -61,8 +74,8 @@ MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
-cost when its split is short; the e4m3 cache halves the bytes but not that latency. The slot's base address is
-64-bit, offsets inside a slot 32-bit (check_args refuses L x W >= 2^31).
+cost when its split is short; the e4m3 cache halves the bytes but not that latency. The fma path reads its rows' pages
+in the tile they are loaded in (one table load's latency a tile; it is the exact path, not the fast one).
 """
 
 from __future__ import annotations
@@ -281,8 +294,8 @@ if DSL.error is None:
         return [Uint32(llvm.extractvalue(_T.i32(), res, [i])) for i in range(4)]
 
     class MlaDecodeKernel:
-        """Both launches for one config and (H, C, R) baked in; B, L, the slot count, the split plan and the scale are
-        runtime arguments."""
+        """Both launches for one config and (H, C, R) baked in; B, the block table's width, the page size, the pool's
+        page count, the split plan and the scale are runtime arguments."""
 
         def __init__(self, cfg: MlaConfig, heads: int, latent: int, rope: int):
             cfg.check(heads, latent, rope)
@@ -294,21 +307,23 @@ if DSL.error is None:
             self.operand = "f16" if fp8 else "bf16"
 
         @cute.jit
-        def __call__(self, pQ: cute.Pointer, pKV: cute.Pointer, pSlots: cute.Pointer, pLens: cute.Pointer,
-                     pPart: cute.Pointer, pLse: cute.Pointer, pLat: cute.Pointer, batch: Int32, max_len: Int32,
-                     num_slots: Int32, splits: Int32, chunk: Int32, scale: Float32, stream: cuda.CUstream):
+        def __call__(self, pQ: cute.Pointer, pKV: cute.Pointer, pTable: cute.Pointer, pLens: cute.Pointer,
+                     pPart: cute.Pointer, pLse: cute.Pointer, pLat: cute.Pointer, batch: Int32, blocks: Int32,
+                     page_size: Int32, num_pages: Int32, splits: Int32, chunk: Int32, scale: Float32,
+                     stream: cuda.CUstream):
             H, C, W = self.h, self.c, self.w
             mQ = cute.make_tensor(pQ, cute.make_layout((batch, H * W), stride=(H * W, 1)))
-            # slot 0's rows [L, W]; `partial` moves the base to its slot with 64-bit arithmetic
-            mKV = cute.make_tensor(pKV, cute.make_layout((max_len, W), stride=(W, 1)))
-            mSlots = cute.make_tensor(pSlots, cute.make_layout((batch,)))
+            # page 0's rows [P, W]; `cache_row` moves to a row's page with 64-bit arithmetic
+            mKV = cute.make_tensor(pKV, cute.make_layout((page_size, W), stride=(W, 1)))
+            mTable = cute.make_tensor(pTable, cute.make_layout((batch, blocks), stride=(blocks, 1)))
             mLens = cute.make_tensor(pLens, cute.make_layout((batch,)))
             mPart = cute.make_tensor(pPart, cute.make_layout((batch, splits, H, C),
                                                              stride=(splits * H * C, H * C, C, 1)))
             mLse = cute.make_tensor(pLse, cute.make_layout((batch, splits, H), stride=(splits * H, H, 1)))
             mLat = cute.make_tensor(pLat, cute.make_layout((batch, H, C), stride=(H * C, C, 1)))
             partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
-            partial(mQ, mKV, mSlots, mLens, mPart, mLse, max_len, num_slots, chunk, scale).launch(
+            partial(mQ, mKV, mTable, mLens, mPart, mLse, blocks * page_size, page_size, num_pages, chunk,
+                    scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
             self.merge(mPart, mLse, mLat, splits).launch(grid=[H, batch, 1], block=[C // MERGE_COLS, 1, 1],
                                                          stream=stream)
@@ -316,23 +331,41 @@ if DSL.error is None:
         # --- pieces both `partial` paths share ------------------------------------------------------------------
 
         @cute.jit
-        def split_rows(self, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor, max_len: Int32,
-                       num_slots: Int32, chunk: Int32):
-            """(kv, start, stop, ntiles): the CTA's sequence's rows [L, W] and its split's rows [start, stop) in
-            ntiles tiles (none for an empty split). Slot and length are clamped into range, never trusted. The
-            slot's base is base + slot L W elements in 64 bits (a cache may exceed 2^31 elements); offsets inside
-            a slot stay 32-bit (check_args: L W < 2^31); the row stride W keeps 16-byte alignment visible."""
-            W = self.w
+        def split_rows(self, mLens: cute.Tensor, max_len: Int32, chunk: Int32):
+            """(start, stop, ntiles): the CTA's split of its sequence's rows, [start, stop) in ntiles tiles (none for
+            an empty split). The length is clamped into [0, max_len] (the block table's width x P), never trusted."""
             split, b, _ = cute.arch.block_idx()
-            slot = cutlass.min(cutlass.max(Int32(mSlots[b]), Int32(0)), num_slots - 1)
             length = cutlass.min(cutlass.max(Int32(mLens[b]), Int32(0)), max_len)
             start = split * chunk
             stop = cutlass.min(start + chunk, length)
             rows = cutlass.max(stop - start, Int32(0))
-            base_addr = mKV.iterator.toint() + Int64(slot) * Int64(max_len) * Int64(W * self.cache_type.width // 8)
-            kv = cute.make_tensor(cute.make_ptr(self.cache_type, base_addr, cute.AddressSpace.gmem, assumed_align=16),
-                                  cute.make_layout((max_len, W), stride=(W, 1)))
-            return kv, start, stop, (rows + (TILE - 1)) // TILE
+            return start, stop, (rows + (TILE - 1)) // TILE
+
+        @cute.jit
+        def tile_row(self, base: Int32, stop: Int32) -> Int32:
+            """The row of the sequence this thread moves for the tile at `base` (thread_row's row of the tile),
+            clamped to the split's last row, so that no padding byte is ever read (the row's p is 0), and to 0, so
+            that an empty split's look-ahead (stop <= base) still reads its block table in bounds."""
+            row, _ = self.thread_row()
+            return cutlass.max(cutlass.min(base + row, stop - 1), Int32(0))
+
+        @cute.jit
+        def page_of(self, mTable: cute.Tensor, t: Int32, page_size: Int32, num_pages: Int32) -> Int32:
+            """The page of row t (0 <= t < the table's width x P) of the CTA's sequence: its block table's entry
+            t // P, read on the device and clamped into [0, pages), never trusted."""
+            _, b, _ = cute.arch.block_idx()
+            return cutlass.min(cutlass.max(Int32(mTable[b, t // page_size]), Int32(0)), num_pages - 1)
+
+        @cute.jit
+        def cache_row(self, mKV: cute.Tensor, page: Int32, t: Int32, page_size: Int32) -> cute.Tensor:
+            """Row t of the sequence, on `page`, as a [W] tensor: the pool's row page P + t % P. The page's offset is
+            64-bit (a pool may exceed 2^31 elements), the row's inside its page 32-bit (check_args: P W < 2^31);
+            every row starts 16 bytes aligned (the pool is, W is a multiple of 64)."""
+            W = self.w
+            elements = Int64(page) * Int64(page_size * W) + Int64((t % page_size) * W)
+            addr = mKV.iterator.toint() + elements * Int64(self.cache_type.width // 8)
+            return cute.make_tensor(cute.make_ptr(self.cache_type, addr, cute.AddressSpace.gmem, assumed_align=16),
+                                    cute.make_layout((W,)))
 
         def tile_loads(self) -> int:
             """Loads (VEC elements each) per thread per tile (load_rows' mapping)."""
@@ -350,14 +383,12 @@ if DSL.error is None:
             return (tidx // 32) * R + lane // LANES, lane % LANES
 
         @cute.jit
-        def load_rows(self, kv: cute.Tensor, ring: cute.Tensor, base: Int32, stop: Int32):
-            """This thread's chunks of rows base .. base + TILE - 1 of kv into ring (registers, [VEC, tile_loads]):
-            one load instruction covers 128 contiguous bytes of each of a warp's rows, and a thread's loads differ by
-            constant offsets from one address (L1 no-allocate: each byte is read once). Rows past the split's end are
-            clamped to its last valid row, so no padding byte is ever read; their p is 0. Needs stop > base."""
+        def load_rows(self, src: cute.Tensor, ring: cute.Tensor):
+            """This thread's chunks of its tile row `src` (cache_row of tile_row) into ring (registers, [VEC,
+            tile_loads]): one load instruction covers 128 contiguous bytes of each of a warp's rows, and a thread's
+            loads differ by constant offsets from one address (L1 no-allocate: each byte is read once)."""
             LANES = 32 * self.cfg.warps // TILE
-            row, chunk0 = self.thread_row()
-            src = kv[cutlass.min(base + row, stop - 1), None]
+            _, chunk0 = self.thread_row()
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.cache_type,
                                        num_bits_per_copy=VEC * self.cache_type.width,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
@@ -425,9 +456,9 @@ if DSL.error is None:
         # --- launch 1 on CUDA cores ---------------------------------------------------------------------------
 
         @cute.kernel
-        def partial(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
-                    mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
-                    scale: Float32):
+        def partial(self, mQ: cute.Tensor, mKV: cute.Tensor, mTable: cute.Tensor, mLens: cute.Tensor,
+                    mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, page_size: Int32, num_pages: Int32,
+                    chunk: Int32, scale: Float32):
             c, H, W = self.cfg, self.h, self.w
             NT, NW = c.threads, c.warps
             RW = TILE // NW  # rows per warp in the score step
@@ -438,7 +469,7 @@ if DSL.error is None:
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             neg_inf = Float32(-math.inf)
-            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
+            start, stop, ntiles = self.split_rows(mLens, max_len, chunk)
 
             smem = cutlass.memory.SmemAllocator()
             sQ = smem.allocate_tensor(Float32, cute.make_layout((H, W), stride=(W, 1)), byte_alignment=16)
@@ -463,9 +494,10 @@ if DSL.error is None:
             c0 = 2 * tidx
             for it in cutlass.range(ntiles):
                 base = start + it * TILE
-                # 1. the tile into shared memory: all loads, then all stores
+                # 1. the tile into shared memory: all loads (each thread's row through its page), then all stores
                 ring = cute.make_rmem_tensor((VEC, self.tile_loads()), BFloat16)
-                self.load_rows(kv, ring, base, stop)
+                t = self.tile_row(base, stop)
+                self.load_rows(self.cache_row(mKV, self.page_of(mTable, t, page_size, num_pages), t, page_size), ring)
                 self.store_rows(ring, sRow)
                 cute.arch.sync_threads()
                 # 2. scores of the warp's rows for every head, RG rows at a time (their elements in registers)
@@ -552,15 +584,13 @@ if DSL.error is None:
             return result
 
         @cute.jit
-        def copy_tile(self, kv: cute.Tensor, stage: cute.Tensor, base: Int32, stop: Int32):
-            """cp.async of this thread's chunks of rows base .. base + TILE - 1 of kv into `stage` (a tile of shared
-            memory, any row stride keeping the copies aligned): thread_row's mapping, so a warp's copies cover 128
-            contiguous bytes of each of its rows. Rows past the split's end are clamped to its last valid row (no
-            padding byte is ever read; their p is 0). bf16: 16-byte copies that skip L1 (each byte is read once);
-            e4m3: 8-byte copies (cp.async.cg takes 16 bytes only). Needs stop > base."""
+        def copy_tile(self, src: cute.Tensor, stage: cute.Tensor):
+            """cp.async of this thread's chunks of its tile row `src` (cache_row of tile_row) into its row of `stage`
+            (a tile of shared memory, any row stride keeping the copies aligned): thread_row's mapping, so a warp's
+            copies cover 128 contiguous bytes of each of its rows. bf16: 16-byte copies that skip L1 (each byte is
+            read once); e4m3: 8-byte copies (cp.async.cg takes 16 bytes only)."""
             LANES = 32 * self.cfg.warps // TILE
             row, chunk0 = self.thread_row()
-            src = kv[cutlass.min(base + row, stop - 1), None]
             dst = stage[row, None]
             mode = cpasync.LoadCacheMode.ALWAYS if cutlass.const_expr(self.operand == "f16") else \
                 cpasync.LoadCacheMode.GLOBAL
@@ -598,9 +628,9 @@ if DSL.error is None:
             cute.arch.cp_async_commit_group()
 
         @cute.kernel
-        def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mSlots: cute.Tensor, mLens: cute.Tensor,
-                        mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, num_slots: Int32, chunk: Int32,
-                        scale: Float32):
+        def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mTable: cute.Tensor, mLens: cute.Tensor,
+                        mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, page_size: Int32, num_pages: Int32,
+                        chunk: Int32, scale: Float32):
             """`partial` with the per-tile math on tensor cores (module doc, "mma path"). Lane (g, t) = (lane // 4,
             lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
             c, H, C, W = self.cfg, self.h, self.c, self.w
@@ -617,7 +647,7 @@ if DSL.error is None:
             lane = cute.arch.lane_idx()
             warp = tidx // 32  # also the warp's k range in the score step
             g = lane // 4  # the lane's MMA rows: heads g and g + 8
-            kv, start, stop, ntiles = self.split_rows(mKV, mSlots, mLens, max_len, num_slots, chunk)
+            start, stop, ntiles = self.split_rows(mLens, max_len, chunk)
 
             smem = cutlass.memory.SmemAllocator()
             # the ring of tiles cp.async fills; e4m3: raw rows, converted into one padded f16 tile
@@ -650,8 +680,13 @@ if DSL.error is None:
             self.stage_query(mQ, b, sQ)
             for st in cutlass.range_constexpr(S - 1):
                 if st < ntiles:
-                    self.copy_tile(kv, sRing[st, None, None], start + st * TILE, stop)
+                    t = self.tile_row(start + st * TILE, stop)
+                    self.copy_tile(self.cache_row(mKV, self.page_of(mTable, t, page_size, num_pages), t, page_size),
+                                   sRing[st, None, None])
                 cute.arch.cp_async_commit_group()
+            # the page of this thread's row in the next tile to copy (S - 1 ahead), always read one tile early: the
+            # block table's load latency passes under the prologue or a tile's math instead of stalling the copies
+            page_ahead = self.page_of(mTable, self.tile_row(start + (S - 1) * TILE, stop), page_size, num_pages)
             qscale = self.query_scale(mQ, b, sS)
             score_scale = scale / qscale
             cute.arch.cp_async_wait_group(S - 1)  # the query's group
@@ -705,8 +740,11 @@ if DSL.error is None:
                 cute.arch.sync_threads()
                 ahead = it + S - 1
                 if ahead < ntiles:
-                    self.copy_tile(kv, sRing[ahead % S, None, None], start + ahead * TILE, stop)
+                    t = self.tile_row(start + ahead * TILE, stop)
+                    self.copy_tile(self.cache_row(mKV, page_ahead, t, page_size), sRing[ahead % S, None, None])
                 cute.arch.cp_async_commit_group()
+                page_ahead = self.page_of(mTable, self.tile_row(start + (ahead + 1) * TILE, stop), page_size,
+                                          num_pages)
                 tile_addr = sTile.iterator.toint() if cutlass.const_expr(fp8) else \
                     sRing.iterator.toint() + (it % S) * TILE_BYTES
                 # 2. scores S[16 heads, the tile's 32 rows] over the warp's KS k-steps: per k-step two ldmatrix.x4
@@ -815,26 +853,26 @@ if DSL.error is None:
                 mLat[b, h, c0 + j] = out[j] / divisor
 
 
-def launch_args(q_ptr: int, kv_ptr: int, slots_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, lat_ptr: int,
-                batch: int, max_len: int, num_slots: int, splits: int, chunk: int, scale: float, stream: int,
-                cache: str = "bf16"):
-    """The kernel's arguments for device addresses, the runtime dims, the split plan, the scale and a stream; the
-    cache pointer's type is the config's `cache`."""
+def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, lat_ptr: int,
+                batch: int, blocks: int, page_size: int, num_pages: int, splits: int, chunk: int, scale: float,
+                stream: int, cache: str = "bf16"):
+    """The kernel's arguments for device addresses (the block table int32 [batch, blocks], the lengths int64), the
+    runtime dims, the split plan, the scale and a stream; the cache pointer's type is the config's `cache`."""
     gmem = cute.AddressSpace.gmem
     return (_runtime_make_ptr(Float32, q_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float8E4M3FN if cache == "e4m3" else BFloat16, kv_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(Int64, slots_ptr, gmem, assumed_align=8),
+            _runtime_make_ptr(Int32, table_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Int64, lens_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Float32, part_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, lse_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Float32, lat_ptr, gmem, assumed_align=16),
-            Int32(batch), Int32(max_len), Int32(num_slots), Int32(splits), Int32(chunk), Float32(scale),
-            cuda.CUstream(stream))
+            Int32(batch), Int32(blocks), Int32(page_size), Int32(num_pages), Int32(splits), Int32(chunk),
+            Float32(scale), cuda.CUstream(stream))
 
 
 def fake_args(cache: str = "bf16"):
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args(0, 0, 0, 0, 0, 0, 0, 1, 1024, 1, 1, 1024, 192 ** -0.5, 0, cache)
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, 0, cache)
 
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):

@@ -1,8 +1,9 @@
 """K3's MLA decode attention over an FP8 (e4m3) latent cache, the attention core in CuTe DSL (sm_90). Entry point:
 `mla_decode_fp8_cute`, the signature of the reference (model/kimi_k3/ops/mla_decode_fp8.py).
 
-    >>> out = mla_decode_fp8_cute(q_nope, q_pe, kv_cache, kv_scale, slots, lengths, w_uk, w_uv, scale)
-    ... # kv_cache [slots, L, C + R] float8_e4m3fn, kv_scale a positive Python number; the rest as mla_decode_cute
+    >>> out = mla_decode_fp8_cute(q_nope, q_pe, kv_cache, kv_scale, block_table, lengths, w_uk, w_uv, scale)
+    ... # kv_cache [pages, P, C + R] float8_e4m3fn, kv_scale a positive Python number; the rest (the block table
+    ... # and its paging included) as mla_decode_cute
 
 The kernel is mla_decode's (model/kimi_k3/specialized/mla_decode/kernel.py) with MlaConfig(cache="e4m3"): the rows
 arrive at one byte an element, are converted exactly to f16 in the shared tile and meet the query and P in f16 MMAs.
@@ -34,7 +35,7 @@ def config_for(heads: int) -> MlaConfig:
 
 
 def mla_decode_fp8_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, kv_scale: float,
-                        slots: torch.Tensor, lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor,
+                        block_table: torch.Tensor, lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor,
                         scale: float, *, config: MlaConfig | None = None) -> torch.Tensor:
     """The reference's result, out [B, H, V] fp32 (mla_decode_cute's launches over the e4m3 cache). `config`
     overrides the heuristic (an e4m3 one). Raises ValueError before launching anything on input outside the
@@ -44,13 +45,13 @@ def mla_decode_fp8_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
         raise ValueError(f"kv_scale must be a positive finite Python number, got {kv_scale!r}")
     if config is not None and config.cache != "e4m3":
         raise ValueError(f"config {config}: an e4m3 cache needs cache='e4m3'")
-    b, h, _, c, r, v, _ = check_args(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale,
+    b, h, _, c, r, v, _ = check_args(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale,
                                      kv_dtype=torch.float8_e4m3fn)
     if b == 0:
         return torch.empty(0, h, v, dtype=torch.float32, device=q_nope.device)
     cfg = config or config_for(h)
     cfg.check(h, c, r)
-    out = absorbed_attention(q_nope, q_pe, kv_cache, slots, lengths, w_uk, w_uv, scale * kv_scale, cfg)
+    out = absorbed_attention(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale * kv_scale, cfg)
     return out * kv_scale
 
 
