@@ -43,7 +43,7 @@ is MMA_THREADS = 128 threads (4 warps; ~230 registers, two CTAs a SM):
     before the loop's first barrier), then each warp builds the A fragments of its k range (W / 16 / 4 = 9 k-steps)
     in registers, hi = bf16(q) and lo = bf16(q - hi): S = Q_hi KV^T + Q_lo KV^T carries ~16 significant bits of q
     (bf16 q alone fails the contract on heavy-tailed and large inputs, NOTES.md).
-  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_row's mapping, each row
+  - loads: a ring of MlaConfig.stages tiles filled by cp.async (16 bytes, L2 only; thread_chunks' mapping, each row
     through its page, rows past the split clamped), stages - 1 tiles ahead of the one computed, one commit group per
     tile. A thread reads the block-table entry of its row in the next tile to copy one tile early (`page_ahead`), so
     the table load's latency passes under a tile's math instead of stalling the copies. Tile rows are padded by 16
@@ -343,10 +343,10 @@ if DSL.error is None:
 
         @cute.jit
         def tile_row(self, base: Int32, stop: Int32) -> Int32:
-            """The row of the sequence this thread moves for the tile at `base` (thread_row's row of the tile),
+            """The row of the sequence this thread moves for the tile at `base` (thread_chunks' row of the tile),
             clamped to the split's last row, so that no padding byte is ever read (the row's p is 0), and to 0, so
             that an empty split's look-ahead (stop <= base) still reads its block table in bounds."""
-            row, _ = self.thread_row()
+            row, _ = self.thread_chunks()
             return cutlass.max(cutlass.min(base + row, stop - 1), Int32(0))
 
         @cute.jit
@@ -372,38 +372,37 @@ if DSL.error is None:
             return self.w // VEC // (32 * self.cfg.warps // TILE)
 
         @cute.jit
-        def thread_row(self):
-            """(row in the tile, first 16-byte chunk) of this thread in load_rows / store_rows: warp w owns rows
-            w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a row; lane l takes chunks l % LANES +
-            LANES i of its row."""
+        def thread_chunks(self):
+            """(row in the tile, its chunks of VEC elements) this thread moves in every tile (load_rows, store_rows,
+            copy_tile, convert_tile): warp w owns rows w R .. w R + R - 1 (R = TILE / warps), LANES = 32 / R lanes a
+            row; lane l takes chunks l % LANES + LANES i (i < tile_loads) of its row."""
             R = TILE // self.cfg.warps
             LANES = 32 // R
             tidx, _, _ = cute.arch.thread_idx()
             lane = cute.arch.lane_idx()
-            return (tidx // 32) * R + lane // LANES, lane % LANES
+            chunk0 = lane % LANES
+            return (tidx // 32) * R + lane // LANES, [chunk0 + LANES * i for i in range(self.tile_loads())]
 
         @cute.jit
         def load_rows(self, src: cute.Tensor, ring: cute.Tensor):
             """This thread's chunks of its tile row `src` (cache_row of tile_row) into ring (registers, [VEC,
             tile_loads]): one load instruction covers 128 contiguous bytes of each of a warp's rows, and a thread's
             loads differ by constant offsets from one address (L1 no-allocate: each byte is read once)."""
-            LANES = 32 * self.cfg.warps // TILE
-            _, chunk0 = self.thread_row()
+            _, chunks = self.thread_chunks()
             load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), self.cache_type,
                                        num_bits_per_copy=VEC * self.cache_type.width,
                                        l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE)
-            for i in cutlass.range_constexpr(self.tile_loads()):
-                cute.copy(load, cute.local_tile(src, (VEC,), (chunk0 + LANES * i,)), ring[None, i])
+            for i, chunk in enumerate(chunks):
+                cute.copy(load, cute.local_tile(src, (VEC,), (chunk,)), ring[None, i])
 
         @cute.jit
         def store_rows(self, ring: cute.Tensor, sRow: cute.Tensor):
-            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment), in
-            the tile's type: e4m3 becomes f16 exactly (cvt.rn.f16x2.e4m3x2), bf16 stays."""
-            LANES = 32 * self.cfg.warps // TILE
-            row, chunk0 = self.thread_row()
+            """ring (load_rows') into the tile's rows in shared memory (any row stride keeping 16-byte alignment): the
+            fma path's bf16 tile (the mma path copies with cp.async, and e4m3 converts in convert_tile)."""
+            row, chunks = self.thread_chunks()
             dst = sRow[row, None]
-            for i in cutlass.range_constexpr(self.tile_loads()):
-                cute.local_tile(dst, (VEC,), (chunk0 + LANES * i,)).store(ring[None, i].load().to(self.tile_type))
+            for i, chunk in enumerate(chunks):
+                cute.local_tile(dst, (VEC,), (chunk,)).store(ring[None, i].load())
 
         @cute.jit
         def online_softmax(self, s: Float32, h: Int32, sM: cute.Tensor, sL: cute.Tensor, sA: cute.Tensor):
@@ -586,28 +585,24 @@ if DSL.error is None:
         @cute.jit
         def copy_tile(self, src: cute.Tensor, stage: cute.Tensor):
             """cp.async of this thread's chunks of its tile row `src` (cache_row of tile_row) into its row of `stage`
-            (a tile of shared memory, any row stride keeping the copies aligned): thread_row's mapping, so a warp's
+            (a tile of shared memory, any row stride keeping the copies aligned): thread_chunks' mapping, so a warp's
             copies cover 128 contiguous bytes of each of its rows. bf16: 16-byte copies that skip L1 (each byte is
             read once); e4m3: 8-byte copies (cp.async.cg takes 16 bytes only)."""
-            LANES = 32 * self.cfg.warps // TILE
-            row, chunk0 = self.thread_row()
+            row, chunks = self.thread_chunks()
             dst = stage[row, None]
             mode = cpasync.LoadCacheMode.ALWAYS if cutlass.const_expr(self.operand == "f16") else \
                 cpasync.LoadCacheMode.GLOBAL
             g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), self.cache_type,
                                       num_bits_per_copy=VEC * self.cache_type.width)
-            for i in cutlass.range_constexpr(self.tile_loads()):
-                chunk = chunk0 + LANES * i
+            for chunk in chunks:
                 cute.copy(g2s, cute.local_tile(src, (VEC,), (chunk,)), cute.local_tile(dst, (VEC,), (chunk,)))
 
         @cute.jit
         def convert_tile(self, raw: cute.Tensor, tile: cute.Tensor):
             """e4m3: this thread's chunks (copy_tile's) of a raw tile into an f16 tile, exactly (cvt.rn.f16x2.e4m3x2).
             A thread converts only what its own cp.async wrote (visible to it after cp.async.wait_group)."""
-            LANES = 32 * self.cfg.warps // TILE
-            row, chunk0 = self.thread_row()
-            for i in cutlass.range_constexpr(self.tile_loads()):
-                chunk = chunk0 + LANES * i
+            row, chunks = self.thread_chunks()
+            for chunk in chunks:
                 cute.local_tile(tile[row, None], (VEC,), (chunk,)).store(
                     cute.local_tile(raw[row, None], (VEC,), (chunk,)).load().to(self.tile_type))
 
