@@ -5,10 +5,13 @@
 
 query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv the paged cache [pages, P, W]
 bf16 (P rows a page, a runtime argument; a slot per sequence is P = L with a one-column table), block_table [B,
-max_blocks] int32 and lengths [B] int64 read on the device, latent [B, H, C] fp32. The absorptions (q_nope W_UK,
-latent W_UV^T) stay in torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host
-synchronisation and no data-dependent host logic (the split count depends on B and max_blocks x P only), so a call
-can be captured in a CUDA graph and replayed with other tables and lengths.
+max_blocks] int32 and lengths [B] int64 read on the device; the latent out as LATENT_PARTS bf16 parts, [H, LATENT_PARTS,
+B, C], whose sum is the fp32 latent exactly (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): each residual is
+exact in fp32, and three 8-bit significands hold fp32's 24), so that the entry point's W_UV absorption is one bf16
+tensor-core bmm over 3B rows (products exact, fp32 sums) with no fp32 copy of W_UV. The absorptions (q_nope W_UK, latent
+W_UV^T) stay in torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host
+synchronisation and no data-dependent host logic (the split count depends on B and max_blocks x P only), so a call can
+be captured in a CUDA graph and replayed with other tables and lengths.
 
 Rows are addressed one at a time, by the thread that moves them (`tile_row`, `page_of`, `cache_row`): each thread
 owns one row of every tile, reads its page from the block table (clamped into [0, pages), never trusted) and
@@ -69,8 +72,8 @@ the scores are scaled back), P in f16. The cache's scale never reaches the kerne
 Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
 split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
 MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
-MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp.merge's arithmetic. Deterministic
-(no atomics; fixed orders everywhere).
+MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp.merge's arithmetic; each latent
+entry is stored as its LATENT_PARTS bf16 parts. Deterministic (no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
@@ -102,6 +105,7 @@ MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
 MAX_SPLITS = 1024  # splits a sequence may have: `merge` keeps their weights in shared memory (4 KB)
 MERGE_UNROLL = 8  # splits `merge` has in flight per thread
+LATENT_PARTS = 3  # bf16 parts `merge` writes a latent entry as: hi, mid, lo (module doc)
 PATHS = ("fma", "mma")
 CACHES = ("bf16", "e4m3")  # the cache's element type
 MMA_K = 16  # k of mma.sync m16n8k16
@@ -320,7 +324,9 @@ if DSL.error is None:
             mPart = cute.make_tensor(pPart, cute.make_layout((batch, splits, H, C),
                                                              stride=(splits * H * C, H * C, C, 1)))
             mLse = cute.make_tensor(pLse, cute.make_layout((batch, splits, H), stride=(splits * H, H, 1)))
-            mLat = cute.make_tensor(pLat, cute.make_layout((batch, H, C), stride=(H * C, C, 1)))
+            # [H, LATENT_PARTS, B, C]: per head, the parts' rows stacked (the W_UV bmm's M = 3 B rows)
+            mLat = cute.make_tensor(pLat, cute.make_layout((H, LATENT_PARTS, batch, C),
+                                                           stride=(LATENT_PARTS * batch * C, batch * C, C, 1)))
             partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
             partial(mQ, mKV, mTable, mLens, mPart, mLse, blocks * page_size, page_size, num_pages, chunk,
                     scale).launch(
@@ -845,7 +851,11 @@ if DSL.error is None:
                     out[j] = out[j] + wgt * cols[j]
             divisor = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
             for j in cutlass.range_constexpr(MERGE_COLS):
-                mLat[b, h, c0 + j] = out[j] / divisor
+                rest = out[j] / divisor
+                for part in cutlass.range_constexpr(LATENT_PARTS):
+                    piece = rest.to(BFloat16)
+                    mLat[h, part, b, c0 + j] = piece
+                    rest = rest - piece.to(Float32)  # exact: rest and piece share their leading bits
 
 
 def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, lat_ptr: int,
@@ -860,7 +870,7 @@ def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr
             _runtime_make_ptr(Int64, lens_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Float32, part_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, lse_ptr, gmem, assumed_align=4),
-            _runtime_make_ptr(Float32, lat_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, lat_ptr, gmem, assumed_align=16),
             Int32(batch), Int32(blocks), Int32(page_size), Int32(num_pages), Int32(splits), Int32(chunk),
             Float32(scale), cuda.CUstream(stream))
 
