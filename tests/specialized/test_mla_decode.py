@@ -29,6 +29,7 @@ from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
     DSL,
+    LATENT_PARTS,
     MERGE_COLS,
     MERGE_UNROLL,
     MMA_K,
@@ -656,6 +657,19 @@ def test_merge_keeps_splits_in_flight():
         "local": r"\b(?:ld|st)\.local\b"})
     assert MERGE_COLS == 4 and counts["partial loads"] >= MERGE_UNROLL, counts
     assert counts["bar.sync"] == 2 and counts["local"] == 0, counts
+
+
+@needs_dsl
+def test_merge_writes_the_latent_as_exact_bf16_parts():
+    """`merge` stores each of a thread's MERGE_COLS latent entries as LATENT_PARTS bf16 parts, each rounded once
+    (cvt.rn) from the fp32 residual the parts before it left; no fp32 latent reaches global memory (the entry
+    point's W_UV bmm reads the parts: kernel.py's module doc says why their sum is exact)."""
+    rep = mk.compile(mk.compile_keys(CONTRACT)[-1], "sm_90a")
+    counts = ptx_instruction_counts(ptx_entry(rep.ptx, "merge"), {
+        "bf16 stores": r"\bst\.global\.b16\b", "rounds": r"\bcvt\.rn\.bf16\.f32\b",
+        "fp32 stores": r"\bst\.global(?:\.v\d)?\.[bf]32\b"})
+    parts = LATENT_PARTS * MERGE_COLS
+    assert counts == {"bf16 stores": parts, "rounds": parts, "fp32 stores": 0}, counts
 
 
 @needs_dsl
