@@ -171,14 +171,14 @@ def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     num_pages, page_size, _ = kv_cache.shape
     blocks = block_table.shape[1]
     splits, chunk = split_plan(b, blocks * page_size, _num_sms(query.device.index), cfg)
-    part = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
+    partials = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
     lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
-    latent = torch.empty(h, LATENT_PARTS, b, c, dtype=torch.bfloat16, device=query.device)
+    latent_parts = torch.empty(h, LATENT_PARTS, b, c, dtype=torch.bfloat16, device=query.device)
     _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
-        query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(), part.data_ptr(),
-        lse.data_ptr(), latent.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
+        query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(), partials.data_ptr(),
+        lse.data_ptr(), latent_parts.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
         torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
-    return latent
+    return latent_parts
 
 
 def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:
