@@ -168,16 +168,23 @@ Registers Per|Warp Cycles Per Issued|Issued Ipc|L1/TEX Hit|Shared Memory|No Elig
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
 start_job() {
-  # job name, file for its stdout (its log when empty), command...; stderr goes to its log
-  local name=$1 stdout=${2:-$RUN/$1.log}
+  # job name, file for its stdout (its log when empty), command...; stderr goes to its log.
+  # The job runs in its own copy of the tree, $RUN/tree-NAME: the device tool copies the working tree afresh at
+  # every call (its files removed and written again), which a job that outlives its call would see mid-run (a gate's
+  # sandbox rightly reported it as the candidate writing to the repository, and failed the evals running then)
+  local name=$1 stdout=${2:-$RUN/$1.log} repo=$PWD tree=$RUN/tree-$1
   shift 2
+  rm -rf "$tree" && mkdir -p "$tree" &&
+    tar --exclude=./.wheelhouse --exclude=./.triton_cache -cf - . | tar -C "$tree" -xf - || return 1
+  cd "$tree" || return 1
   if [ "$stdout" = "$RUN/$name.log" ]; then
-    setsid nohup "$@" > "$stdout" 2>&1 &
+    PYTHONPATH=${PYTHONPATH//$repo/$tree} setsid nohup "$@" > "$stdout" 2>&1 &
   else
-    setsid nohup "$@" > "$stdout" 2> "$RUN/$name.log" &
+    PYTHONPATH=${PYTHONPATH//$repo/$tree} setsid nohup "$@" > "$stdout" 2> "$RUN/$name.log" &
   fi
   echo $! > "$RUN/$name.pid"
-  echo "== $name started (pid $!)"
+  cd "$repo" || return 1
+  echo "== $name started (pid $!) in $tree"
 }
 
 collect() {
