@@ -61,8 +61,10 @@ wheelhouse:
 	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
 	$(PYTHON) -m pip download --no-deps $(WHEEL_PLATFORM) -d $(WHEELHOUSE)/all $(GPU_WHEELS)
 	cd $(WHEELHOUSE)/all && for w in *.whl; do \
-		if [ $$(stat -c %s $$w) -gt 46000000 ]; then split -b 46M -d $$w ../a/$$w.part; else cp $$w ../c/; fi; done
+		if [ $$(stat -c %s $$w) -gt 32000000 ]; then split -n 3 -d $$w ../a/$$w.part && echo 3 > ../c/$$w.parts; \
+		else cp $$w ../c/; fi; done
 	mv $(WHEELHOUSE)/a/*.part01 $(WHEELHOUSE)/b/ 2>/dev/null || true
+	mv $(WHEELHOUSE)/a/*.part02 $(WHEELHOUSE)/c/ 2>/dev/null || true
 	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
 
 clean:

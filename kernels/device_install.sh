@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # Install the offline wheelhouse (make wheelhouse) on a GPU runner without a package index.
 # Usage (repo root on the runner):  source kernels/device_install.sh [SITE_DIR]
-# Reassembles the cutlass-dsl compiler wheel from its parts (.wheelhouse/a and .wheelhouse/b, the other wheels
-# in .wheelhouse/c, may arrive in separate calls: all are collected under /root/wh), installs every wheel with
+# Reassembles the cutlass-dsl compiler wheel from its three parts (.wheelhouse/a, b and c, the other wheels in
+# .wheelhouse/c, may arrive in separate calls: all are collected under /root/wh), installs every wheel with
 # --no-deps into SITE_DIR (default /tmp/site) and exports PYTHONPATH (the cutlass wheel's .pth is not processed by
 # --target, so its dsl_packages directory is added by hand).
 SITE=${1:-/tmp/site}
 WH=/root/wh
 mkdir -p "$WH"
 for d in .wheelhouse/a .wheelhouse/b .wheelhouse/c; do [ -d "$d" ] && cp -n "$d"/* "$WH"/ 2>/dev/null; done
-if ls "$WH"/*.part00 >/dev/null 2>&1 && ls "$WH"/*.part01 >/dev/null 2>&1; then
-  for p0 in "$WH"/*.part00; do
-    whl=${p0%.part00}
-    cat "$p0" "${whl}.part01" > "$whl" && rm -f "$p0" "${whl}.part01"
-  done
-fi
+# a large wheel travels in parts, one a call (each call carries at most 64 MiB with the tree), with WHEEL.parts
+# (in .wheelhouse/c) saying how many: it is put together once every part has arrived
+for count in "$WH"/*.parts; do
+  [ -f "$count" ] || continue
+  whl=${count%.parts}
+  parts=$(seq -f "$whl.part%02g" 0 $(($(cat "$count") - 1)))
+  # shellcheck disable=SC2086 # the parts' names are words
+  ls $parts >/dev/null 2>&1 && cat $parts > "$whl" && rm -f $parts "$count"
+done
 # complete wheels only (a lone .part00 is not matched by *.whl); --upgrade replaces an earlier install;
 # a later call on the same warm machine with the same wheels skips the install
 if [ "$(ls "$WH"/*.whl 2>/dev/null)" != "$(cat "$SITE/.k3forge-wheels" 2>/dev/null)" ]; then
