@@ -1,7 +1,10 @@
 """The gate's side of the isolation: candidate code runs only in a spawned child (gates.core.worker).
 
-Requests go down a private pipe as torch-serialized tensors (never the seed that drew them); replies come back
-as bytes the gate loads with `weights_only=True`, so nothing the child sends can run code in the gate. A child
+Requests are torch-serialized tensors (never the seed that drew them) in a file of the sandbox's own folder, whose
+path goes down a private pipe: the child maps the file (a private, copy-on-write mapping: nothing it writes reaches
+the file or the gate), so a request's gigabytes of long-context caches are written once and never pickled through
+the pipe and copied out again. Replies come back as bytes the gate loads with `weights_only=True`, so nothing the
+child sends can run code in the gate. A child
 that dies, hangs or sends something else is an error of the candidate, never a pass.
 
 The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -41,6 +45,9 @@ class TamperError(SandboxError):
 
 
 KILL_WAIT_S = 30.0
+# Requests are written to memory (/dev/shm) where it has room for the largest (a 32K-token MLA point's cases are
+# ~3 GB), to the temporary folder otherwise, and down the pipe itself if the file cannot be written
+INBOX_ROOT, INBOX_MIN_FREE = "/dev/shm", 16 << 30
 STACK_LINES = 12  # innermost frames of a hung child quoted in the error
 
 
@@ -132,6 +139,9 @@ class Sandbox:
         self._conn, child = ctx.Pipe()
         fd, self._stacks = tempfile.mkstemp(prefix="k3forge-candidate-", suffix=".stacks")
         os.close(fd)
+        roomy = os.path.isdir(INBOX_ROOT) and shutil.disk_usage(INBOX_ROOT).free >= INBOX_MIN_FREE
+        root = INBOX_ROOT if roomy else None
+        self._inbox, self._sent = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root)), 0
         self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {}), self._stacks), daemon=True,
                                  name="k3forge-candidate")
         self._proc.start()
@@ -140,11 +150,19 @@ class Sandbox:
 
     def request(self, kind: str, timeout_s: float | None = None, **payload) -> dict:
         """Send one request and wait for its reply (`timeout_s`, default the sandbox's, bounds the wait)."""
-        buf = io.BytesIO()
-        torch.save({"kind": kind, **payload}, buf)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        path = self._inbox / f"{self._sent}-{kind}.pt"
+        self._sent += 1
         try:
-            self._conn.send_bytes(buf.getvalue())
+            try:
+                torch.save({"kind": kind, **payload}, path)
+                message = worker.REQUEST_FILE + str(path).encode()
+            except (OSError, RuntimeError):  # no room (torch reports a short write as a RuntimeError): the pipe
+                path.unlink(missing_ok=True)
+                buf = io.BytesIO()
+                torch.save({"kind": kind, **payload}, buf)
+                message = worker.REQUEST_BYTES + buf.getvalue()
+            self._conn.send_bytes(message)
             if not self._conn.poll(timeout_s):
                 where = self._stuck_at()
                 self._proc.kill()  # hung: it would not read the end marker
@@ -155,6 +173,8 @@ class Sandbox:
         except (EOFError, BrokenPipeError, ConnectionResetError):
             self._proc.join(5)
             raise SandboxError(f"{kind}: the candidate's process died (exit code {self._proc.exitcode})") from None
+        finally:
+            path.unlink(missing_ok=True)  # the child's mapping, if any, outlives the name
         try:
             reply = torch.load(io.BytesIO(data), weights_only=True)
         except Exception as e:
@@ -186,7 +206,7 @@ class Sandbox:
     def close(self) -> None:
         if self._proc.is_alive():
             try:
-                self._conn.send_bytes(_END)
+                self._conn.send_bytes(worker.REQUEST_END)
             except OSError:
                 pass
             self._proc.join(10)
@@ -196,6 +216,7 @@ class Sandbox:
                 self._proc.join(KILL_WAIT_S)
         self._conn.close()
         Path(self._stacks).unlink(missing_ok=True)
+        shutil.rmtree(self._inbox, ignore_errors=True)
         if self._tree.writes():  # written after its last reply, e.g. by a thread it left running
             self._tree.restore()
 
@@ -205,11 +226,3 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def _end_marker() -> bytes:
-    buf = io.BytesIO()
-    torch.save(None, buf)
-    return buf.getvalue()
-
-
-_END = _end_marker()

@@ -604,6 +604,22 @@ def _record_opens() -> Callable[[], set[str]]:
     return repository_files
 
 
+# A message from the gate (gates.core.sandbox): a tag byte, then the path of a request file, a request's bytes, or
+# nothing (the end)
+REQUEST_FILE, REQUEST_BYTES, REQUEST_END = b"F", b"B", b"E"
+
+
+def read_request(message: bytes) -> dict | None:
+    """The gate's request (trusted: the gate wrote it), or None at the end. A file is mapped, not read: copy-on-write
+    pages, so the child's writes stay its own."""
+    tag, body = message[:1], message[1:]
+    if tag == REQUEST_FILE:
+        return torch.load(body.decode(), mmap=True, weights_only=False)
+    if tag == REQUEST_BYTES:
+        return torch.load(io.BytesIO(body), weights_only=False)
+    return None
+
+
 def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
@@ -626,7 +642,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
             data = conn.recv_bytes()
         except EOFError:
             return
-        request = torch.load(io.BytesIO(data), weights_only=False)  # from the gate: trusted
+        request = read_request(data)
         if request is None:
             return
         kind = request.pop("kind")

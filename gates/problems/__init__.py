@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -207,15 +209,40 @@ def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch
     if dist == "mixed":
         rows = [sample(shape[1:], part_distribution(dist, i), gen, torch.float32) for i in range(shape[0])]
         return torch.stack(rows).to(dtype) if rows else torch.empty(shape, dtype=dtype)
-    x = torch.randn(shape, generator=gen)
-    if dist == "heavy_tailed":  # Student-t, 2 dof: z / sqrt(chi2_2 / 2)
-        chi2 = torch.randn((2, *shape), generator=gen).square().sum(0)
-        x = x / torch.sqrt(chi2 / 2).clamp_min(1e-3)
-    elif dist == "large":
-        x = x * LARGE_SCALE
-    elif dist != "normal":
+    if dist == "heavy_tailed":
+        return student_t2(shape, gen).to(dtype)
+    if dist not in ("normal", "large"):
         raise ValueError(f"unknown distribution {dist!r}; one of {DISTRIBUTIONS}")
-    return x.to(dtype)
+    x = draw(shape, gen, "normal")
+    return (x.mul_(LARGE_SCALE) if dist == "large" else x).to(dtype)
+
+
+DRAW_CHUNK = 1 << 22  # values a host thread draws at once, for inputs larger than one chunk
+
+
+def draw(shape: tuple[int, ...], gen: torch.Generator, law: str = "normal") -> torch.Tensor:
+    """fp32 standard normal or uniform [0, 1) values, a function of `gen`'s state alone. One generator is one host
+    thread (torch draws serially), so an input larger than DRAW_CHUNK (a 32K-token cache is ~10^9 values) is drawn
+    in chunks, each by a generator seeded from `gen`, on every core at once; smaller ones come from `gen` itself."""
+    out = torch.empty(shape)
+    fill = {"normal": torch.Tensor.normal_, "uniform": torch.Tensor.uniform_}[law]
+    if out.numel() <= DRAW_CHUNK:
+        return fill(out, generator=gen)
+    chunks = out.view(-1).split(DRAW_CHUNK)
+    seeds = torch.randint(2**62, (len(chunks),), generator=gen).tolist()
+    with ThreadPoolExecutor(min(len(chunks), os.cpu_count() or 1)) as pool:  # torch lets go of the GIL
+        list(pool.map(lambda chunk, seed: fill(chunk, generator=torch.Generator().manual_seed(seed)), chunks, seeds))
+    return out
+
+
+def student_t2(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Student-t with 2 degrees of freedom by its inverse CDF, (2u - 1) / sqrt(2u(1 - u)) = (u - 1/2) / sqrt(u(1 -
+    u) / 2): one uniform draw a value (the 32K-token MLA caches are ~10^9 values, drawn on one host thread; z /
+    sqrt(chi2 / 2) took three normal draws and twice the passes). u is kept within [2^-24, 1 - 2^-24], so |t| <=
+    ~2900."""
+    u = draw(shape, gen, "uniform").clamp_(2.0 ** -24, 1 - 2.0 ** -24)
+    spread = torch.rsqrt_((1 - u).mul_(u).mul_(0.5))
+    return u.sub_(0.5).mul_(spread)
 
 
 def seed_for(master: int, *labels: object) -> int:

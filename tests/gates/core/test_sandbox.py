@@ -32,3 +32,16 @@ def test_the_tree_guard_undoes_every_write(tmp_path):
     assert (tmp_path / "pkg" / "judge.py").read_text() == "STRICT = True\n"
     assert (tmp_path / "pkg" / "problem.py").read_text() == "TOLERANCE = 1e-3\n"
     assert not (tmp_path / "pkg" / "planted.py").exists() and (tmp_path / "NOTES.md").exists()
+
+
+def test_requests_travel_as_files_that_do_not_outlive_their_reply(tmp_path):
+    """A request is written to the sandbox's own folder and mapped by the child; its file is gone once the reply is
+    in, the folder once the sandbox closes. Where the file cannot be written, the pipe carries the request."""
+    with Sandbox() as box:
+        inbox = box._inbox
+        assert box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
+        assert inbox.is_dir() and list(inbox.iterdir()) == []
+        box._inbox = tmp_path / "gone"  # torch.save cannot write there: the request goes down the pipe
+        assert box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
+        box._inbox = inbox
+    assert not inbox.exists()
