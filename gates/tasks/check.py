@@ -48,7 +48,9 @@ RULES = {
     "evidence": "every kernel the change touches (its contract, its sources, or any file its evidence covers) "
                 "has, for each validated arch, a bundle evidence/<op>/<arch>/ that is intact and fresh, and in "
                 "which every gate that applies on that arch PASSED (validated means passed)",
-    "gates": "in those bundles, each gate the task requires PASSED",
+    "gates": "in those bundles, each gate the task requires PASSED (where an op has a validated bundle, its bundles "
+             "of other archs are records of what those machines could check, held to neither this rule nor the "
+             "speedups)",
     "thresholds": "the bundles meet the task's speedup at each of its batch sizes, and the contract's "
                   "tolerance is no looser than the task's numerics bounds",
     "envelope": "the contract of a task op claims nothing outside the task's envelope",
@@ -375,13 +377,21 @@ def check_index(branch: Branch) -> list[Violation]:
     return out
 
 
+def judged(task: Task, evidence: list[Evidence]) -> list[Evidence]:
+    """The task ops' bundles the gates and thresholds rules hold to the task: every one of an op with no validated
+    bundle, else its validated archs' only. A CPU bundle re-made beside a GPU kernel's H200 bundle records the
+    contract and compile gates a CPU machine can run; the numerics and speedups it cannot measure are the validated
+    bundle's to show."""
+    validated = {ev.op for ev in evidence if ev.validated_gates}
+    return [ev for ev in evidence if ev.bundle is not None and ev.op in task.ops
+            and (ev.validated_gates or ev.op not in validated)]
+
+
 def check_gates(task: Task, evidence: list[Evidence]) -> list[Violation]:
     """The task's required gates that did not pass, less those the evidence rule reports for a validated arch's
     bundle (every gate that applies there)."""
     out = []
-    for ev in evidence:
-        if ev.bundle is None or ev.op not in task.ops:
-            continue
+    for ev in judged(task, evidence):
         results = {g.gate: g for g in ev.bundle.gates}
         for name in task.required_gates:
             if name in ev.validated_gates:
@@ -412,9 +422,7 @@ def check_thresholds(task: Task, touched: list[Kernel], evidence: list[Evidence]
                                      f"{tol.min_close_fraction:g} is looser than the task's "
                                      f"{bounds.min_close_fraction:g}"))
     envelopes = {k.op: k.contract.batch for k in touched}
-    for ev in evidence:
-        if ev.bundle is None or ev.op not in task.ops:
-            continue
+    for ev in judged(task, evidence):
         measured = ev.speedups()
         # A contract narrows its envelope where its kernel is not faster (the standard serves the rest), so the
         # task's speedups bind at the batch sizes it claims; it must claim at least one of them.

@@ -154,6 +154,30 @@ def test_a_failed_gate_the_task_requires_is_reported_once(task_repo):
          "cpu is validated, but its bundle did not pass: the evals gate FAILED_EVAL: sampling: TV 0.4 > 0.1")]
 
 
+def test_other_archs_bundles_beside_a_validated_one_are_records(task_repo):
+    """Beside the validated arch's passing bundle, a bundle of an arch the contract does not validate (what a CPU
+    machine can check of a GPU kernel) is held to neither the task's gates nor its speedups; with no validated
+    bundle, it is all the evidence there is, and is."""
+    task_repo.write_task({**TASK, "required_gates": ["contracts", "numerics", "benchmarks"],
+                          "success": {"speedup": [{"batch": 1, "min": 1.5}]}})
+    task_repo.commit("core: a task that asks for speedups")
+    task_repo.repo.git.checkout("-q", "-b", "task2")
+    record = (passed("contracts"), not_run("compile"), not_run("numerics"), not_run("benchmarks"))
+    kernel_change(task_repo, (passed("contracts"), not_run("compile"), passed("numerics"), benchmarks({1: 1.6}),
+                              passed("evals")))
+    task_repo.gate(arch="sm_90", gates=record)
+    task_repo.commit("kernel, and a record of another arch", *TRAILERS)
+    assert violations(task_repo, base="task") == []
+    task_repo.gate(gates=(passed("contracts"), not_run("compile"), passed("numerics"), benchmarks({1: 1.2}),
+                          passed("evals")))
+    task_repo.commit("kernel, slower", *TRAILERS)
+    assert rules(violations(task_repo, base="task")) == {("evidence/attn_res/cpu", "thresholds")}
+    task_repo.edit_contract(hardware={"validated": [], "declared": [{"arch": "cpu", "devices": ["cpu"]}]})
+    task_repo.commit("kernel, nothing validated", *TRAILERS)
+    assert {("evidence/attn_res/sm_90", "gates"), ("evidence/attn_res/sm_90", "thresholds")} <= \
+        rules(violations(task_repo, base="task"))
+
+
 def test_a_validated_arch_without_evidence(task_repo):
     task_repo.edit(KERNEL)
     task_repo.edit_contract()
