@@ -37,8 +37,10 @@ from model.kimi_k3.config import preset
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
 # An eval not started by then is NOT_RUN. The KDA gate of run 13 spent 142 s (sampling 46, structured 56, long
-# context 19); the structured eval now decodes on the standard path too (the yardstick), about +28 s.
-TIME_LIMIT_S = {"cpu": 600.0, "cuda": 240.0}
+# context 19); the structured eval now decodes on the standard path too (the yardstick), about +28 s; mla_decode's
+# gate 5 spent 215 s, its long context starting at 174 s. The evals run beside the numerics gate, sharing the GPU
+# and the host with it: room for them to run slower.
+TIME_LIMIT_S = {"cpu": 600.0, "cuda": 360.0}
 GPU_BUDGETS = {
     "sampling": SamplingConfig().gpu.model_copy(update={"positions": 32, "samples": 4096}),
     "structured": StructuredConfig().gpu.model_copy(update={"schemas": ("enum", "nested", "patterns"),
@@ -107,4 +109,4 @@ def run(ctx: GateContext) -> GateResult:
 
 
 GATE = Gate(NAME, TITLE, "the model with this kernel matches the reference path in temperature sampling, "
-            "structured output and long context", run, needs=("contracts", "compile", "numerics"))
+            "structured output and long context", run, needs=("contracts", "compile", "numerics"), beside="numerics")

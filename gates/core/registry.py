@@ -107,6 +107,9 @@ class Gate:
     checks: str  # one sentence the report prints: what passing this gate means
     run: Callable[[GateContext], GateResult]
     needs: tuple[str, ...] = ()  # gates that must not have failed for this one to run
+    # A gate among `needs` this one may run beside, started with it (each in its own sandbox; neither may time
+    # anything) and counted only if that gate passes: the gate takes the longer of the two, not their sum
+    beside: str | None = None
     # Why the gate has nothing to judge for this contract on a machine of this arch, or None. There it reports
     # NOT_RUN with this reason and the arch is validated without it; every other NOT_RUN validates nothing.
     inapplicable: Callable[[Contract, str], str | None] = always_applies

@@ -13,11 +13,13 @@ Exit codes: 0 every gate that ran passed; 1 a gate failed (or errored on the can
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import tempfile
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,28 +68,54 @@ def new_options(seed: int | None = None, **overrides) -> GateOptions:
 def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, options: GateOptions,
               contract_problems: list[str] = (), reporter: Reporter = Reporter(),
               gates: list[Gate] | None = None) -> list[GateResult]:
-    """Every gate in order; a gate whose prerequisite failed is NOT_RUN, a gate that crashes is an ERROR."""
+    """Every gate in order; a gate whose prerequisite failed is NOT_RUN, a gate that crashes is an ERROR. A gate
+    that may run beside another (Gate.beside) starts with it and is waited for before the next one starts (the
+    benchmarks need the GPU to themselves); it is reported in its own place in the order, NOT_RUN after all if a
+    gate it needs failed."""
     ctx = GateContext(contract=contract, contract_path=contract_path, machine=machine, options=options,
                       contract_problems=list(contract_problems), progress=reporter.note)
-    for gate in gates if gates is not None else registered():
-        reporter.gate_started(contract.op, gate)
-        blocked = next((n for n in gate.needs if n in ctx.results and ctx.results[n].status.failed), None)
-        t0 = time.perf_counter()
-        if blocked is not None:
-            result = GateResult.not_run(gate.name, gate.title,
-                                        f"the {blocked} gate {ctx.results[blocked].status.value}")
-        else:
-            try:
-                with one_thread():
-                    result = gate.run(ctx)
-            except Exception as e:
-                result = GateResult(gate=gate.name, title=gate.title, status=Status.ERROR,
-                                    reason="".join(traceback.format_exception_only(e)).strip(),
-                                    summary="the gate raised", details={"traceback": traceback.format_exc(limit=-6)})
-        result.seconds = time.perf_counter() - t0
-        ctx.results[gate.name] = result
-        reporter.gate_done(contract.op, result)
+    order = gates if gates is not None else registered()
+    ran_beside: dict[str, GateResult] = {}
+    with one_thread(), ThreadPoolExecutor(max_workers=1) as pool:
+        for gate in order:
+            reporter.gate_started(contract.op, gate)
+            result = ran_beside.pop(gate.name, None)
+            if result is not None and _blocked(gate, ctx):
+                result = None  # it ran beside a gate that then failed: what it found does not count
+            if result is None:
+                companions = {g.name: pool.submit(_run_gate, g, _beside_context(ctx, g, gate, reporter))
+                              for g in order if g.beside == gate.name and not _blocked(g, ctx)}
+                result = _run_gate(gate, ctx)
+                ran_beside.update((name, future.result()) for name, future in companions.items())
+            ctx.results[gate.name] = result
+            reporter.gate_done(contract.op, result)
     return list(ctx.results.values())
+
+
+def _blocked(gate: Gate, ctx: GateContext) -> str | None:
+    """The first gate `gate` needs that has failed, or None."""
+    return next((n for n in gate.needs if n in ctx.results and ctx.results[n].status.failed), None)
+
+
+def _beside_context(ctx: GateContext, gate: Gate, host: Gate, reporter: Reporter) -> GateContext:
+    """`gate`'s context while it runs beside `host`: the same results, its notes labelled as its own."""
+    label = f"{gate.title.lower()} (beside {host.title.lower()})"
+    return dataclasses.replace(ctx, progress=lambda text: reporter.note(f"{label}: {text}"))
+
+
+def _run_gate(gate: Gate, ctx: GateContext) -> GateResult:
+    t0 = time.perf_counter()
+    if (blocked := _blocked(gate, ctx)) is not None:
+        result = GateResult.not_run(gate.name, gate.title, f"the {blocked} gate {ctx.results[blocked].status.value}")
+    else:
+        try:
+            result = gate.run(ctx)
+        except Exception as e:
+            result = GateResult(gate=gate.name, title=gate.title, status=Status.ERROR,
+                                reason="".join(traceback.format_exception_only(e)).strip(),
+                                summary="the gate raised", details={"traceback": traceback.format_exc(limit=-6)})
+    result.seconds = time.perf_counter() - t0
+    return result
 
 
 def make_bundle(contract: Contract, contract_path: Path, machine: ArchInfo, env: Environment, git: GitState,

@@ -1,5 +1,10 @@
 """The gate registry and runner: order, prerequisites, crashes, and a model-level eval plugged in."""
 
+import threading
+import time
+
+import pytest
+
 from gates.checks.benchmarks import never_timed
 from gates.core.registry import Gate, registered, unjudged, verdict_of
 from gates.core.runner import run_gates
@@ -27,6 +32,43 @@ def test_prerequisites_crashes_and_an_eval_gate():
     assert [r.status for r in results] == [Status.FAILED_NUMERICS, Status.NOT_RUN, Status.ERROR, Status.FAILED_EVAL]
     assert results[1].reason == "the numerics gate FAILED_NUMERICS"
     assert results[2].reason == "RuntimeError: boom" and "Traceback" in results[2].details["traceback"]
+
+
+@pytest.mark.parametrize("host_status", [Status.PASSED, Status.FAILED_NUMERICS])
+def test_a_gate_beside_another_runs_with_it_and_counts_only_if_it_passes(host_status):
+    """The evals start with the numerics (each waits for the other to have started: run one after the other, the
+    host would time out) and are waited for before the next gate; reported in their own place, NOT_RUN if the
+    numerics failed."""
+    started = {name: threading.Event() for name in ("numerics", "evals")}
+    order = []
+
+    def together(name, status):
+        def run(ctx):
+            started[name].set()
+            other = next(n for n in started if n != name)
+            assert started[other].wait(10), f"{name} ran alone"
+            time.sleep(0.2 if name == "evals" else 0)  # the companion outlives its host: waited for all the same
+            order.append(name)
+            return GateResult(gate=name, title=name.title(), status=status, summary=name)
+        return run
+
+    def after(ctx):
+        order.append("benchmarks")
+        return GateResult(gate="benchmarks", title="Benchmarks", status=Status.PASSED, summary="timed")
+
+    gates = [Gate("numerics", "Numerics", "right", together("numerics", host_status)),
+             Gate("benchmarks", "Benchmarks", "fast", after, needs=("numerics",)),
+             Gate("evals", "Evals", "evals pass", together("evals", Status.PASSED), needs=("numerics",),
+                  beside="numerics")]
+    results = run_gates(kda_contract(), KDA_CONTRACT, detect(), quick_options(), gates=gates)
+    assert [r.gate for r in results] == ["numerics", "benchmarks", "evals"]
+    if host_status is Status.PASSED:
+        assert order == ["numerics", "evals", "benchmarks"]
+        assert [r.status for r in results] == [Status.PASSED] * 3 and results[2].seconds >= 0.2
+    else:
+        assert order == ["numerics", "evals"]
+        assert [r.status for r in results] == [Status.FAILED_NUMERICS, Status.NOT_RUN, Status.NOT_RUN]
+        assert results[2].reason == "the numerics gate FAILED_NUMERICS"
 
 
 def test_worst_status():
