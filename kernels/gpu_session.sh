@@ -9,8 +9,10 @@
 #   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
 # contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
-# Budget: the KDA gate takes ~920 s of device time on a fresh machine (numerics ~430 s, benchmarks ~300 s, evals
-# ~150 s), linear's ~300 s; after a gate, `cache` brings Triton's autotuned cache back for the next fresh machine.
+# Budget (fresh machine): the KDA gate took ~500 s (run 16: compile 32, numerics 202, benchmarks 104, evals 131),
+# mla_decode's ~655 s (gate 5: compile 21, numerics 271, benchmarks 147, evals 215), both before the evals ran beside
+# the numerics (a gate now takes compile + the longer of the two + benchmarks); after a gate, `cache` brings
+# Triton's autotuned cache back for the next fresh machine.
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs; TEST_GROUPS=route,experts (names in run_tests) runs only those. COMMIT is the hash of the
 # working tree's commit, taken on the machine that sends the call: the runner's copy of the tree can sit on
