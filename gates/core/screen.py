@@ -13,8 +13,9 @@ ones that can only be cheating fail the contracts gate, before any candidate cal
 - writing, moving or deleting a file named from `__file__` or a repository path.
 The rest is listed for review, never failed: other monkeypatching, reading `sys.modules`, `gc`, `inspect`,
 environment and process inspection (`os.environ`, `sys.argv`, `psutil`, `/proc`), dynamic imports
-(`importlib`, `__import__`), code built at run time (`exec`, `eval`), file writes elsewhere, and starting a thread
-or a process (work that can run while the gate times the standard, or outside the timed stream). Kernels legitimately
+(`importlib`, `__import__`), code built at run time (`exec`, `eval`), file writes elsewhere, starting a thread
+or a process (work that can run while the gate times the standard, or outside the timed stream), and asking
+whether the call is being captured into a CUDA graph (`torch.cuda.is_current_stream_capturing`). Kernels legitimately
 read an environment variable or a tuned config; a reviewer judges those.
 """
 
@@ -53,6 +54,12 @@ CONCURRENCY_CALLS = frozenset({"threading.Thread", "threading.Timer", "_thread.s
                                "multiprocessing.Pool", "multiprocessing.get_context", "os.fork", "os.forkpty",
                                "os.system", "os.popen", "os.posix_spawn", "os.posix_spawnp", "subprocess.Popen",
                                "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output"})
+# Whether the call is being captured into a CUDA graph: a kernel may ask (to skip a host sync it cannot make under
+# capture), but then it can also compute differently there, and serving and the benchmarks replay graphs while the
+# numerics call it eagerly. The benchmarks re-check what the replays computed; the reviewer reads why it asks.
+CAPTURE_CALLS = frozenset({"torch.cuda.is_current_stream_capturing", "torch.cuda.graphs.is_current_stream_capturing",
+                           "torch.cuda.graph.is_current_stream_capturing", "torch.compiler.is_compiling",
+                           "torch._dynamo.is_compiling"})
 WRITE_METHODS = frozenset({"write_text", "write_bytes", "unlink", "touch", "rmdir", "symlink_to", "hardlink_to"})
 REPO_PATH = re.compile(r"(^|/)(gates|contracts|evidence|kernels|model|tests|agent_tasks)/|__pycache__|\.pyc$")
 HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
@@ -60,7 +67,8 @@ HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str  # monkeypatch, frames, introspection, environment, dynamic_import, file_write, harness, concurrency
+    rule: str  # monkeypatch, frames, introspection, environment, dynamic_import, file_write, harness, concurrency,
+    # capture
     cheat: bool  # can only be cheating: fails the gate
     where: str  # path:line
     what: str
@@ -190,6 +198,9 @@ class _Reader(ast.NodeVisitor):
             self.add(node, "environment", False, f"calls {name}: inspects its process or environment")
         elif name in DYNAMIC:
             self.add(node, "dynamic_import", False, f"calls {name}: code chosen at run time")
+        elif name in CAPTURE_CALLS:
+            self.add(node, "capture", False, f"calls {name}: can compute differently when captured into a CUDA "
+                     "graph (serving and the benchmarks replay graphs; the numerics call it eagerly)")
         elif name in CONCURRENCY_CALLS:
             self.add(node, "concurrency", False, f"calls {name}: work that runs beside the call, where the gate "
                      "times the standard or outside the timed stream")

@@ -110,6 +110,23 @@ def test_benchmarks_reject_on_gpu(implementation):
 
 
 @pytest.mark.gpu
+def test_a_candidate_wrong_only_in_cuda_graphs_fails_the_benchmarks_recheck():
+    """Right in every eager call the numerics make; what its captured replays computed is compared all the same."""
+    contract = kda_contract(implementation="tests.adversarial.wrong_when_captured:kda_decode",
+                            benchmark={"points": [{"batch": 1}, {"batch": 8}], "required_speedup": 0.1})
+    assert run_gate(numerics.GATE, contract).status is Status.PASSED
+    result = run_gate(benchmarks.GATE, contract)
+    assert result.status is Status.FAILED_NUMERICS and "out" in result.reason, result.reason
+
+
+def test_asking_whether_it_is_captured_is_listed_for_review():
+    result = run_gate(contracts.GATE, kda_contract(implementation="tests.adversarial.wrong_when_captured:kda_decode"))
+    assert result.status is Status.PASSED, result.reason  # kernels may ask (to skip a host sync): a reviewer reads why
+    assert [(f["rule"], f["cheat"], f["where"]) for f in result.details["screen"] if f["rule"] == "capture"] == [
+        ("capture", False, "tests/adversarial/wrong_when_captured.py:12")]
+
+
+@pytest.mark.gpu
 def test_a_candidate_that_slows_the_standard_is_judged_against_the_standard_alone():
     """A library function the standard calls, patched at import (nothing guarded): the standard beside the candidate
     is slower than the same graphs in a process that never imported it."""
