@@ -82,9 +82,12 @@ def test_distributions_differ():
 
 
 def test_heavy_tailed_is_student_t_with_two_degrees_of_freedom():
-    """Its quantiles are t2's, F^-1(p) = (2p - 1) / sqrt(2p(1 - p)), and it is symmetric with no NaN or inf."""
+    """Its quantiles are t2's, F^-1(p) = (2p - 1) / sqrt(2p(1 - p)), and it is symmetric and bounded (the reach the
+    contracts' tolerances were set on)."""
+    from gates.problems import HEAVY_TAIL_MAX
+
     x = sample((400_000,), "heavy_tailed", torch.Generator().manual_seed(1), torch.float32).double()
-    assert torch.isfinite(x).all() and abs(float(x.median())) < 0.01
+    assert float(x.abs().max()) <= HEAVY_TAIL_MAX and abs(float(x.median())) < 0.01
     for p in (0.6, 0.75, 0.9, 0.99, 0.999):
         want = (2 * p - 1) / (2 * p * (1 - p)) ** 0.5
         assert float(torch.quantile(x[:100_000], p)) == pytest.approx(want, rel=0.05 if p < 0.99 else 0.15)
