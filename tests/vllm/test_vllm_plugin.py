@@ -118,6 +118,31 @@ def test_register_twice_is_harmless():
     assert info is not None and info.is_hybrid and not info.supports_multimodal
 
 
+@pytest.mark.parametrize("block, page", [(128, 64), (256, 64), (48, 16), (64, 64), (16, 16), (40, 40)])
+def test_vllm_blocks_read_as_kernel_pages(block, page):
+    """A hybrid model's attention blocks (grown to match the KDA state's page) are read by decode as pages of a
+    size the MLA kernels take: the same rows at the same positions, through a view of the same memory; a size no
+    kernel page divides, or blocks not back to back, stay as they are (the standard op serves them)."""
+    from kernels.contract import load_contract
+    from model.kimi_k3.ops.mla_decode import paged_rows
+    from model.kimi_k3.vllm.layers import KERNEL_PAGE_SIZES, in_kernel_pages, kernel_page
+
+    for op in ("mla_decode", "mla_decode_fp8"):
+        contract = load_contract(Path(__file__).parents[2] / "contracts" / f"{op}.yaml")
+        assert sorted(KERNEL_PAGE_SIZES) == sorted(contract.shapes["page_size"])
+    pages = torch.randn(7, block, 5)
+    table = torch.tensor([[3, 0, 6], [5, 1, 2]], dtype=torch.int32)
+    assert kernel_page(pages) == page
+    view = pages.view(-1, page, 5)
+    assert view.data_ptr() == pages.data_ptr()
+    kernel_table = in_kernel_pages(table, block // page)
+    assert kernel_table.dtype == torch.int32 and kernel_table.shape == (2, 3 * block // page)
+    positions = torch.arange(3 * block)
+    for i in range(2):
+        assert torch.equal(paged_rows(view, kernel_table[i], positions), paged_rows(pages, table[i], positions))
+    assert kernel_page(torch.randn(7, 2 * block, 5)[:, :block]) == block  # blocks with a gap between them
+
+
 def test_greedy_tokens_equal_k3forge(llm, ckpt):
     """Several prompts at batch sizes 1, 3 and 6 (6 > max_num_seqs): every sequence's tokens equal k3forge's."""
     expected = [k3forge_tokens(ckpt, p) for p in PROMPTS]

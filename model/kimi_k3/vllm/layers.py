@@ -15,7 +15,10 @@ the layer's own causal absorbed attention. States in vLLM's layout:
 - MLA: vLLM's paged cache viewed as [blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]. Decode hands its
   pages [blocks, block_size, entry], vLLM's block table and the sequence lengths, all on the device, straight to the
   paged `mla_decode` op (no copy of the contexts, no host synchronisation in the layer); prefill gathers each
-  request's context through its pages.
+  request's context through its pages. vLLM sizes a hybrid model's attention blocks to match the KDA state's page
+  (128 rows in the tiny preset), a size the paged kernels are not contracted for: decode reads such blocks as kernel
+  pages, the largest of KERNEL_PAGE_SIZES dividing them (`kernel_page`; the same memory viewed, the block table in
+  its units by `in_kernel_pages`), so the contracted kernel serves the step instead of the standard op.
 """
 
 from __future__ import annotations
@@ -41,6 +44,30 @@ from vllm.v1.kv_cache_interface import KVCacheSpec, MambaSpec, MLAAttentionSpec
 
 from . import k3
 
+# The page sizes the paged MLA kernels are contracted for (contracts/mla_decode.yaml and mla_decode_fp8.yaml,
+# shapes.page_size; tests/vllm holds them equal), largest first
+KERNEL_PAGE_SIZES = (64, 16)
+
+
+def kernel_page(pages: torch.Tensor) -> int:
+    """The rows of a page decode reads vLLM's blocks [blocks, size, entry] as: `size` where the kernels take it, else
+    the largest of KERNEL_PAGE_SIZES dividing it, where the blocks lie back to back (so that they can be viewed as
+    pages of that size); else `size` (the standard op serves those, a counted fallback)."""
+    size = pages.shape[1]
+    if size in KERNEL_PAGE_SIZES or pages.stride(0) != size * pages.stride(1):
+        return size
+    return next((p for p in KERNEL_PAGE_SIZES if size % p == 0), size)
+
+
+def in_kernel_pages(block_table: torch.Tensor, ratio: int) -> torch.Tensor:
+    """A block table [B, n] of blocks of `ratio` kernel pages each, in kernel pages [B, n * ratio]: entry j * ratio + s
+    is block_table[:, j] * ratio + s, the page holding rows [s p, (s + 1) p) of block j once the blocks [blocks, ratio
+    p, entry] are viewed as [blocks * ratio, p, entry] (a view: a block's rows are contiguous)."""
+    if ratio == 1:
+        return block_table
+    steps = torch.arange(ratio, dtype=block_table.dtype, device=block_table.device)
+    return (block_table.unsqueeze(-1) * ratio + steps).flatten(1)
+
 
 @dataclass
 class K3StepMetadata:
@@ -55,6 +82,7 @@ class K3StepMetadata:
     block_table: torch.Tensor  # [num_reqs, max_blocks] int32, on the device
     slot_mapping: torch.Tensor  # [num_actual_tokens] flat cache slot of each token (attention groups)
     state_indices: torch.Tensor | None = None  # [num_reqs] int64 state slot of each request (KDA group)
+    kernel_block_table: torch.Tensor | None = None  # block_table in kernel pages (in_kernel_pages), once a step
 
     @property
     def query_lens(self) -> list[int]:
@@ -259,8 +287,11 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
 
         w_uk, w_uv = inner.absorbed()
         if batch.kind == k3.StepKind.DECODE:  # one token a request: the paged op reads the pages where they are
-            attn = ops.call("mla_decode", q_nope, q_pe, pages, meta.block_table, meta.seq_lens, w_uk, w_uv,
-                            inner.scale)
+            page = kernel_page(pages)
+            if meta.kernel_block_table is None:  # the step's first MLA layer converts it for them all
+                meta.kernel_block_table = in_kernel_pages(meta.block_table, block_size // page)
+            attn = ops.call("mla_decode", q_nope, q_pe, pages.view(-1, page, pages.shape[2]), meta.kernel_block_table,
+                            meta.seq_lens, w_uk, w_uv, inner.scale)
         else:
             contexts = [self._context(pages, meta.block_table[i], n) for i, n in enumerate(meta.seq_lens_cpu.tolist())]
             attn = torch.cat([inner._prefill(q_nope[s:s + n], q_pe[s:s + n], c, w_uk, w_uv)
