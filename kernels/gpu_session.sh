@@ -26,7 +26,8 @@
 # gate and the probes may not: alongside other GPU work it ran at a tenth of its speed); `collect` brings back
 # $OUT/mini_k3. `probes` runs the kernels' timing probes (moe_experts path pairs, mla_decode points, the router's
 # stages); `profile` runs Nsight Compute over mla_decode's launches ($OUT/mla_decode.ncu-rep and its details as
-# text; PROFILE_POINTS, PROFILE_PATHS choose). `cache` brings back Triton's cache in parts (see device_install.sh).
+# text; PROFILE_POINTS, PROFILE_PATHS choose); `profile-experts` the same over moe_experts' launches at TP8
+# (PROFILE_TOKENS, default "1 8 16"). `cache` brings back Triton's cache in parts (see device_install.sh).
 #   decode bundle (after a change to code it covers):  bash kernels/gpu_session.sh decode COMMIT, repeated
 #                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
 #
@@ -152,19 +153,35 @@ run_probes() {
   run_limited probe_moe_route 100 python3 -m model.kimi_k3.specialized.moe_route.probe
 }
 
+# Nsight Compute's sections for the profiles (a run needs a runtime whose counters ncu can read: KINDS.md, Firecracker)
+NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+  --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats \
+  --section SourceCounters --section InstructionStats"
+
+ncu_summary() {
+  # the headline rows of a profile's details page ($1: the report's name under $OUT)
+  ncu -i "$OUT/$1.ncu-rep" --page details > "$OUT/ncu_$1_details.txt" 2>&1
+  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|\
+Registers Per|Warp Cycles Per Issued|Issued Ipc|L1/TEX Hit|Shared Memory|No Eligible|Bank|Executed Instructions " \
+    "$OUT/ncu_$1_details.txt" | head -150
+}
+
 run_profile() {
-  # Nsight Compute over mla_decode's two launches at three points (one call of each, `bench --check-only`): where
-  # the partial's time goes (NOTES.md). Needs a runtime whose counters ncu can read (KINDS.md: Firecracker)
-  local sections="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
-    --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats \
-    --section SourceCounters --section InstructionStats"
+  # mla_decode's two launches at three points (one call of each, `bench --check-only`): where the partial's time goes
   # shellcheck disable=SC2086 # the sections are words
-  run_limited ncu_mla "${PROFILE_S:-240}" ncu --clock-control none -k 'regex:partial|merge' $sections -f \
+  run_limited ncu_mla "${PROFILE_S:-240}" ncu --clock-control none -k 'regex:partial|merge' $NCU_SECTIONS -f \
     -o "$OUT/mla_decode" python3 -m model.kimi_k3.specialized.mla_decode.bench --check-only \
     --points ${PROFILE_POINTS:-1x1024 16x8192 64x4096} --heads 12 --paths ${PROFILE_PATHS:-mma}
-  ncu -i "$OUT/mla_decode.ncu-rep" --page details > "$OUT/ncu_mla_details.txt" 2>&1
-  grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|\
-Registers Per|Warp Cycles Per Issued|Issued Ipc|L1/TEX Hit|Shared Memory|No Eligible|Bank" "$OUT/ncu_mla_details.txt" | head -150
+  ncu_summary mla_decode
+}
+
+run_profile_experts() {
+  # moe_experts' two launches (up_mma, down_mma) once each at TP8 for PROFILE_TOKENS (`probe --check-only`)
+  # shellcheck disable=SC2086 # the sections and token counts are words
+  run_limited ncu_experts "${PROFILE_S:-150}" ncu --clock-control none -k 'regex:up|down' $NCU_SECTIONS -f \
+    -o "$OUT/moe_experts" python3 -m model.kimi_k3.specialized.moe_experts.probe --check-only --inter 384 \
+    --tokens ${PROFILE_TOKENS:-1 8 16}
+  ncu_summary moe_experts
 }
 
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
@@ -234,6 +251,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     probes) run_probes; shift ;;
     profile) run_profile; shift ;;
+    profile-experts) run_profile_experts; shift ;;
     cache)
       # Triton's cache with FLA's autotuning in it, compressed, in parts a call brings back (16 MiB a file, 8
       # files): put them in .triton_cache/ here and carry that folder, so a fresh machine skips the ~6 minutes
@@ -244,6 +262,6 @@ while [ $# -gt 0 ]; do
     decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [profile] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [profile] [profile-experts] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done

@@ -4,10 +4,14 @@ SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 
 T = 1, 4, 16; 8 distinct expert sets per graph (together far beyond the L2), random routing without repeats per
 token. Each whole call is first checked against the reference on one set. The floor is the distinct experts'
 bytes over 4.3 TB/s.   python -m model.kimi_k3.specialized.moe_experts.probe
+
+`--check-only` runs the default config once per (I, T) after the check and times nothing: under a profiler, each
+launch is one of that point's (ncu -k regex:"up|down" ... --check-only --tokens 1 8 16).
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import torch
@@ -34,17 +38,23 @@ def random_experts(inter: int, gen: torch.Generator):
     return pair(2 * inter, L), pair(L, inter)
 
 
-def main() -> None:
+def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    for inter in (384, 256):
+    for inter in inters:
         sets = [random_experts(inter, gen) for _ in range(SETS)]
-        for t in (1, 4, 16):
+        for t in tokens:
             z = torch.randn(t, L, device="cuda", dtype=torch.bfloat16, generator=gen)
             ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(t)])
             weights = torch.rand(t, K, device="cuda", generator=gen) / K
             distinct = ids.unique().numel()
             floor_us = distinct * 3 * inter * L * 17 / 32 / HBM_BYTES_PER_S * 1e6  # codes + scales per weight
             want = moe_experts(z, ids, weights, *sets[0], BETA, BETA_LIN)
+            print(f"I={inter} T={t:2d}: {distinct} distinct experts, floor {floor_us:.2f} us", flush=True)
+            if check_only:
+                got = moe_experts_cute(z, ids, weights, *sets[0], BETA, BETA_LIN)
+                torch.cuda.synchronize()
+                print(f"  default, once  rel_l2 {((got - want).norm() / want.norm()).item():.2e}", flush=True)
+                continue
             runs = {f"up {up} down {down}": [
                 lambda w13=w13, w2=w2, cfg=replace(config_for(t, inter), up_path=up, down_path=down):
                     moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg) for w13, w2 in sets]
@@ -55,7 +65,6 @@ def main() -> None:
             runs["default, up only"] = [
                 lambda w13=w13, w2=w2: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=up_only)
                 for w13, w2 in sets]
-            print(f"I={inter} T={t:2d}: {distinct} distinct experts, floor {floor_us:.2f} us", flush=True)
             for name, fns in runs.items():
                 got = [fn() for fn in fns][0]  # compiles and warms outside the capture
                 check = "" if fns is runs["default, up only"] else \
@@ -66,4 +75,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16], help="token counts T (default 1 4 16)")
+    parser.add_argument("--inter", type=int, nargs="+", default=[384, 256],
+                        help="intermediate dims I (default 384 256: TP8, TP16)")
+    parser.add_argument("--check-only", action="store_true",
+                        help="run the default config once per point after the check; time nothing (for a profiler)")
+    a = parser.parse_args()
+    main(a.tokens, a.inter, a.check_only)
