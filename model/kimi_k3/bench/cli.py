@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gates.evidence.bundle import git_state
 from kernels.arch import detect
 
 from ..cache import KV_CACHE_DTYPES
@@ -120,20 +119,16 @@ def loaded_sources() -> dict[str, str]:
 
 
 def run_environment() -> dict:
+    """Versions, device and the checkout's state as a gate records it (K3FORGE_COMMIT where a runner names the
+    commit: a GPU runner's copy of the tree can carry another commit's history). `dirty` True: the measured tree
+    differs from `commit` (the sources' hashes say what ran)."""
+    git = git_state()
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-            "commit": os.environ.get("K3FORGE_COMMIT") or _git_head(), "arch": detect().arch}
+            "commit": git.commit, "dirty": git.dirty, "arch": detect().arch}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(device=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30))
     return info
-
-
-def _git_head() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def _fmt(v, spec: str) -> str:

@@ -40,6 +40,23 @@ def test_records_of_two_commits_make_no_bundle(records, tmp_path):
         decode.from_records([records[1], other])
 
 
+def test_a_record_says_whether_the_measured_tree_was_its_commit(records, tmp_path, monkeypatch):
+    """The bench records the checkout as a gate does: a runner's K3FORGE_COMMIT names the commit (its copy of the
+    tree may carry another commit's history, so dirty is unknown); a tree that differs from HEAD is said so."""
+    from model.kimi_k3.bench.cli import run_environment
+
+    monkeypatch.setenv("K3FORGE_COMMIT", "d98eea86e5c32548524dc9ef59d11de82b599a90")
+    env = run_environment()
+    assert env["commit"] == "d98eea86e5c32548524dc9ef59d11de82b599a90" and env["dirty"] is None
+    rec = json.loads(records[0].read_text())
+    assert set(rec["environment"]) >= {"commit", "dirty"}
+    rec["environment"]["dirty"] = True
+    (tmp_path / "dirty.json").write_text(json.dumps(rec))
+    bundle = decode.from_records([tmp_path / "dirty.json"])
+    decode.write(bundle, tmp_path / "b")
+    assert "the measured tree differed from it" in (tmp_path / "b" / "report.md").read_text()
+
+
 def test_rows_of_the_declared_backend_are_never_evidence(records, tmp_path):
     """`bench --backend declared` times kernels no gate validated on the arch: a record holding such rows makes no
     bundle, and the error says which backend and what to run instead."""
