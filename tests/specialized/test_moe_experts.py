@@ -460,6 +460,24 @@ def test_mma_paths_compile_for_sm90a_without_spills(inter):
 
 
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("inter", [384, 256])
+def test_the_staged_up_reads_its_activations_and_scales_from_shared_memory(inter):
+    """`staged`: up_mma copies z's row (cp.async, 16 bytes a copy) and its rows' scales into shared memory once and
+    reads every k-step's z with one 16-byte LDS: no z or scale load from global memory inside the loop."""
+    cfg = dataclasses.replace(config_for(1, inter), staged=True)
+    report = _report(cfg, inter)
+    up = next(k for k in report.kernels if k.name.split("_")[2] == "up")
+    assert up.spill_bytes == 0 and up.stack_frame_bytes == 0 and up.registers <= 80, up
+    steps = L // SUPER // cfg.up_warps
+    counts = ptx_instruction_counts(report.ptx, {
+        "staged": r"\bcp\.async\.cg\.shared\.global\b", "lds": r"\bld\.shared\.v4\.b32\b",
+        "activations": r"\bld\.global\.nc\.v4\.b32\b"})
+    down_chunks = (K // cfg.down_warps) * (inter // SUPER) * CHUNK_WORDS  # down_mma's own h loads, as before
+    assert counts["staged"] == -(-(L // 8) // (32 * cfg.up_warps))  # z's 16-byte chunks over the CTA's threads
+    assert counts["lds"] == steps * CHUNK_WORDS and counts["activations"] == down_chunks
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 def test_the_probes_first_launch_alone_compiles_without_the_second():
     """probe.py's time split: stop_after="up" launches `up` only."""
     report = _report(dataclasses.replace(config_for(1, 384), stop_after="up"), 384)
@@ -502,6 +520,21 @@ def test_matches_reference_small_e(tokens, inter, paths):
     got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg)
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
     assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg))  # deterministic
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("inter", [384, 256])
+@pytest.mark.parametrize("tokens", [1, 5, 16])
+def test_the_staged_up_matches_the_reference(tokens, inter):
+    """`staged` changes where up_mma reads z and the scales from, not what it sums: bitwise the unstaged y."""
+    from model.kimi_k3.specialized.moe_experts import moe_experts_cute
+
+    w13, w2 = gpu_experts(32, inter, seed=inter)
+    z, ids, weights = random_routing(tokens, 32, K, L, seed=tokens, device=DEVICE)
+    got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
+                           config=dataclasses.replace(config_for(tokens, inter), staged=True))
+    check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
+    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN))
 
 
 @pytest.mark.gpu

@@ -64,6 +64,7 @@ with dsl_import() as DSL:
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
     from cutlass._mlir.dialects import llvm
+    from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
 
@@ -150,6 +151,11 @@ class ExpertsConfig:
     # `down` likewise: "mma" = 16 w2 rows a CTA on tensor cores (the CTA's warps still split the slots; its ring of
     # down_stages slots holds 2 I / 128 loads a slot), "fma" = 8 rows a CTA on CUDA cores
     down_path: str = "mma"
+    # `up_mma` copies z's row and its 16 rows' scales into shared memory once a CTA (cp.async and byte loads, behind
+    # the weight loads already in flight), so the k-steps read them with LDS instead of an L1 / L2 round trip each
+    # (NOTES.md, session 12: those loads are the top stall). 78 registers instead of 68 (6 CTAs an SM, not 7): the
+    # probe decides. (`down_mma` staged its h rows the same way at 175 registers, the LDS all hoisted: not kept.)
+    staged: bool = False
     # "up": launch `up` alone (y is left unwritten), so that probe.py can time the two launches apart
     stop_after: str = "down"
 
@@ -172,6 +178,15 @@ class ExpertsConfig:
     @property
     def down_rows_per_cta(self) -> int:
         return 16 if self.down_path == "mma" else 32 // TEAM
+
+    def smem_bytes(self, latent: int) -> int:
+        """Shared memory a CTA of the larger launch allocates: the warps' partial sums, and with `staged` `up_mma`'s
+        z row and scales."""
+        up = self.up_warps * 16 * 4 if self.up_path == "mma" else 0
+        down = self.down_warps * self.down_rows_per_cta * 4
+        if self.staged and self.up_path == "mma":
+            up += latent * 2 + 16 * (latent // GROUP)
+        return max(up, down)
 
     def check(self, latent: int, inter: int, top_k: int) -> None:
         """ValueError where the dims do not fit this config's tiling."""
@@ -400,14 +415,36 @@ if DSL.error is None:
                     cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
                               ring[None, h, u])
             zrow = mZ[token, None]  # z as 32-bit words: elements 2 i, 2 i + 1 in word i
+            if cutlass.const_expr(c.staged):
+                # z's row and the scales of the CTA's 16 MMA rows (row g: w1 row r0 + g, row g + 8: w3 row r0 + g)
+                sZ = smem.allocate_tensor(Uint32, cute.make_layout((1, L // 2), stride=(L // 2, 1)),
+                                          byte_alignment=16)
+                sScale = smem.allocate_tensor(Uint8, cute.make_layout((16, L // GROUP), stride=(L // GROUP, 1)),
+                                              byte_alignment=16)
+                self.stage(cute.local_tile(mZ, (1, L // 2), (token, 0)), sZ, 32 * W)
+                NSC = 16 * (L // GROUP)
+                for i in cutlass.range_constexpr(-(-NSC // (32 * W))):  # coalesced byte loads, all issued first
+                    idx = tidx + i * 32 * W
+                    if idx < NSC:
+                        r, col = idx // (L // GROUP), idx % (L // GROUP)
+                        sScale[r, col] = mS13[e, (r // 8) * In + r0 + r % 8, col]
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()
+                zrow = sZ[0, None]
             two126 = Uint32(BF16X2_2_126)
             acc = [Float32(0.0) for _ in range(4)]
             for u in cutlass.range_constexpr(S):
                 chunk = chunk0 + 4 * u
-                scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
+                if cutlass.const_expr(c.staged):
+                    scales = [bf16x2_scale(Uint32(sScale[8 * h + g, chunk]), ops) for h in range(2)]
+                else:
+                    scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
                 for s_ in cutlass.range_constexpr(CHUNK_WORDS):
                     zv = cute.make_rmem_tensor((4,), Uint32)  # z elements 32 chunk + 8 s_ .. + 7, as 4 pairs
-                    cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
+                    if cutlass.const_expr(c.staged):
+                        cute.autovec_copy(cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
+                    else:
+                        cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
                     zp = [_prmt(zv[0], zv[2], 0x5410), _prmt(zv[0], zv[2], 0x7632),
                           _prmt(zv[1], zv[3], 0x5410), _prmt(zv[1], zv[3], 0x7632)]  # (0,4), (1,5), (2,6), (3,7)
                     wp = []
@@ -549,6 +586,23 @@ if DSL.error is None:
                 mY[token, n0 + tidx] = total
 
         @cute.jit
+        def stage(self, src: cute.Tensor, dst: cute.Tensor, threads: cutlass.Constexpr):
+            """cp.async of src ([rows, words] of 32-bit words in global memory, 16-byte aligned rows) into dst (the
+            same shape in shared memory), 16 bytes a copy, consecutive threads on consecutive chunks (coalesced);
+            one commit group. The caller waits for it and syncs the CTA."""
+            rows, words = cute.size(src, mode=[0]), cute.size(src, mode=[1])
+            per_row = words // 4
+            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
+                                      num_bits_per_copy=128)
+            tidx, _, _ = cute.arch.thread_idx()
+            for i in cutlass.range_constexpr(-(-rows * per_row // threads)):
+                idx = tidx + i * threads
+                if idx < rows * per_row:
+                    r, q = idx // per_row, idx % per_row
+                    cute.copy(g2s, cute.local_tile(src[r, None], (4,), (q,)), cute.local_tile(dst[r, None], (4,), (q,)))
+            cute.arch.cp_async_commit_group()
+
+        @cute.jit
         def load_w2_mma(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, rows: tuple, t: Int32,
                         ring: cute.Tensor, slot: cutlass.Constexpr):
             """ring[:, h, u, slot] = chunk 4 u + t of row rows[h] of w2_e, for every super-step u."""
@@ -606,5 +660,4 @@ def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, to
 
     require_dsl(DSL.error)
     return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
-                            dynamic_smem_bytes=max(cfg.down_warps * cfg.down_rows_per_cta * 4,
-                                                   cfg.up_warps * 16 * 4 if cfg.up_path == "mma" else 0), **kw)
+                            dynamic_smem_bytes=cfg.smem_bytes(latent), **kw)
