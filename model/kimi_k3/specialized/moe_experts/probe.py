@@ -1,9 +1,9 @@
 """Which (up_path, down_path) pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call times
 of moe_experts_cute with each of the four path pairs, of the default pair with `staged` (up_mma's z and scales in
-shared memory), of the default pair's first launch alone (`up`: w13 and SiTU) and of the standard, at K3's shape
-(896 experts, latent 3584, top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16; 8 distinct expert sets per graph
-(together far beyond the L2), random routing without repeats per token. Each whole call is first checked against
-the reference on one set. The floor is the distinct experts' bytes over 4.3 TB/s.
+shared memory) and with 8 `down` warps, of the default pair's first launch alone (`up`: w13 and SiTU) and of the
+standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16; 8 distinct
+expert sets per graph (together far beyond the L2), random routing without repeats per token. Each whole call is
+first checked against the reference on one set. The floor is the distinct experts' bytes over 4.3 TB/s.
 
     python -m model.kimi_k3.specialized.moe_experts.probe
 
@@ -61,10 +61,13 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 lambda w13=w13, w2=w2, cfg=replace(config_for(t, inter), up_path=up, down_path=down):
                     moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg) for w13, w2 in sets]
                 for up, down in PAIRS}
-            staged = replace(config_for(t, inter), staged=True)
-            runs["mma/mma staged"] = [
-                lambda w13=w13, w2=w2: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=staged)
-                for w13, w2 in sets]
+            variants = {"mma/mma staged": replace(config_for(t, inter), staged=True),
+                        # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
+                        "mma/mma down_warps 8": replace(config_for(t, inter), down_warps=8, down_stages=2)}
+            for name, cfg in variants.items():
+                runs[name] = [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA,
+                                                                               BETA_LIN, config=cfg)
+                              for w13, w2 in sets]
             runs["standard"] = [lambda w13=w13, w2=w2: moe_experts_standard(z, ids, weights, w13, w2, BETA, BETA_LIN)
                                 for w13, w2 in sets]
             up_only = replace(config_for(t, inter), stop_after="up")  # writes no y: timed, not checked
