@@ -51,9 +51,10 @@ def make_ckpt(out: Path, *flags: str) -> Path:
     return out
 
 
-def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto") -> list[int]:
+def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto", kv_cache_dtype: str = "auto") -> list[int]:
     """`k3forge generate --dtype fp32` (its per-rank function, in this process) for one prompt."""
-    req = Request(str(ckpt), "fp32", prompt, K3Sampling(MAX_TOKENS), 0, "ngram", backend)
+    req = Request(str(ckpt), "fp32", prompt, K3Sampling(MAX_TOKENS), 0, "ngram", backend,
+                  kv_cache_dtype=kv_cache_dtype)
     gen = generate_on_rank(TP(), torch.device("cpu"), req)[0]
     return gen.tokens
 
@@ -192,6 +193,22 @@ def test_seeded_sampling_is_reproducible(llm):
     first = draw(1234)
     assert draw(1234) == first
     assert draw(4321) != first
+
+
+def test_fp8_latent_cache_tokens_equal_k3forge(ckpt):
+    """kv_cache_dtype="fp8": the MLA layers store e4m3 entries in vLLM's (uint8) cache, prefill attends over their
+    values and decode runs `mla_decode_fp8` (never `mla_decode`): tokens equal `k3forge generate --kv-cache-dtype
+    fp8`'s."""
+    from vllm import LLM
+
+    engine = LLM(model=str(ckpt), **ENGINE, kv_cache_dtype="fp8")
+    try:
+        assert vllm_greedy(engine, PROMPTS[:4]) == [k3forge_tokens(ckpt, p, kv_cache_dtype="fp8")
+                                                    for p in PROMPTS[:4]]
+        report = dispatch(engine)
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+    assert report["ops"]["mla_decode_fp8"]["standard"] > 0 and "mla_decode" not in report["ops"]
 
 
 @pytest.mark.parametrize("config, option", [({"decode_backend": "fastest"}, "decode_backend"),

@@ -12,7 +12,8 @@ the layer's own causal absorbed attention. States in vLLM's layout:
 - KDA: conv window [3P, Wc] in the activation dtype (the last Wc inputs of q|k|v, oldest first; vLLM's own
   K3 keeps Wc - 1 of them: k3forge's decode ops and its contracted kernel keep the whole window), and the
   recurrent state [H, V, K] fp32, V-major, exactly as vLLM's K3 stores it. P = H*K local heads times head dim.
-- MLA: vLLM's paged cache viewed as [blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim]. Decode hands its
+- MLA: vLLM's paged cache viewed as [blocks, 1, block_size, kv_lora_rank + qk_rope_head_dim], in the model's dtype
+  or, with kv_cache_dtype "fp8", e4m3 entries (vLLM's uint8 bytes viewed; `mla_decode_fp8`). Decode hands its
   pages [blocks, block_size, entry], vLLM's block table and the sequence lengths, all on the device, straight to the
   paged `mla_decode` op (no copy of the contexts, no host synchronisation in the layer); prefill gathers each
   request's context through its pages. vLLM sizes a hybrid model's attention blocks to match the KDA state's page
@@ -47,6 +48,11 @@ from . import k3
 # The page sizes the paged MLA kernels are contracted for (contracts/mla_decode.yaml and mla_decode_fp8.yaml,
 # shapes.page_size; tests/vllm holds them equal), largest first
 KERNEL_PAGE_SIZES = (64, 16)
+# vLLM's names for an e4m3 KV cache (it allocates the bytes as uint8): the MLA layer stores entry / FP8_KV_SCALE in
+# e4m3 and decodes through `mla_decode_fp8`. The scale is vLLM's default (1.0: no calibrated scales are loaded),
+# k3forge's ModelCache's too, so `k3forge generate --kv-cache-dtype fp8` computes the same tokens.
+FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+FP8_KV_SCALE = 1.0
 
 
 def kernel_page(pages: torch.Tensor) -> int:
@@ -148,6 +154,7 @@ class K3ForgeKDABackend(AttentionBackend):
 
 class K3ForgeMLABackend(AttentionBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", *FP8_CACHE_DTYPES]
 
     @staticmethod
     def get_name() -> str:
@@ -247,10 +254,11 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
         self.inner = inner
         self.entry_dim = cfg.mla_cache_dim
         self.cache_dtype = vllm_config.cache_config.cache_dtype
-        if self.cache_dtype != "auto":
+        self.fp8 = self.cache_dtype in FP8_CACHE_DTYPES
+        if self.cache_dtype != "auto" and not self.fp8:
             raise NotImplementedError(f"kv_cache_dtype: {self.cache_dtype!r}; k3forge's MLA layer stores the "
-                                      "latent cache in the model's dtype ('auto')")
-        self.dtype = vllm_config.model_config.dtype
+                                      "latent cache in the model's dtype ('auto') or in e4m3 ('fp8', 'fp8_e4m3')")
+        self.dtype = torch.uint8 if self.fp8 else vllm_config.model_config.dtype  # vLLM's storage of an fp8 cache
         _register(self, vllm_config, name)
 
     def get_attn_backend(self) -> type[AttentionBackend]:
@@ -261,12 +269,12 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
                                 head_size=self.entry_dim, dtype=self.dtype, cache_dtype_str=self.cache_dtype)
 
     def _pages(self) -> torch.Tensor:
-        """vLLM's cache of this layer as [blocks, block_size, entry]."""
+        """vLLM's cache of this layer as [blocks, block_size, entry] (e4m3 values for an fp8 cache)."""
         kv = self.kv_cache
         if kv.dim() != 4 or kv.shape[1] != 1 or kv.shape[3] != self.entry_dim:
             raise RuntimeError(f"{self.layer_name}: KV cache view {tuple(kv.shape)}, expected "
                                f"[blocks, 1, block_size, {self.entry_dim}]")
-        return kv[:, 0]
+        return kv[:, 0].view(torch.float8_e4m3fn) if self.fp8 else kv[:, 0]
 
     def forward(self, x: torch.Tensor, batch: "k3.StepBatch", cache, ops) -> torch.Tensor:
         inner, meta = self.inner, step_metadata(self.layer_name)
@@ -283,17 +291,26 @@ class MLACacheLayer(nn.Module, AttentionLayerBase):
         pages = self._pages()
         block_size = pages.shape[1]
         flat = meta.slot_mapping.to(torch.int64)
-        pages[flat // block_size, flat % block_size] = torch.cat([c_kv, k_pe], dim=-1).to(pages.dtype)
+        entries = torch.cat([c_kv, k_pe], dim=-1)
+        pages[flat // block_size, flat % block_size] = \
+            k3.quantize_kv(entries, FP8_KV_SCALE) if self.fp8 else entries.to(pages.dtype)
 
         w_uk, w_uv = inner.absorbed()
         if batch.kind == k3.StepKind.DECODE:  # one token a request: the paged op reads the pages where they are
             page = kernel_page(pages)
             if meta.kernel_block_table is None:  # the step's first MLA layer converts it for them all
                 meta.kernel_block_table = in_kernel_pages(meta.block_table, block_size // page)
-            attn = ops.call("mla_decode", q_nope, q_pe, pages.view(-1, page, pages.shape[2]), meta.kernel_block_table,
-                            meta.seq_lens, w_uk, w_uv, inner.scale)
+            kv = pages.view(-1, page, pages.shape[2])
+            if self.fp8:
+                attn = ops.call("mla_decode_fp8", q_nope, q_pe, kv, FP8_KV_SCALE, meta.kernel_block_table,
+                                meta.seq_lens, w_uk, w_uv, inner.scale)
+            else:
+                attn = ops.call("mla_decode", q_nope, q_pe, kv, meta.kernel_block_table, meta.seq_lens, w_uk, w_uv,
+                                inner.scale)
         else:
             contexts = [self._context(pages, meta.block_table[i], n) for i, n in enumerate(meta.seq_lens_cpu.tolist())]
+            if self.fp8:  # the prefill attends over the values the cache holds, as k3forge's ModelCache.kv_entries
+                contexts = [k3.dequantize_kv(c, FP8_KV_SCALE) for c in contexts]
             attn = torch.cat([inner._prefill(q_nope[s:s + n], q_pe[s:s + n], c, w_uk, w_uv)
                               for s, n, c in zip(batch.starts, batch.query_lens, contexts)])
         gated = attn.to(x.dtype).reshape(t, -1) * torch.sigmoid(ops.call("linear", x, inner.g_proj))
