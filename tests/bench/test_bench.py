@@ -132,6 +132,31 @@ def test_bad_requests_are_clear_errors(cfg):
         bench_layers(cfg, "kda", 1, 1, 4, 1, ["fast"], CPU)
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["layer", "--context", "0"], "--context: 0 is below 1"),
+    (["layer", "--context", "-5"], "--context: -5 is below 1"),
+    (["layer", "--layers", "0"], "--layers: 0 is below 1"),
+    (["layer", "--iters", "x"], "--iters: 'x' is not an integer"),
+    (["step", "--spec-tokens", "-1"], "--spec-tokens: -1 is below 0"),
+    (["step", "--acceptance", "2"], "--acceptance: 2.0 is not in"),
+    (["step", "--mla-sets", "0"], "--mla-sets: 0")])
+def test_bad_numbers_are_usage_errors_before_anything_runs(capsys, argv, message):
+    """Each used to reach the model and end in a traceback (a zero-length cache, an empty layer list)."""
+    from gates.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", *argv, "--preset", "tiny", "--device", "cpu"])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["layer", "step"])
+def test_a_tp_size_the_model_cannot_split_names_the_field(capsys, what):
+    from gates.cli import main
+
+    assert main(["bench", what, "--preset", "tiny", "--device", "cpu", "--tp", "3", "--batch", "1"]) == 2
+    assert "linear_attn_config.num_heads: 4 is not divisible by TP size 3" in capsys.readouterr().err
+
+
 def test_help_names_every_option(capsys):
     import argparse
 

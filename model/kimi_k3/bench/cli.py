@@ -38,18 +38,43 @@ out = Console(highlight=False)
 RANKS_TIMEOUT_S = 3600  # the TP ranks' whole run, every batch point: a broken collective ends it, never hangs it
 
 
+def _at_least(low: int):
+    """An argparse type: an integer >= low (a one-line usage error otherwise, never a traceback later)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is below {low}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0, 1]")
+    return value
+
+
 def add_commands(sub) -> None:
     """Add `layer` and `step` to a subparsers object (the `bench` command's, or this module's own)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--preset", default="k3", help="model config preset (default k3; tiny for CPU smoke runs)")
-    common.add_argument("--tp", type=int, default=8, help="TP size whose rank-local shapes are built (default 8)")
+    common.add_argument("--tp", type=_at_least(1), default=8,
+                        help="TP size whose rank-local shapes are built (default 8)")
     common.add_argument("--batch", default="1,4,16,64", help="comma-separated batch sizes (default 1,4,16,64)")
-    common.add_argument("--context", type=int, default=8192, help="cached tokens per sequence (default 8192)")
+    common.add_argument("--context", type=_at_least(1), default=8192,
+                        help="cached tokens per sequence (default 8192)")
     common.add_argument("--backend", choices=[*BENCH_BACKENDS, "both", "all"], default="both",
                         help="which decode backend to time (default both: auto and latency_specialized side by "
                              "side; declared: latency_specialized with the kernels that only declare this arch "
                              "counted as validated, a measurement that is never evidence; all: the three)")
-    common.add_argument("--iters", type=int, default=30, help="timed replays per point (default 30)")
+    common.add_argument("--iters", type=_at_least(1), default=30, help="timed replays per point (default 30)")
     common.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs (default 0)")
     common.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON to FILE")
     common.add_argument("--device", default="cuda", help="torch device (default cuda; cpu runs the same code "
@@ -57,7 +82,7 @@ def add_commands(sub) -> None:
 
     layer = sub.add_parser("layer", parents=[common], help="one decoder layer of a kind, in-pipeline")
     layer.add_argument("--kind", choices=KINDS, default="kda", help="KDA+MoE, MLA+MoE, or layer 0 (dense MLP)")
-    layer.add_argument("--layers", type=int, default=8,
+    layer.add_argument("--layers", type=_at_least(1), default=8,
                        help="distinct layers in one CUDA graph (default 8; fewer if memory says so)")
     layer.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
                        help="the MLA cache: auto (the activation dtype, default) or fp8 (e4m3: mla_decode_fp8)")
@@ -68,11 +93,11 @@ def add_commands(sub) -> None:
     layer.set_defaults(func=run_layer)
 
     step = sub.add_parser("step", parents=[common], help="the whole decode step: every layer, final norm, lm_head")
-    step.add_argument("--kda-sets", type=int, default=8, help="distinct KDA layer weight sets (default 8)")
-    step.add_argument("--mla-sets", type=int, default=3, help="distinct MLA layer weight sets (default 3)")
-    step.add_argument("--spec-tokens", type=int, default=0,
+    step.add_argument("--kda-sets", type=_at_least(1), default=8, help="distinct KDA layer weight sets (default 8)")
+    step.add_argument("--mla-sets", type=_at_least(1), default=3, help="distinct MLA layer weight sets (default 3)")
+    step.add_argument("--spec-tokens", type=_at_least(0), default=0,
                       help="verify 1 + K tokens per sequence (speculative mode; default 0: plain decode)")
-    step.add_argument("--acceptance", type=float, default=6 / 7,
+    step.add_argument("--acceptance", type=_fraction, default=6 / 7,
                       help="synthetic fraction of drafts accepted in speculative mode (default 6/7)")
     step.set_defaults(func=run_step)
 
@@ -143,6 +168,7 @@ def _collectives(r) -> str:
 
 def run_layer(args) -> int:
     device, cfg, batches = _device(args), preset(args.preset), batch_points(args.batch)
+    cfg.check_tp(args.tp)  # the field --tp cannot divide, before any weight is drawn
     if args.collectives:
         try:
             tp_backend(device, args.tp)
@@ -188,6 +214,7 @@ def run_layer(args) -> int:
 
 def run_step(args) -> int:
     device, cfg = _device(args), preset(args.preset)
+    cfg.check_tp(args.tp)  # the field --tp cannot divide, before any weight is drawn
     rows = []
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=out) as bar:
         task = bar.add_task("bench step")
