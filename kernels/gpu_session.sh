@@ -21,7 +21,8 @@
 # time; `collect` waits for the jobs still running and copies what they wrote to $OUT: the bundles as
 # $OUT/evidence.tar (evidence/<op>/<arch>/; `tar -xf` it here), the model-level evals at their full GPU
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
-# as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log.
+# as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log (EVAL_ARGS adds options:
+# "--kv-cache-dtype fp8" runs them over the FP8 MLA cache, "--only long_context" that eval alone).
 # `train MINUTES` starts the mini-K3's training as a background job (the GPU tests may share the GPU with it, the
 # gate and the probes may not: alongside other GPU work it ran at a tenth of its speed); `collect` brings back
 # $OUT/mini_k3. `probes` runs the kernels' timing probes (moe_experts path pairs, mla_decode points, the router's
@@ -240,7 +241,9 @@ while [ $# -gt 0 ]; do
       collect; shift 2 ;;
     evals)
       if alive gate; then echo "== evals not started: the gate is still timing"; shift; continue; fi
-      start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report"
+      # shellcheck disable=SC2086  # EVAL_ARGS: more of the eval command's options, e.g. --kv-cache-dtype fp8
+      start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report" \
+        ${EVAL_ARGS:-}
       collect; shift ;;
     train)
       # the mini-K3 (model/kimi_k3/train/NOTES.md) in the background for $2 minutes: FLA's first compile counts
