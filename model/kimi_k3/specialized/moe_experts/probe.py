@@ -28,6 +28,7 @@ E, L, K, SETS = 896, 3584, 16, 8
 BETA, BETA_LIN = 4.0, 25.0
 PAIRS = (("fma", "fma"), ("mma", "fma"), ("fma", "mma"), ("mma", "mma"))
 HBM_BYTES_PER_S = 4.3e12
+UP_ONLY = "default, up only"  # the default config's first launch alone (y unwritten: timed, not checked)
 
 
 def random_experts(inter: int, gen: torch.Generator):
@@ -57,26 +58,20 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 torch.cuda.synchronize()
                 print(f"  default, once  rel_l2 {((got - want).norm() / want.norm()).item():.2e}", flush=True)
                 continue
-            runs = {f"up {up} down {down}": [
-                lambda w13=w13, w2=w2, cfg=replace(config_for(t, inter), up_path=up, down_path=down):
-                    moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg) for w13, w2 in sets]
-                for up, down in PAIRS}
-            variants = {"mma/mma staged": replace(config_for(t, inter), staged=True),
-                        # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
-                        "mma/mma down_warps 8": replace(config_for(t, inter), down_warps=8, down_stages=2)}
-            for name, cfg in variants.items():
-                runs[name] = [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA,
-                                                                               BETA_LIN, config=cfg)
-                              for w13, w2 in sets]
+            default = config_for(t, inter)
+            configs = {f"up {up} down {down}": replace(default, up_path=up, down_path=down) for up, down in PAIRS}
+            configs["mma/mma staged"] = replace(default, staged=True)
+            # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
+            configs["mma/mma down_warps 8"] = replace(default, down_warps=8, down_stages=2)
+            configs[UP_ONLY] = replace(default, stop_after="up")
+            runs = {name: [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
+                                                                           config=cfg) for w13, w2 in sets]
+                    for name, cfg in configs.items()}
             runs["standard"] = [lambda w13=w13, w2=w2: moe_experts_standard(z, ids, weights, w13, w2, BETA, BETA_LIN)
                                 for w13, w2 in sets]
-            up_only = replace(config_for(t, inter), stop_after="up")  # writes no y: timed, not checked
-            runs["default, up only"] = [
-                lambda w13=w13, w2=w2: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=up_only)
-                for w13, w2 in sets]
             for name, fns in runs.items():
                 got = [fn() for fn in fns][0]  # compiles and warms outside the capture
-                check = "" if fns is runs["default, up only"] else \
+                check = "" if name == UP_ONLY else \
                     f"  rel_l2 {((got - want).norm() / want.norm()).item():.2e}"
                 r = time_pipeline(fns, iters=30)
                 print(f"  {name:18s} {r.median_us:8.2f} us  (iqr {r.iqr_us:.2f})  {floor_us / r.median_us:5.1%} "
