@@ -478,6 +478,20 @@ def test_the_staged_up_reads_its_activations_and_scales_from_shared_memory(inter
 
 
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("inter", [384, 256])
+def test_tokens_first_swaps_the_grids_and_nothing_else(inter):
+    """`tokens_first`: the same two kernels (the same loads and MMAs; no spills and at most 80 registers, the
+    default's occupancy of 6 CTAs an SM or better) with the block index's x and y read the other way round."""
+    default = config_for(1, inter)
+    plain, swapped = (_report(dataclasses.replace(default, tokens_first=f), inter) for f in (False, True))
+    for a, b in zip(plain.kernels, swapped.kernels, strict=True):
+        assert a.spill_bytes == b.spill_bytes == 0 and b.registers <= 80, (a, b)
+    patterns = {"mma": r"\bmma\.sync\b", "weights": r"\bld\.global\.L1::no_allocate\.v4\.b32\b"}
+    assert ptx_instruction_counts(plain.ptx, patterns) == ptx_instruction_counts(swapped.ptx, patterns)
+    assert plain.ptx != swapped.ptx
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 def test_the_probes_first_launch_alone_compiles_without_the_second():
     """probe.py's time split: stop_after="up" launches `up` only."""
     report = _report(dataclasses.replace(config_for(1, 384), stop_after="up"), 384)
@@ -522,19 +536,28 @@ def test_matches_reference_small_e(tokens, inter, paths):
     assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN, config=cfg))  # deterministic
 
 
+# Variants that change where a launch reads from or the order its CTAs run in, never what a thread sums
+SAME_SUMS = {"staged": {"staged": True}, "tokens_first": {"tokens_first": True},
+             "tokens_first_staged": {"tokens_first": True, "staged": True}}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(SAME_SUMS))
 @pytest.mark.parametrize("inter", [384, 256])
 @pytest.mark.parametrize("tokens", [1, 5, 16])
-def test_the_staged_up_matches_the_reference(tokens, inter):
-    """`staged` changes where up_mma reads z and the scales from, not what it sums: bitwise the unstaged y."""
+def test_variants_of_the_same_sums_match_the_default_bitwise(tokens, inter, variant):
+    """`staged` changes where up_mma reads z and the scales from, `tokens_first` the order of the CTAs: y is
+    the default config's, bit for bit (and within the tolerance of the reference)."""
     from model.kimi_k3.specialized.moe_experts import moe_experts_cute
 
     w13, w2 = gpu_experts(32, inter, seed=inter)
     z, ids, weights = random_routing(tokens, 32, K, L, seed=tokens, device=DEVICE)
     got = moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
-                           config=dataclasses.replace(config_for(tokens, inter), staged=True))
+                           config=dataclasses.replace(config_for(tokens, inter), **SAME_SUMS[variant]))
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
-    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN))
+    assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
+                                             config=dataclasses.replace(config_for(tokens, inter), tokens_first=False,
+                                                                        staged=False)))
 
 
 @pytest.mark.gpu

@@ -156,6 +156,11 @@ class ExpertsConfig:
     # (NOTES.md, session 12: those loads are the top stall). 78 registers instead of 68 (6 CTAs an SM, not 7): the
     # probe decides. (`down_mma` staged its h rows the same way at 175 registers, the LDS all hoisted: not kept.)
     staged: bool = False
+    # The grids' order: False, a pair's (token's) tiles are consecutive CTAs; True, a tile's pairs (tokens) are, so
+    # the CTAs that read one expert's tile for different tokens are resident together and every read after the
+    # first is served by the L2: DRAM then carries each distinct expert's bytes about once, as the standard's
+    # grouped GEMM does, with no grouping pass (the gate's routing repeats a quarter of each later token's experts)
+    tokens_first: bool = False
     # "up": launch `up` alone (y is left unwritten), so that probe.py can time the two launches apart
     stop_after: str = "down"
 
@@ -302,7 +307,7 @@ if DSL.error is None:
                                       cute.make_layout((tokens, L // 2), stride=(L // 2, 1)))
             up = self.up_mma if cutlass.const_expr(c.up_path == "mma") else self.up
             up(mZ, mIds, mW13, mS13, mH, beta, beta_lin).launch(
-                grid=[In // c.up_rows_per_cta, tokens * k, 1], block=[32 * c.up_warps, 1, 1], stream=stream)
+                grid=self.grid(In // c.up_rows_per_cta, tokens * k), block=[32 * c.up_warps, 1, 1], stream=stream)
             if cutlass.const_expr(c.stop_after == "down"):
                 down = self.down
                 if cutlass.const_expr(c.down_path == "mma"):  # h as 32-bit words (bf16 pairs) for the mma path
@@ -310,9 +315,22 @@ if DSL.error is None:
                                           cute.make_layout((tokens * k, In // 2), stride=(In // 2, 1)))
                     down = self.down_mma
                 down(mIds, mWeights, mW2, mS2, mH, mY).launch(
-                    grid=[L // c.down_rows_per_cta, tokens, 1], block=[32 * c.down_warps, 1, 1], stream=stream)
+                    grid=self.grid(L // c.down_rows_per_cta, tokens), block=[32 * c.down_warps, 1, 1], stream=stream)
 
         # --- shared pieces -----------------------------------------------------------------------------------
+
+        def grid(self, tiles, items) -> list:
+            """A launch's grid over (tile, pair or token), in the config's order (ExpertsConfig.tokens_first)."""
+            return [items, tiles, 1] if self.cfg.tokens_first else [tiles, items, 1]
+
+        @cute.jit
+        def tile_and_item(self):
+            """This CTA's (tile, pair or token): the inverse of `grid`."""
+            x, y, _ = cute.arch.block_idx()
+            tile, item = x, y
+            if cutlass.const_expr(self.cfg.tokens_first):
+                tile, item = y, x
+            return tile, item
 
         @cute.jit
         def expert_of(self, mIds: cute.Tensor, token: Int32, slot):
@@ -348,7 +366,7 @@ if DSL.error is None:
             c, L, In, k = self.cfg, self.l, self.i, self.k
             R, J = c.up_rows, L // (HALF * GROUP)  # rows per warp, chunks per lane of a row
             tidx, _, _ = cute.arch.thread_idx()
-            tile, pair, _ = cute.arch.block_idx()
+            tile, pair = self.tile_and_item()
             lane = cute.arch.lane_idx()
             half, kl = lane // HALF, lane % HALF
             token, slot = pair // k, pair % k
@@ -394,7 +412,7 @@ if DSL.error is None:
             W = c.up_warps
             S = L // SUPER // W  # super-steps per warp
             tidx, _, _ = cute.arch.thread_idx()
-            tile, pair, _ = cute.arch.block_idx()
+            tile, pair = self.tile_and_item()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             g, t = lane // 4, lane % 4
@@ -480,7 +498,7 @@ if DSL.error is None:
             J, D = In // (TEAM * GROUP), min(c.down_stages, P)  # chunks per lane, slots in flight
             ROWS = c.down_rows_per_cta
             tidx, _, _ = cute.arch.thread_idx()
-            tile, token, _ = cute.arch.block_idx()
+            tile, token = self.tile_and_item()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             tl, r = lane % TEAM, lane // TEAM
@@ -533,7 +551,7 @@ if DSL.error is None:
             SI = In // SUPER  # super-steps of a w2 row
             D = min(c.down_stages, P)
             tidx, _, _ = cute.arch.thread_idx()
-            tile, token, _ = cute.arch.block_idx()
+            tile, token = self.tile_and_item()
             lane = cute.arch.lane_idx()
             warp = tidx // 32
             g, t = lane // 4, lane % 4

@@ -1,11 +1,14 @@
-"""Which (up_path, down_path) pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call times
-of moe_experts_cute with each of the four path pairs, of the default pair with `staged` (up_mma's z and scales in
-shared memory) and with 8 `down` warps, of the default pair's first launch alone (`up`: w13 and SiTU) and of the
-standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16; 8 distinct
-expert sets per graph (together far beyond the L2), random routing without repeats per token. Each whole call is
-first checked against the reference on one set. The floor is the distinct experts' bytes over 4.3 TB/s.
+"""Which config of the tensor-core pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call
+times of moe_experts_cute with the default config, with `staged` (up_mma's z and scales in shared memory), with 8
+`down` warps, with `tokens_first` (the grids' tiles outer: an expert's tile read for several tokens at once, the
+repeats served by the L2) alone and with each of the others, of the default config's first launch alone (`up`: w13
+and SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and 256 at TP16),
+T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed as the gate routes
+(gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from earlier tokens).
+Each whole call is first checked against the reference on one set. The floor is the distinct experts' bytes over
+4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
 
-    python -m model.kimi_k3.specialized.moe_experts.probe
+    python -m model.kimi_k3.specialized.moe_experts.probe [--tokens 1 8 16] [--inter 384]
 
 `--check-only` runs the default config once per (I, T) after the check and times nothing: under a profiler, each
 launch is one of that point's (ncu -k regex:"up|down" ... --check-only --tokens 1 8 16).
@@ -18,6 +21,7 @@ from dataclasses import replace
 
 import torch
 
+from gates.problems.moe_experts import SCALINGS, routing
 from kernels.timing import time_pipeline
 from model.kimi_k3.ops.moe_experts import moe_experts
 from model.kimi_k3.ops.moe_experts_standard import moe_experts_standard
@@ -26,7 +30,6 @@ from . import config_for, moe_experts_cute
 
 E, L, K, SETS = 896, 3584, 16, 8
 BETA, BETA_LIN = 4.0, 25.0
-PAIRS = (("fma", "fma"), ("mma", "fma"), ("fma", "mma"), ("mma", "mma"))
 HBM_BYTES_PER_S = 4.3e12
 UP_ONLY = "default, up only"  # the default config's first launch alone (y unwritten: timed, not checked)
 
@@ -47,8 +50,7 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
         sets = [random_experts(inter, gen) for _ in range(SETS)]
         for t in tokens:
             z = torch.randn(t, L, device="cuda", dtype=torch.bfloat16, generator=gen)
-            ids = torch.stack([torch.randperm(E, device="cuda", generator=gen)[:K] for _ in range(t)])
-            weights = torch.rand(t, K, device="cuda", generator=gen) / K
+            ids, weights = (x.cuda() for x in routing(t, E, K, torch.Generator().manual_seed(t), SCALINGS[0]))
             distinct = ids.unique().numel()
             floor_us = distinct * 3 * inter * L * 17 / 32 / HBM_BYTES_PER_S * 1e6  # codes + scales per weight
             want = moe_experts(z, ids, weights, *sets[0], BETA, BETA_LIN)
@@ -59,10 +61,13 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 print(f"  default, once  rel_l2 {((got - want).norm() / want.norm()).item():.2e}", flush=True)
                 continue
             default = config_for(t, inter)
-            configs = {f"up {up} down {down}": replace(default, up_path=up, down_path=down) for up, down in PAIRS}
-            configs["mma/mma staged"] = replace(default, staged=True)
-            # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
-            configs["mma/mma down_warps 8"] = replace(default, down_warps=8, down_stages=2)
+            variants = {"staged": {"staged": True},
+                        # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
+                        "down_warps 8": {"down_warps": 8, "down_stages": 2}}
+            configs = {"default": default, "tokens_first": replace(default, tokens_first=True)}
+            for name, fields in variants.items():
+                configs[name] = replace(default, **fields)
+                configs[f"tokens_first {name}"] = replace(default, tokens_first=True, **fields)
             configs[UP_ONLY] = replace(default, stop_after="up")
             runs = {name: [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
                                                                            config=cfg) for w13, w2 in sets]
@@ -74,7 +79,7 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 check = "" if name == UP_ONLY else \
                     f"  rel_l2 {((got - want).norm() / want.norm()).item():.2e}"
                 r = time_pipeline(fns, iters=30)
-                print(f"  {name:18s} {r.median_us:8.2f} us  (iqr {r.iqr_us:.2f})  {floor_us / r.median_us:5.1%} "
+                print(f"  {name:24s} {r.median_us:8.2f} us  (iqr {r.iqr_us:.2f})  {floor_us / r.median_us:5.1%} "
                       f"of floor{check}", flush=True)
 
 
