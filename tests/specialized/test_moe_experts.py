@@ -492,6 +492,31 @@ def test_tokens_first_swaps_the_grids_and_nothing_else(inter):
 
 
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("inter", [384, 256])
+def test_cp_async_requests_every_operand_before_the_first_mma(inter):
+    """`cp_async`: the weight codes, scales and activations of both launches reach shared memory by cp.async (16
+    bytes a copy, one commit group each, waited on once) and the MMA loops read shared memory only: no weight, z or h
+    load from global memory is left for ptxas to sink next to its use."""
+    cfg = dataclasses.replace(config_for(1, inter), cp_async=True)
+    report = _report(cfg, inter)
+    for k in report.kernels:
+        assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 64, k
+    steps = L // SUPER // cfg.up_warps
+    slots = K // cfg.down_warps
+    counts = ptx_instruction_counts(report.ptx, {
+        "cp_async": r"\bcp\.async\.cg\.shared\.global\b", "weights": r"\bld\.global\.L1::no_allocate",
+        "activations": r"\bld\.global\.nc\.v4\.b32\b", "scales": r"\bld\.global\.(?:nc\.)?[bus]8\b",
+        "lds": r"\bld\.shared\.v4\.b32\b", "mma": r"\bmma\.sync\b", "wait": r"\bcp\.async\.wait_group\b"})
+    up_copies = 2 * steps + -(-(L // 8) // (32 * cfg.up_warps)) + -(-(2 * 8 * L // 512) // (32 * cfg.up_warps))
+    down_copies = slots * 2 * (inter // SUPER) + -(-(K * 16 * inter // 512) // (32 * cfg.down_warps)) \
+        + -(-(K * inter // 8) // (32 * cfg.down_warps))
+    assert counts["cp_async"] == up_copies + down_copies
+    assert counts["weights"] == counts["activations"] == counts["scales"] == 0 and counts["wait"] == 2
+    assert counts["lds"] == (steps * 2 + steps * CHUNK_WORDS) + slots * (inter // SUPER) * (2 + CHUNK_WORDS)
+    assert counts["mma"] == (steps + slots * (inter // SUPER)) * CHUNK_WORDS * 2
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 def test_the_probes_first_launch_alone_compiles_without_the_second():
     """probe.py's time split: stop_after="up" launches `up` only."""
     report = _report(dataclasses.replace(config_for(1, 384), stop_after="up"), 384)
@@ -538,7 +563,8 @@ def test_matches_reference_small_e(tokens, inter, paths):
 
 # Variants that change where a launch reads from or the order its CTAs run in, never what a thread sums
 SAME_SUMS = {"staged": {"staged": True}, "tokens_first": {"tokens_first": True},
-             "tokens_first_staged": {"tokens_first": True, "staged": True}}
+             "tokens_first_staged": {"tokens_first": True, "staged": True}, "cp_async": {"cp_async": True},
+             "tokens_first_cp_async": {"tokens_first": True, "cp_async": True}}
 
 
 @pytest.mark.gpu
@@ -546,8 +572,8 @@ SAME_SUMS = {"staged": {"staged": True}, "tokens_first": {"tokens_first": True},
 @pytest.mark.parametrize("inter", [384, 256])
 @pytest.mark.parametrize("tokens", [1, 5, 16])
 def test_variants_of_the_same_sums_match_the_default_bitwise(tokens, inter, variant):
-    """`staged` changes where up_mma reads z and the scales from, `tokens_first` the order of the CTAs: y is
-    the default config's, bit for bit (and within the tolerance of the reference)."""
+    """`staged` and `cp_async` change where the MMA loops read their operands from, `tokens_first` the order of
+    the CTAs: y is the default config's, bit for bit (and within the tolerance of the reference)."""
     from model.kimi_k3.specialized.moe_experts import moe_experts_cute
 
     w13, w2 = gpu_experts(32, inter, seed=inter)
@@ -557,7 +583,7 @@ def test_variants_of_the_same_sums_match_the_default_bitwise(tokens, inter, vari
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
     assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
                                              config=dataclasses.replace(config_for(tokens, inter), tokens_first=False,
-                                                                        staged=False)))
+                                                                        staged=False, cp_async=False)))
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ of the reference (model/kimi_k3/ops/moe_experts.py).
 
 Envelope: T <= 16 tokens (T = 0 returns an empty y without a launch); MXFP4 weights only (the (packed, scale) pairs
 of mxfp4.quantize; dense experts take the reference); L a multiple of 512; I a multiple of 128 (and of the `up` CTA's
-rows, 8); top_k 1..32; every tensor contiguous, z and the packed weights 16-byte aligned; all on one CUDA device.
+rows, 8); top_k 1..32; every tensor contiguous, z and the weights' parts 16-byte aligned; all on one CUDA device.
 Anything else raises ValueError before anything is launched. The ids must lie in [0, E): they are read on the device
 (no host synchronisation), where an id outside is clamped into range rather than checked.
 """
@@ -86,8 +86,8 @@ def check_args(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13, w
         raise ValueError(f"dims outside the kernel's tiling: {err}") from None
     if not all(x.is_contiguous() for x in (z, ids, weights, p13, s13, p2, s2)):
         raise ValueError("z, ids, weights and the weights' parts must be contiguous")
-    if z.data_ptr() % 16 or p13.data_ptr() % 16 or p2.data_ptr() % 16:
-        raise ValueError("z and the packed weights must be 16-byte aligned")
+    if any(x.data_ptr() % 16 for x in (z, p13, s13, p2, s2)):
+        raise ValueError("z and the weights' parts must be 16-byte aligned")
     if p13.numel() // 4 >= _INT32_LIMIT or p2.numel() // 4 >= _INT32_LIMIT or s13.numel() >= _INT32_LIMIT:
         raise ValueError("an index into the expert weights would overflow int32")
     tensors = (z, ids, weights, p13, s13, p2, s2)

@@ -156,6 +156,14 @@ class ExpertsConfig:
     # (NOTES.md, session 12: those loads are the top stall). 78 registers instead of 68 (6 CTAs an SM, not 7): the
     # probe decides. (`down_mma` staged its h rows the same way at 175 registers, the LDS all hoisted: not kept.)
     staged: bool = False
+    # Every operand of both MMA loops (the weight codes, their scales, z or h) copied into shared memory by cp.async
+    # at the CTA's start, the loops reading shared memory only. The register ring's loads are issued first in the
+    # PTX, but ptxas sinks each next to its first use (SASS, session 13: up_mma's first MMA follows 2 of its 14
+    # weight loads), so a warp waits on one DRAM round trip per super-step; cp.async cannot be sunk, so all of a
+    # CTA's bytes are requested at once. Implies `staged`'s reads in `up`; `down` holds all k slots (down_stages
+    # unused). Shared memory: up 8 L + 2 L + 16 L / 32 bytes (37 KB at L = 3584), down 64 k I / 128 + k I (2 + 1/2)
+    # bytes (63 KB at I = 384).
+    cp_async: bool = False
     # The grids' order: False, a pair's (token's) tiles are consecutive CTAs; True, a tile's pairs (tokens) are, so
     # the CTAs that read one expert's tile for different tokens are resident together and every read after the
     # first is served by the L2: DRAM then carries each distinct expert's bytes about once, as the standard's
@@ -184,13 +192,17 @@ class ExpertsConfig:
     def down_rows_per_cta(self) -> int:
         return 16 if self.down_path == "mma" else 32 // TEAM
 
-    def smem_bytes(self, latent: int) -> int:
-        """Shared memory a CTA of the larger launch allocates: the warps' partial sums, and with `staged` `up_mma`'s
-        z row and scales."""
+    def smem_bytes(self, latent: int, inter: int, top_k: int) -> int:
+        """Shared memory a CTA of the larger launch allocates: the warps' partial sums, with `staged` `up_mma`'s z
+        row and scales, with `cp_async` also the weight codes of both launches and `down_mma`'s scales and h rows."""
         up = self.up_warps * 16 * 4 if self.up_path == "mma" else 0
         down = self.down_warps * self.down_rows_per_cta * 4
-        if self.staged and self.up_path == "mma":
+        if (self.staged or self.cp_async) and self.up_path == "mma":
             up += latent * 2 + 16 * (latent // GROUP)
+        if self.cp_async and self.up_path == "mma":
+            up += 16 * latent // 2  # 16 MMA rows of packed codes
+        if self.cp_async and self.down_path == "mma":
+            down += top_k * (16 * inter // 2 + 16 * (inter // GROUP) + 2 * inter)  # codes, scales, h a slot
         return max(up, down)
 
     def check(self, latent: int, inter: int, top_k: int) -> None:
@@ -426,26 +438,55 @@ if DSL.error is None:
             z_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Uint32, num_bits_per_copy=128, invariant=True)
             smem = cutlass.memory.SmemAllocator()
             sPart = smem.allocate_tensor(Float32, cute.make_layout((W, 16), stride=(16, 1)), byte_alignment=16)
-            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, S), Uint32)
             chunk0 = warp * S * 4 + t  # chunk of super-step 0 of this warp, for this lane
-            for u in cutlass.range_constexpr(S):
-                for h in cutlass.range_constexpr(2):
-                    cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
-                              ring[None, h, u])
+            if cutlass.const_expr(c.cp_async):  # the lane's chunks in its own 16-byte slots: it reads only those
+                sW = smem.allocate_tensor(Uint32, cute.make_layout((W, S, 2, 32, CHUNK_WORDS),
+                                                                   stride=(S * 256, 256, 128, CHUNK_WORDS, 1)),
+                                          byte_alignment=16)
+                g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
+                                          num_bits_per_copy=128)
+                for u in cutlass.range_constexpr(S):
+                    for h in cutlass.range_constexpr(2):
+                        cute.copy(g2s, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
+                                  sW[warp, u, h, lane, None])
+                cute.arch.cp_async_commit_group()
+            else:
+                ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, S), Uint32)
+                for u in cutlass.range_constexpr(S):
+                    for h in cutlass.range_constexpr(2):
+                        cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
+                                  ring[None, h, u])
             zrow = mZ[token, None]  # z as 32-bit words: elements 2 i, 2 i + 1 in word i
-            if cutlass.const_expr(c.staged):
+            staged = c.staged or c.cp_async
+            if cutlass.const_expr(staged):
                 # z's row and the scales of the CTA's 16 MMA rows (row g: w1 row r0 + g, row g + 8: w3 row r0 + g)
                 sZ = smem.allocate_tensor(Uint32, cute.make_layout((1, L // 2), stride=(L // 2, 1)),
                                           byte_alignment=16)
                 sScale = smem.allocate_tensor(Uint8, cute.make_layout((16, L // GROUP), stride=(L // GROUP, 1)),
                                               byte_alignment=16)
                 self.stage(cute.local_tile(mZ, (1, L // 2), (token, 0)), sZ, 32 * W)
-                NSC = 16 * (L // GROUP)
-                for i in cutlass.range_constexpr(-(-NSC // (32 * W))):  # coalesced byte loads, all issued first
-                    idx = tidx + i * 32 * W
-                    if idx < NSC:
-                        r, col = idx // (L // GROUP), idx % (L // GROUP)
-                        sScale[r, col] = mS13[e, (r // 8) * In + r0 + r % 8, col]
+                if cutlass.const_expr(c.cp_async):
+                    # the 8 w1 rows' scales (8 L / 32 bytes, contiguous, 16-byte aligned) over the 8 w3 rows'
+                    words = cute.make_tensor(cute.recast_ptr(mS13.iterator, dtype=Uint32),
+                                             cute.make_layout((self.e * 2 * In * L // 128,)))
+                    sScaleW = cute.make_tensor(cute.recast_ptr(sScale.iterator, dtype=Uint32),
+                                               cute.make_layout((16 * L // 128,)))
+                    per_half = 8 * L // 512  # 16-byte chunks of one block of 8 rows
+                    for i in cutlass.range_constexpr(-(-2 * per_half // (32 * W))):
+                        idx = tidx + i * 32 * W
+                        if idx < 2 * per_half:
+                            h, q = idx // per_half, idx % per_half
+                            src0 = (e * 2 * In + h * In + r0) * (L // 128) // 4
+                            cute.copy(g2s, cute.local_tile(words, (4,), (src0 + q,)),
+                                      cute.local_tile(sScaleW, (4,), (h * per_half + q,)))
+                    cute.arch.cp_async_commit_group()
+                else:
+                    NSC = 16 * (L // GROUP)
+                    for i in cutlass.range_constexpr(-(-NSC // (32 * W))):  # coalesced byte loads, all issued first
+                        idx = tidx + i * 32 * W
+                        if idx < NSC:
+                            r, col = idx // (L // GROUP), idx % (L // GROUP)
+                            sScale[r, col] = mS13[e, (r // 8) * In + r0 + r % 8, col]
                 cute.arch.cp_async_wait_group(0)
                 cute.arch.sync_threads()
                 zrow = sZ[0, None]
@@ -453,13 +494,17 @@ if DSL.error is None:
             acc = [Float32(0.0) for _ in range(4)]
             for u in cutlass.range_constexpr(S):
                 chunk = chunk0 + 4 * u
-                if cutlass.const_expr(c.staged):
+                if cutlass.const_expr(staged):
                     scales = [bf16x2_scale(Uint32(sScale[8 * h + g, chunk]), ops) for h in range(2)]
                 else:
                     scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
+                if cutlass.const_expr(c.cp_async):
+                    ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, 1), Uint32)  # super-step u's codes, by LDS
+                    for h in cutlass.range_constexpr(2):
+                        cute.autovec_copy(sW[warp, u, h, lane, None], ring[None, h, 0])
                 for s_ in cutlass.range_constexpr(CHUNK_WORDS):
                     zv = cute.make_rmem_tensor((4,), Uint32)  # z elements 32 chunk + 8 s_ .. + 7, as 4 pairs
-                    if cutlass.const_expr(c.staged):
+                    if cutlass.const_expr(staged):
                         cute.autovec_copy(cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
                     else:
                         cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
@@ -467,7 +512,7 @@ if DSL.error is None:
                           _prmt(zv[1], zv[3], 0x5410), _prmt(zv[1], zv[3], 0x7632)]  # (0,4), (1,5), (2,6), (3,7)
                     wp = []
                     for h in cutlass.range_constexpr(2):
-                        pairs = e2m1_bf16_pairs(ring[s_, h, u], ops)
+                        pairs = e2m1_bf16_pairs(ring[s_, h, 0 if c.cp_async else u], ops)
                         wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                     # MMA 1: pairs (0,4), (1,5); MMA 2: pairs (2,6), (3,7)
                     for m in cutlass.range_constexpr(2):
@@ -565,30 +610,76 @@ if DSL.error is None:
             sPart = smem.allocate_tensor(Float32, cute.make_layout((G, 16), stride=(16, 1)), byte_alignment=16)
             slots = [warp * P + m for m in range(P)]
             experts = [self.expert_of(mIds, token, slots[m]) for m in range(P)]
-            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, SI, D), Uint32)
-            for m in cutlass.range_constexpr(D):
-                self.load_w2_mma(load, mW2, experts[m], rows, t, ring, m % D)
+            if cutlass.const_expr(c.cp_async):
+                D = P  # every slot's codes at once, each lane's in its own 16-byte slots
+                sW = smem.allocate_tensor(Uint32, cute.make_layout((G, P, 2, SI, 32, CHUNK_WORDS),
+                                                                   stride=(P * SI * 256, SI * 256, SI * 128, 128,
+                                                                           CHUNK_WORDS, 1)),
+                                          byte_alignment=16)
+                # the 16 rows' scales of every slot (16 I / 32 bytes, contiguous and 16-byte aligned, a slot) and
+                # the token's k rows of h
+                sScale = smem.allocate_tensor(Uint8, cute.make_layout((k, 16, In // GROUP),
+                                                                      stride=(16 * In // GROUP, In // GROUP, 1)),
+                                              byte_alignment=16)
+                sH = smem.allocate_tensor(Uint32, cute.make_layout((k, In // 2), stride=(In // 2, 1)),
+                                          byte_alignment=16)
+                g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
+                                          num_bits_per_copy=128)
+                for m in cutlass.range_constexpr(P):
+                    for h in cutlass.range_constexpr(2):
+                        for u in cutlass.range_constexpr(SI):
+                            cute.copy(g2s, cute.local_tile(mW2[experts[m], rows[h], None], (CHUNK_WORDS,),
+                                                           (4 * u + t,)), sW[warp, m, h, u, lane, None])
+                words = cute.make_tensor(cute.recast_ptr(mS2.iterator, dtype=Uint32),
+                                         cute.make_layout((self.e * self.l * In // 128,)))
+                sScaleW = cute.make_tensor(cute.recast_ptr(sScale.iterator, dtype=Uint32),
+                                           cute.make_layout((k * 16 * In // 128,)))
+                per_slot = 16 * In // 512  # 16-byte chunks of a slot's block of scales
+                for i in cutlass.range_constexpr(-(-k * per_slot // (32 * G))):
+                    idx = tidx + i * 32 * G
+                    if idx < k * per_slot:
+                        sl, q = idx // per_slot, idx % per_slot
+                        src0 = (self.expert_of(mIds, token, sl) * self.l + n0) * (In // 128) // 4
+                        cute.copy(g2s, cute.local_tile(words, (4,), (src0 + q,)),
+                                  cute.local_tile(sScaleW, (4,), (sl * per_slot + q,)))
+                cute.arch.cp_async_commit_group()
+                self.stage(cute.local_tile(mH, (k, In // 2), (token, 0)), sH, 32 * G)
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()
+            else:
+                ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, SI, D), Uint32)
+                for m in cutlass.range_constexpr(D):
+                    self.load_w2_mma(load, mW2, experts[m], rows, t, ring, m % D)
             two126 = Uint32(BF16X2_2_126)
             y = [Float32(0.0), Float32(0.0)]  # rows g, g + 8
             for m in cutlass.range_constexpr(P):
-                hrow = mH[token * k + slots[m], None]
+                hrow = sH[slots[m], None] if cutlass.const_expr(c.cp_async) else mH[token * k + slots[m], None]
                 acc = [Float32(0.0) for _ in range(4)]
                 for u in cutlass.range_constexpr(SI):
                     chunk = 4 * u + t
-                    scales = [bf16x2_scale(Uint32(mS2[experts[m], rows[h], chunk]), ops) for h in range(2)]
+                    if cutlass.const_expr(c.cp_async):
+                        scales = [bf16x2_scale(Uint32(sScale[slots[m], g + 8 * h, chunk]), ops) for h in range(2)]
+                        ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, 1, 1), Uint32)  # super-step u's codes, by LDS
+                        for h in cutlass.range_constexpr(2):
+                            cute.autovec_copy(sW[warp, m, h, u, lane, None], ring[None, h, 0, 0])
+                    else:
+                        scales = [bf16x2_scale(Uint32(mS2[experts[m], rows[h], chunk]), ops) for h in range(2)]
                     for s_ in cutlass.range_constexpr(CHUNK_WORDS):
                         hv = cute.make_rmem_tensor((4,), Uint32)
-                        cute.copy(h_load, cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
+                        if cutlass.const_expr(c.cp_async):
+                            cute.autovec_copy(cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
+                        else:
+                            cute.copy(h_load, cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
                         hp = [_prmt(hv[0], hv[2], 0x5410), _prmt(hv[0], hv[2], 0x7632),
                               _prmt(hv[1], hv[3], 0x5410), _prmt(hv[1], hv[3], 0x7632)]
                         wp = []
                         for h in cutlass.range_constexpr(2):
-                            pairs = e2m1_bf16_pairs(ring[s_, h, u, m % D], ops)
+                            pairs = e2m1_bf16_pairs(ring[s_, h, 0, 0] if c.cp_async else ring[s_, h, u, m % D], ops)
                             wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                         for q in cutlass.range_constexpr(2):
                             acc = mma_m16n8k16([wp[0][2 * q], wp[1][2 * q], wp[0][2 * q + 1], wp[1][2 * q + 1]],
                                                [hp[2 * q], hp[2 * q + 1]], acc)
-                if cutlass.const_expr(m + D < P):
+                if cutlass.const_expr(m + D < P and not c.cp_async):
                     self.load_w2_mma(load, mW2, experts[m + D], rows, t, ring, m % D)
                 weight = mWeights[token, slots[m]]
                 y[0] = y[0] + weight * acc[0].to(BFloat16).to(Float32)  # the reference's bf16 `act @ m2.t()`
@@ -653,9 +744,9 @@ def launch_args(z_ptr: int, ids_ptr: int, weights_ptr: int, w13_ptr: int, s13_pt
             _runtime_make_ptr(Int64, ids_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Float32, weights_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Uint32, w13_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(Uint8, s13_ptr, gmem, assumed_align=1),
+            _runtime_make_ptr(Uint8, s13_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Uint32, w2_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(Uint8, s2_ptr, gmem, assumed_align=1),
+            _runtime_make_ptr(Uint8, s2_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(BFloat16, h_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, y_ptr, gmem, assumed_align=4),
             Int32(tokens), Float32(beta), Float32(beta_lin), cuda.CUstream(stream))
@@ -678,4 +769,4 @@ def compile_report(cfg: ExpertsConfig, experts: int, latent: int, inter: int, to
 
     require_dsl(DSL.error)
     return compile_for_arch(ExpertsKernel(cfg, experts, latent, inter, top_k), *fake_args(), arch=arch,
-                            dynamic_smem_bytes=cfg.smem_bytes(latent), **kw)
+                            dynamic_smem_bytes=cfg.smem_bytes(latent, inter, top_k), **kw)
