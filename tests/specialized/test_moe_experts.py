@@ -439,7 +439,7 @@ def test_fma_paths_compile_for_sm90a_without_spills(tokens, inter):
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 @pytest.mark.parametrize("inter", [384, 256])
 def test_mma_paths_compile_for_sm90a_without_spills(inter):
-    cfg = config_for(1, inter)  # the default pair
+    cfg = dataclasses.replace(config_for(1, inter), cp_async=False)  # the default pair, its operands by registers
     report = _report(cfg, inter)
     names = {k.name.split("_")[2]: k for k in report.kernels}
     assert set(names) == {"up", "down"}, [k.name for k in report.kernels]  # kernel_cutlass_up_mma_...
@@ -464,7 +464,7 @@ def test_mma_paths_compile_for_sm90a_without_spills(inter):
 def test_the_staged_up_reads_its_activations_and_scales_from_shared_memory(inter):
     """`staged`: up_mma copies z's row (cp.async, 16 bytes a copy) and its rows' scales into shared memory once and
     reads every k-step's z with one 16-byte LDS: no z or scale load from global memory inside the loop."""
-    cfg = dataclasses.replace(config_for(1, inter), staged=True)
+    cfg = dataclasses.replace(config_for(1, inter), staged=True, cp_async=False)
     report = _report(cfg, inter)
     up = next(k for k in report.kernels if k.name.split("_")[2] == "up")
     assert up.spill_bytes == 0 and up.stack_frame_bytes == 0 and up.registers <= 80, up
@@ -497,7 +497,8 @@ def test_cp_async_requests_every_operand_before_the_first_mma(inter):
     """`cp_async`: the weight codes, scales and activations of both launches reach shared memory by cp.async (16
     bytes a copy, one commit group each, waited on once) and the MMA loops read shared memory only: no weight, z or h
     load from global memory is left for ptxas to sink next to its use."""
-    cfg = dataclasses.replace(config_for(1, inter), cp_async=True)
+    cfg = config_for(1, inter)
+    assert cfg.cp_async  # the default
     report = _report(cfg, inter)
     for k in report.kernels:
         assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 64, k
