@@ -54,7 +54,7 @@ def point_id(point) -> str:
 def test_contract_names_this_kernel():
     assert CONTRACT.implementation == "model.kimi_k3.specialized.moe_experts:moe_experts_cute"
     assert registry_problems(CONTRACT, str(CONTRACT_FILE), imports=False) == []
-    assert [h.arch for h in CONTRACT.hardware.validated] == ["sm_90"] and not CONTRACT.hardware.declared
+    assert [h.arch for h in CONTRACT.hardware.declared] == ["sm_90"] and not CONTRACT.hardware.validated
 
 
 # --- the dequantization on numpy words -------------------------------------------------------------------------
@@ -439,7 +439,7 @@ def test_fma_paths_compile_for_sm90a_without_spills(tokens, inter):
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
 @pytest.mark.parametrize("inter", [384, 256])
 def test_mma_paths_compile_for_sm90a_without_spills(inter):
-    cfg = dataclasses.replace(config_for(1, inter), cp_async=False)  # the default pair, its operands by registers
+    cfg = config_for(1, inter)  # the default pair
     report = _report(cfg, inter)
     names = {k.name.split("_")[2]: k for k in report.kernels}
     assert set(names) == {"up", "down"}, [k.name for k in report.kernels]  # kernel_cutlass_up_mma_...
@@ -464,7 +464,7 @@ def test_mma_paths_compile_for_sm90a_without_spills(inter):
 def test_the_staged_up_reads_its_activations_and_scales_from_shared_memory(inter):
     """`staged`: up_mma copies z's row (cp.async, 16 bytes a copy) and its rows' scales into shared memory once and
     reads every k-step's z with one 16-byte LDS: no z or scale load from global memory inside the loop."""
-    cfg = dataclasses.replace(config_for(1, inter), staged=True, cp_async=False)
+    cfg = dataclasses.replace(config_for(1, inter), staged=True)
     report = _report(cfg, inter)
     up = next(k for k in report.kernels if k.name.split("_")[2] == "up")
     assert up.spill_bytes == 0 and up.stack_frame_bytes == 0 and up.registers <= 80, up
@@ -497,8 +497,7 @@ def test_cp_async_requests_every_operand_before_the_first_mma(inter):
     """`cp_async`: the weight codes, scales and activations of both launches reach shared memory by cp.async (16
     bytes a copy, one commit group each, waited on once) and the MMA loops read shared memory only: no weight, z or h
     load from global memory is left for ptxas to sink next to its use."""
-    cfg = config_for(1, inter)
-    assert cfg.cp_async  # the default
+    cfg = dataclasses.replace(config_for(1, inter), cp_async=True)
     report = _report(cfg, inter)
     for k in report.kernels:
         assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 64, k
@@ -563,9 +562,8 @@ def test_matches_reference_small_e(tokens, inter, paths):
 
 
 # Variants that change where a launch reads from or the order its CTAs run in, never what a thread sums
-SAME_SUMS = {"staged": {"staged": True}, "tokens_first": {"tokens_first": True},
-             "tokens_first_staged": {"tokens_first": True, "staged": True}, "cp_async": {"cp_async": True},
-             "tokens_first_cp_async": {"tokens_first": True, "cp_async": True}}
+SAME_SUMS = {"staged": {"staged": True}, "tiles_first": {"tokens_first": False}, "cp_async": {"cp_async": True},
+             "tiles_first_cp_async": {"tokens_first": False, "cp_async": True}}
 
 
 @pytest.mark.gpu
@@ -583,8 +581,7 @@ def test_variants_of_the_same_sums_match_the_default_bitwise(tokens, inter, vari
                            config=dataclasses.replace(config_for(tokens, inter), **SAME_SUMS[variant]))
     check_close(got, moe_experts(z, ids, weights, w13, w2, BETA, BETA_LIN))
     assert torch.equal(got, moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
-                                             config=dataclasses.replace(config_for(tokens, inter), tokens_first=False,
-                                                                        staged=False, cp_async=False)))
+                                             config=config_for(tokens, inter)))
 
 
 @pytest.mark.gpu

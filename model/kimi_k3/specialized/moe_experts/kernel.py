@@ -46,11 +46,10 @@ bf16x2 pairs (elements (0,4), (1,5), (2,6), (3,7): `e2m1_bf16_pairs`, Marlin's s
 mxfp4.dequantize's bf16); the activations' matching elements are paired alike by PRMT. ~4.4 / 3.7 SASS per weight
 (up / down) instead of ~8.
 
-Operands (ExpertsConfig.cp_async, the default): each CTA copies every byte its MMA loop reads (codes, scales, z or
-h) into shared memory with cp.async at its start and the loop reads shared memory only; the register ring (loads
-into registers issued first) is kept for comparison, since ptxas sinks those loads next to their uses. The grids
-put the pairs (tokens) inner (ExpertsConfig.tokens_first, the default), so the CTAs reading one expert for several
-tokens run together and the L2 serves all but the first read.
+The grids put the pairs (tokens) inner (ExpertsConfig.tokens_first, the default), so the CTAs reading one expert
+for several tokens run together and the L2 serves all but the first read. ExpertsConfig.cp_async (opt-in) copies
+every operand of both MMA loops into shared memory at the CTA's start instead of the register ring, whose loads
+ptxas sinks next to their uses: measured no faster, since the launches are bound by instruction issue (NOTES.md).
 
 Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
 tokens is requested once per pair (the L2 absorbs the repeats, see above); each weight costs ~6 instructions on CUDA cores
@@ -230,10 +229,10 @@ class ExpertsConfig:
     def for_shape(tokens: int, inter: int, num_sms: int = 132) -> ExpertsConfig:
         """The heuristic, the same at every T <= 16: both tensor-core paths (1.3-1.6x the CUDA-core pair on the
         H200, NOTES.md); `up` with 4 warps splitting K over 8 rows a CTA (48 / 32 tiles a pair at I = 384 / 256, so
-        >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots; every operand by cp.async
-        (`cp_async`: the register ring's loads were sunk by ptxas) and the grids' tokens inner (`tokens_first`:
-        an expert chosen by several tokens read from DRAM about once)."""
-        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4, cp_async=True, tokens_first=True)
+        >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots, all 4 in flight; the grids'
+        tokens inner (`tokens_first`: 1-2 % faster at T = 8-16 in session 13's probe). `cp_async` and `staged` were
+        not faster (the launches are issue-bound, NOTES.md)."""
+        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4, tokens_first=True)
 
 
 if DSL.error is None:

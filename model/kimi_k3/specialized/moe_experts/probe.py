@@ -1,10 +1,11 @@
 """Which config of the tensor-core pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call
-times of moe_experts_cute with the default config (`cp_async`: every operand of both launches copied into shared
-memory at the CTA's start; `tokens_first`: the grids' tiles outer, an expert's tile read for several tokens at
-once, the repeats served by the L2), with each of the two alone, with neither (the register ring, session 12's
-default) and the ring with `staged` (up_mma's z and scales in shared memory) or 8 `down` warps; of the default
-config's first launch alone (`up`: w13 and SiTU) and of the standard, at K3's shape (896 experts, latent 3584,
-top-16, I = 384 at TP8 and 256 at TP16), T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed as the gate routes
+times of moe_experts_cute with the default config (the register ring; `tokens_first`: the grids' tiles outer, an
+expert's tile read for several tokens at once, the repeats served by the L2) and with one change each: `staged`
+(up_mma's z and scales in shared memory), `cp_async` (every operand of both launches copied into shared memory at
+the CTA's start), the tiles inner (session 12's default), 8 `down` warps; of the default config's first launch
+alone (`up`: w13 and SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and
+256 at TP16), T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed as the
+gate routes
 (gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from earlier tokens).
 Each whole call is first checked against the reference on one set. The floor is the distinct experts' bytes over
 4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
@@ -62,13 +63,10 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 print(f"  default, once  rel_l2 {((got - want).norm() / want.norm()).item():.2e}", flush=True)
                 continue
             default = config_for(t, inter)
-            changes = {"register ring": {"cp_async": False, "tokens_first": False},  # session 12's default
-                       "ring, staged": {"cp_async": False, "tokens_first": False, "staged": True},
-                       "ring, tokens_first": {"cp_async": False},
-                       "cp_async, tiles first": {"tokens_first": False},
+            changes = {"staged": {"staged": True}, "cp_async": {"cp_async": True},
+                       "tiles first": {"tokens_first": False},  # session 12's default
                        # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
-                       "ring, down_warps 8": {"cp_async": False, "tokens_first": False, "down_warps": 8,
-                                              "down_stages": 2}}
+                       "down_warps 8": {"down_warps": 8, "down_stages": 2}}
             configs = {"default": default} | {name: replace(default, **fields) for name, fields in changes.items()}
             configs[UP_ONLY] = replace(default, stop_after="up")
             runs = {name: [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
