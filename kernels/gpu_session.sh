@@ -134,8 +134,9 @@ run_decode() {
     [ -s "$RUN/decode/$name.json" ] && continue
     if [ "$(left)" -lt 200 ]; then echo "== decode: $name not started; call 'decode $commit' again now"; return 0; fi
     # shellcheck disable=SC2086 # the bench's options are words
-    run_limited "decode_$name" $(($(left) - 30)) python3 -m gates.cli bench ${bench#* } --backend both \
-      --json "$RUN/decode/$name.json"
+    # K3FORGE_COMMIT: the records' commit (the runner's copy of .git can sit on an older one; run 3's did)
+    K3FORGE_COMMIT=$commit run_limited "decode_$name" $(($(left) - 30)) python3 -m gates.cli bench ${bench#* } \
+      --backend both --json "$RUN/decode/$name.json"
   done
   K3FORGE_COMMIT=$commit run_limited decode_bundle 120 python3 -m gates.cli evidence decode "$RUN"/decode/*.json \
     --out "$RUN/evidence/decode/sm_90"
