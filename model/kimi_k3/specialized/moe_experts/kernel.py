@@ -51,10 +51,10 @@ for several tokens run together and the L2 serves all but the first read. Expert
 every operand of both MMA loops into shared memory at the CTA's start instead of the register ring, whose loads
 ptxas sinks next to their uses: measured no faster, since the launches are bound by instruction issue (NOTES.md).
 
-Known gaps of this first version (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several
-tokens is requested once per pair (the L2 absorbs the repeats, see above); each weight costs ~6 instructions on CUDA cores
-(shifts, LOP3, FMUL, the activation's bf16 -> fp32, FFMA), which may make batch 1 issue-bound above the floor
-(next: dequantize to bf16 pairs with a few LOP3s per pair and mma.sync with tokens on N, as linear's mma path).
+Known gaps (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several tokens is requested once
+per pair (the L2 absorbs the repeats, see above) and dequantized once per pair; a weight costs ~3.8 instructions on
+the mma paths (~6 on the CUDA-core paths), so the launches are bound by instruction issue, not by memory (next:
+one multiply a pair, and each expert dequantized once for all its tokens on the MMA's N side).
 """
 
 from __future__ import annotations
