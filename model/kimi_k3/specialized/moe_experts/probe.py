@@ -5,10 +5,9 @@ expert's tile read for several tokens at once, the repeats served by the L2) and
 the CTA's start), the tiles inner (session 12's default), 8 `down` warps; of the default config's first launch
 alone (`up`: w13 and SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and
 256 at TP16), T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed as the
-gate routes
-(gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from earlier tokens).
-Each whole call is first checked against the reference on one set. The floor is the distinct experts' bytes over
-4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
+gate routes (gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from earlier
+tokens). Each whole call is first checked against the reference on one set. The floor is the distinct experts' bytes
+over 4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
 
     python -m model.kimi_k3.specialized.moe_experts.probe [--tokens 1 8 16] [--inter 384]
 
