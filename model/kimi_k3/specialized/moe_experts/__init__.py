@@ -36,7 +36,7 @@ __all__ = ["ExpertsConfig", "available", "check_args", "compile", "compile_keys"
            "prepare"]
 # Token counts the compile gate builds for: the range's ends (T is a runtime argument; the heuristic's config is the
 # same at every T today, so both give one key per intermediate dim).
-COMPILE_TOKENS = (1, 16)
+COMPILE_TOKENS = (1, 16)  # clipped to the contract's batch range by compile_keys
 # Rank-local intermediate dim of K3's routed experts per TP size (3072 / 8; 3072 / 16 = 192 zero-padded to 256).
 INTERMEDIATE = {8: 384, 16: 256}
 
