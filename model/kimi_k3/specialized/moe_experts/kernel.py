@@ -47,9 +47,9 @@ mxfp4.dequantize's bf16); the activations' matching elements are paired alike by
 (up / down) instead of ~8.
 
 The grids put the pairs (tokens) inner (ExpertsConfig.tokens_first, the default), so the CTAs reading one expert
-for several tokens run together and the L2 serves all but the first read. ExpertsConfig.cp_async (opt-in) copies
-every operand of both MMA loops into shared memory at the CTA's start instead of the register ring, whose loads
-ptxas sinks next to their uses: measured no faster, since the launches are bound by instruction issue (NOTES.md).
+for several tokens run together and the L2 serves all but the first read. Staging the MMA loops' operands in
+shared memory (cp.async) instead of the register ring was measured no faster and removed: the launches are bound by
+instruction issue (NOTES.md, sessions 12-14).
 
 Known gaps (NOTES.md): (token, slot) pairs are independent, so an expert chosen by several tokens is requested once
 per pair (the L2 absorbs the repeats, see above) and dequantized once per pair; a weight costs ~3.8 instructions on
@@ -69,7 +69,6 @@ with dsl_import() as DSL:
     import cuda.bindings.driver as cuda
     from cutlass import BFloat16, Float32, Int32, Int64, Uint8, Uint32
     from cutlass._mlir.dialects import llvm
-    from cutlass.cute.nvgpu import cpasync
     from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
     from cutlass.cutlass_dsl import T as _T
 
@@ -156,19 +155,6 @@ class ExpertsConfig:
     # `down` likewise: "mma" = 16 w2 rows a CTA on tensor cores (the CTA's warps still split the slots; its ring of
     # down_stages slots holds 2 I / 128 loads a slot), "fma" = 8 rows a CTA on CUDA cores
     down_path: str = "mma"
-    # `up_mma` copies z's row and its 16 rows' scales into shared memory once a CTA (cp.async and byte loads, behind
-    # the weight loads already in flight), so the k-steps read them with LDS instead of an L1 / L2 round trip each
-    # (NOTES.md, session 12: those loads are the top stall). 78 registers instead of 68 (6 CTAs an SM, not 7): the
-    # probe decides. (`down_mma` staged its h rows the same way at 175 registers, the LDS all hoisted: not kept.)
-    staged: bool = False
-    # Every operand of both MMA loops (the weight codes, their scales, z or h) copied into shared memory by cp.async
-    # at the CTA's start, the loops reading shared memory only. The register ring's loads are issued first in the
-    # PTX, but ptxas sinks each next to its first use (SASS, session 13: up_mma's first MMA follows 2 of its 14
-    # weight loads), so a warp waits on one DRAM round trip per super-step; cp.async cannot be sunk, so all of a
-    # CTA's bytes are requested at once. Implies `staged`'s reads in `up`; `down` holds all k slots (down_stages
-    # unused). Shared memory: up 8 L + 2 L + 16 L / 32 bytes (37 KB at L = 3584), down 64 k I / 128 + k I (2 + 1/2)
-    # bytes (63 KB at I = 384).
-    cp_async: bool = False
     # The grids' order: False, a pair's (token's) tiles are consecutive CTAs; True, a tile's pairs (tokens) are, so
     # the CTAs that read one expert's tile for different tokens are resident together and every read after the
     # first is served by the L2: DRAM then carries each distinct expert's bytes about once, as the standard's
@@ -198,17 +184,9 @@ class ExpertsConfig:
         return 16 if self.down_path == "mma" else 32 // TEAM
 
     def smem_bytes(self, latent: int, inter: int, top_k: int) -> int:
-        """Shared memory a CTA of the larger launch allocates: the warps' partial sums, with `staged` `up_mma`'s z
-        row and scales, with `cp_async` also the weight codes of both launches and `down_mma`'s scales and h rows."""
+        """Shared memory a CTA of the larger launch allocates: the warps' partial sums."""
         up = self.up_warps * 16 * 4 if self.up_path == "mma" else 0
-        down = self.down_warps * self.down_rows_per_cta * 4
-        if (self.staged or self.cp_async) and self.up_path == "mma":
-            up += latent * 2 + 16 * (latent // GROUP)
-        if self.cp_async and self.up_path == "mma":
-            up += 16 * latent // 2  # 16 MMA rows of packed codes
-        if self.cp_async and self.down_path == "mma":
-            down += top_k * (16 * inter // 2 + 16 * (inter // GROUP) + 2 * inter)  # codes, scales, h a slot
-        return max(up, down)
+        return max(up, self.down_warps * self.down_rows_per_cta * 4)
 
     def check(self, latent: int, inter: int, top_k: int) -> None:
         """ValueError where the dims do not fit this config's tiling."""
@@ -229,10 +207,10 @@ class ExpertsConfig:
     def for_shape(tokens: int, inter: int, num_sms: int = 132) -> ExpertsConfig:
         """The heuristic, the same at every T <= 16: both tensor-core paths (1.3-1.6x the CUDA-core pair on the
         H200, NOTES.md); `up` with 4 warps splitting K over 8 rows a CTA (48 / 32 tiles a pair at I = 384 / 256, so
-        >= 512 CTAs from one token of 16 slots); `down` with 4 slot groups of 4 slots, all 4 in flight; the grids'
-        tokens inner (`tokens_first`: 1-2 % faster at T = 8-16 in session 13's probe). `cp_async` and `staged` were
-        not faster (the launches are issue-bound, NOTES.md)."""
-        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=4, down_stages=4, tokens_first=True)
+        >= 512 CTAs from one token of 16 slots); `down` with 8 slot groups of 2 slots, both in flight (2-8 % faster
+        than 4 groups of 4 at T = 1-16 in session 14's probe: twice the warps to hide a slot's DRAM round trip);
+        the grids' tokens inner (`tokens_first`: 1-2 % faster at T = 8-16 in session 13's probe)."""
+        return ExpertsConfig(up_warps=4, up_rows=2, down_warps=8, down_stages=2, tokens_first=True)
 
 
 if DSL.error is None:
@@ -446,80 +424,25 @@ if DSL.error is None:
             smem = cutlass.memory.SmemAllocator()
             sPart = smem.allocate_tensor(Float32, cute.make_layout((W, 16), stride=(16, 1)), byte_alignment=16)
             chunk0 = warp * S * 4 + t  # chunk of super-step 0 of this warp, for this lane
-            if cutlass.const_expr(c.cp_async):  # the lane's chunks in its own 16-byte slots: it reads only those
-                sW = smem.allocate_tensor(Uint32, cute.make_layout((W, S, 2, 32, CHUNK_WORDS),
-                                                                   stride=(S * 256, 256, 128, CHUNK_WORDS, 1)),
-                                          byte_alignment=16)
-                g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
-                                          num_bits_per_copy=128)
-                for u in cutlass.range_constexpr(S):
-                    for h in cutlass.range_constexpr(2):
-                        cute.copy(g2s, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
-                                  sW[warp, u, h, lane, None])
-                cute.arch.cp_async_commit_group()
-            else:
-                ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, S), Uint32)
-                for u in cutlass.range_constexpr(S):
-                    for h in cutlass.range_constexpr(2):
-                        cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
-                                  ring[None, h, u])
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, S), Uint32)
+            for u in cutlass.range_constexpr(S):
+                for h in cutlass.range_constexpr(2):
+                    cute.copy(load, cute.local_tile(mW13[e, rows[h], None], (CHUNK_WORDS,), (chunk0 + 4 * u,)),
+                              ring[None, h, u])
             zrow = mZ[token, None]  # z as 32-bit words: elements 2 i, 2 i + 1 in word i
-            staged = c.staged or c.cp_async
-            if cutlass.const_expr(staged):
-                # z's row and the scales of the CTA's 16 MMA rows (row g: w1 row r0 + g, row g + 8: w3 row r0 + g)
-                sZ = smem.allocate_tensor(Uint32, cute.make_layout((1, L // 2), stride=(L // 2, 1)),
-                                          byte_alignment=16)
-                sScale = smem.allocate_tensor(Uint8, cute.make_layout((16, L // GROUP), stride=(L // GROUP, 1)),
-                                              byte_alignment=16)
-                self.stage(cute.local_tile(mZ, (1, L // 2), (token, 0)), sZ, 32 * W)
-                if cutlass.const_expr(c.cp_async):
-                    # the 8 w1 rows' scales (8 L / 32 bytes, contiguous, 16-byte aligned) over the 8 w3 rows'
-                    words = cute.make_tensor(cute.recast_ptr(mS13.iterator, dtype=Uint32),
-                                             cute.make_layout((self.e * 2 * In * L // 128,)))
-                    sScaleW = cute.make_tensor(cute.recast_ptr(sScale.iterator, dtype=Uint32),
-                                               cute.make_layout((16 * L // 128,)))
-                    per_half = 8 * L // 512  # 16-byte chunks of one block of 8 rows
-                    for i in cutlass.range_constexpr(-(-2 * per_half // (32 * W))):
-                        idx = tidx + i * 32 * W
-                        if idx < 2 * per_half:
-                            h, q = idx // per_half, idx % per_half
-                            src0 = (e * 2 * In + h * In + r0) * (L // 128) // 4
-                            cute.copy(g2s, cute.local_tile(words, (4,), (src0 + q,)),
-                                      cute.local_tile(sScaleW, (4,), (h * per_half + q,)))
-                    cute.arch.cp_async_commit_group()
-                else:
-                    NSC = 16 * (L // GROUP)
-                    for i in cutlass.range_constexpr(-(-NSC // (32 * W))):  # coalesced byte loads, all issued first
-                        idx = tidx + i * 32 * W
-                        if idx < NSC:
-                            r, col = idx // (L // GROUP), idx % (L // GROUP)
-                            sScale[r, col] = mS13[e, (r // 8) * In + r0 + r % 8, col]
-                cute.arch.cp_async_wait_group(0)
-                cute.arch.sync_threads()
-                zrow = sZ[0, None]
             two126 = Uint32(BF16X2_2_126)
             acc = [Float32(0.0) for _ in range(4)]
             for u in cutlass.range_constexpr(S):
                 chunk = chunk0 + 4 * u
-                if cutlass.const_expr(staged):
-                    scales = [bf16x2_scale(Uint32(sScale[8 * h + g, chunk]), ops) for h in range(2)]
-                else:
-                    scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
-                if cutlass.const_expr(c.cp_async):
-                    ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, 1), Uint32)  # super-step u's codes, by LDS
-                    for h in cutlass.range_constexpr(2):
-                        cute.autovec_copy(sW[warp, u, h, lane, None], ring[None, h, 0])
+                scales = [bf16x2_scale(Uint32(mS13[e, rows[h], chunk]), ops) for h in range(2)]
                 for s_ in cutlass.range_constexpr(CHUNK_WORDS):
                     zv = cute.make_rmem_tensor((4,), Uint32)  # z elements 32 chunk + 8 s_ .. + 7, as 4 pairs
-                    if cutlass.const_expr(staged):
-                        cute.autovec_copy(cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
-                    else:
-                        cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
+                    cute.copy(z_load, cute.local_tile(zrow, (4,), (chunk * 4 + s_,)), zv)
                     zp = [_prmt(zv[0], zv[2], 0x5410), _prmt(zv[0], zv[2], 0x7632),
                           _prmt(zv[1], zv[3], 0x5410), _prmt(zv[1], zv[3], 0x7632)]  # (0,4), (1,5), (2,6), (3,7)
                     wp = []
                     for h in cutlass.range_constexpr(2):
-                        pairs = e2m1_bf16_pairs(ring[s_, h, 0 if c.cp_async else u], ops)
+                        pairs = e2m1_bf16_pairs(ring[s_, h, u], ops)
                         wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                     # MMA 1: pairs (0,4), (1,5); MMA 2: pairs (2,6), (3,7)
                     for m in cutlass.range_constexpr(2):
@@ -617,76 +540,30 @@ if DSL.error is None:
             sPart = smem.allocate_tensor(Float32, cute.make_layout((G, 16), stride=(16, 1)), byte_alignment=16)
             slots = [warp * P + m for m in range(P)]
             experts = [self.expert_of(mIds, token, slots[m]) for m in range(P)]
-            if cutlass.const_expr(c.cp_async):
-                D = P  # every slot's codes at once, each lane's in its own 16-byte slots
-                sW = smem.allocate_tensor(Uint32, cute.make_layout((G, P, 2, SI, 32, CHUNK_WORDS),
-                                                                   stride=(P * SI * 256, SI * 256, SI * 128, 128,
-                                                                           CHUNK_WORDS, 1)),
-                                          byte_alignment=16)
-                # the 16 rows' scales of every slot (16 I / 32 bytes, contiguous and 16-byte aligned, a slot) and
-                # the token's k rows of h
-                sScale = smem.allocate_tensor(Uint8, cute.make_layout((k, 16, In // GROUP),
-                                                                      stride=(16 * In // GROUP, In // GROUP, 1)),
-                                              byte_alignment=16)
-                sH = smem.allocate_tensor(Uint32, cute.make_layout((k, In // 2), stride=(In // 2, 1)),
-                                          byte_alignment=16)
-                g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
-                                          num_bits_per_copy=128)
-                for m in cutlass.range_constexpr(P):
-                    for h in cutlass.range_constexpr(2):
-                        for u in cutlass.range_constexpr(SI):
-                            cute.copy(g2s, cute.local_tile(mW2[experts[m], rows[h], None], (CHUNK_WORDS,),
-                                                           (4 * u + t,)), sW[warp, m, h, u, lane, None])
-                words = cute.make_tensor(cute.recast_ptr(mS2.iterator, dtype=Uint32),
-                                         cute.make_layout((self.e * self.l * In // 128,)))
-                sScaleW = cute.make_tensor(cute.recast_ptr(sScale.iterator, dtype=Uint32),
-                                           cute.make_layout((k * 16 * In // 128,)))
-                per_slot = 16 * In // 512  # 16-byte chunks of a slot's block of scales
-                for i in cutlass.range_constexpr(-(-k * per_slot // (32 * G))):
-                    idx = tidx + i * 32 * G
-                    if idx < k * per_slot:
-                        sl, q = idx // per_slot, idx % per_slot
-                        src0 = (self.expert_of(mIds, token, sl) * self.l + n0) * (In // 128) // 4
-                        cute.copy(g2s, cute.local_tile(words, (4,), (src0 + q,)),
-                                  cute.local_tile(sScaleW, (4,), (sl * per_slot + q,)))
-                cute.arch.cp_async_commit_group()
-                self.stage(cute.local_tile(mH, (k, In // 2), (token, 0)), sH, 32 * G)
-                cute.arch.cp_async_wait_group(0)
-                cute.arch.sync_threads()
-            else:
-                ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, SI, D), Uint32)
-                for m in cutlass.range_constexpr(D):
-                    self.load_w2_mma(load, mW2, experts[m], rows, t, ring, m % D)
+            ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, SI, D), Uint32)
+            for m in cutlass.range_constexpr(D):
+                self.load_w2_mma(load, mW2, experts[m], rows, t, ring, m % D)
             two126 = Uint32(BF16X2_2_126)
             y = [Float32(0.0), Float32(0.0)]  # rows g, g + 8
             for m in cutlass.range_constexpr(P):
-                hrow = sH[slots[m], None] if cutlass.const_expr(c.cp_async) else mH[token * k + slots[m], None]
+                hrow = mH[token * k + slots[m], None]
                 acc = [Float32(0.0) for _ in range(4)]
                 for u in cutlass.range_constexpr(SI):
                     chunk = 4 * u + t
-                    if cutlass.const_expr(c.cp_async):
-                        scales = [bf16x2_scale(Uint32(sScale[slots[m], g + 8 * h, chunk]), ops) for h in range(2)]
-                        ring = cute.make_rmem_tensor((CHUNK_WORDS, 2, 1, 1), Uint32)  # super-step u's codes, by LDS
-                        for h in cutlass.range_constexpr(2):
-                            cute.autovec_copy(sW[warp, m, h, u, lane, None], ring[None, h, 0, 0])
-                    else:
-                        scales = [bf16x2_scale(Uint32(mS2[experts[m], rows[h], chunk]), ops) for h in range(2)]
+                    scales = [bf16x2_scale(Uint32(mS2[experts[m], rows[h], chunk]), ops) for h in range(2)]
                     for s_ in cutlass.range_constexpr(CHUNK_WORDS):
                         hv = cute.make_rmem_tensor((4,), Uint32)
-                        if cutlass.const_expr(c.cp_async):
-                            cute.autovec_copy(cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
-                        else:
-                            cute.copy(h_load, cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
+                        cute.copy(h_load, cute.local_tile(hrow, (4,), (chunk * 4 + s_,)), hv)
                         hp = [_prmt(hv[0], hv[2], 0x5410), _prmt(hv[0], hv[2], 0x7632),
                               _prmt(hv[1], hv[3], 0x5410), _prmt(hv[1], hv[3], 0x7632)]
                         wp = []
                         for h in cutlass.range_constexpr(2):
-                            pairs = e2m1_bf16_pairs(ring[s_, h, 0, 0] if c.cp_async else ring[s_, h, u, m % D], ops)
+                            pairs = e2m1_bf16_pairs(ring[s_, h, u, m % D], ops)
                             wp.append([_mul_bf16x2(_mul_bf16x2(p, two126), scales[h]) for p in pairs])
                         for q in cutlass.range_constexpr(2):
                             acc = mma_m16n8k16([wp[0][2 * q], wp[1][2 * q], wp[0][2 * q + 1], wp[1][2 * q + 1]],
                                                [hp[2 * q], hp[2 * q + 1]], acc)
-                if cutlass.const_expr(m + D < P and not c.cp_async):
+                if cutlass.const_expr(m + D < P):
                     self.load_w2_mma(load, mW2, experts[m + D], rows, t, ring, m % D)
                 weight = mWeights[token, slots[m]]
                 y[0] = y[0] + weight * acc[0].to(BFloat16).to(Float32)  # the reference's bf16 `act @ m2.t()`
@@ -700,23 +577,6 @@ if DSL.error is None:
                 for w in cutlass.range_constexpr(1, G):
                     total = total + sPart[w, tidx]
                 mY[token, n0 + tidx] = total
-
-        @cute.jit
-        def stage(self, src: cute.Tensor, dst: cute.Tensor, threads: cutlass.Constexpr):
-            """cp.async of src ([rows, words] of 32-bit words in global memory, 16-byte aligned rows) into dst (the
-            same shape in shared memory), 16 bytes a copy, consecutive threads on consecutive chunks (coalesced);
-            one commit group. The caller waits for it and syncs the CTA."""
-            rows, words = cute.size(src, mode=[0]), cute.size(src, mode=[1])
-            per_row = words // 4
-            g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Uint32,
-                                      num_bits_per_copy=128)
-            tidx, _, _ = cute.arch.thread_idx()
-            for i in cutlass.range_constexpr(-(-rows * per_row // threads)):
-                idx = tidx + i * threads
-                if idx < rows * per_row:
-                    r, q = idx // per_row, idx % per_row
-                    cute.copy(g2s, cute.local_tile(src[r, None], (4,), (q,)), cute.local_tile(dst[r, None], (4,), (q,)))
-            cute.arch.cp_async_commit_group()
 
         @cute.jit
         def load_w2_mma(self, load: cute.CopyAtom, mW2: cute.Tensor, e: Int32, rows: tuple, t: Int32,

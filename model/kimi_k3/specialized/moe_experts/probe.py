@@ -1,13 +1,12 @@
-"""Which config of the tensor-core pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call
-times of moe_experts_cute with the default config (the register ring; `tokens_first`: the grids' tiles outer, an
-expert's tile read for several tokens at once, the repeats served by the L2) and with one change each: `staged`
-(up_mma's z and scales in shared memory), `cp_async` (every operand of both launches copied into shared memory at
-the CTA's start), the tiles inner (session 12's default), 8 `down` warps; of the default config's first launch
-alone (`up`: w13 and SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at TP8 and
-256 at TP16), T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed as the
-gate routes (gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from earlier
-tokens). Each whole call is first checked against the reference on one set. The floor is the distinct experts' bytes
-over 4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
+"""Which config of the tensor-core pair is fastest, and where the standard stands (NOTES.md): in-pipeline per-call times
+of moe_experts_cute with the default config (the register ring; `tokens_first`: the grids' tiles outer, an expert's
+tile read for several tokens at once, the repeats served by the L2; 8 `down` warps of 2 slots) and with one change
+each: the tiles inner (session 12's default), 4 `down` warps of 4 slots (session 13's); of the default config's first
+launch alone (`up`: w13 and SiTU) and of the standard, at K3's shape (896 experts, latent 3584, top-16, I = 384 at
+TP8 and 256 at TP16), T = 1, 4, 16 by default; 8 distinct expert sets per graph (together far beyond the L2), routed
+as the gate routes (gates/problems/moe_experts.py `routing`: each later token reuses a quarter of its experts from
+earlier tokens). Each whole call is first checked against the reference on one set. The floor is the distinct
+experts' bytes over 4.3 TB/s. (The CUDA-core paths, slower at every point, were timed in sessions 10-11: NOTES.md.)
 
     python -m model.kimi_k3.specialized.moe_experts.probe [--tokens 1 8 16] [--inter 384]
 
@@ -62,10 +61,9 @@ def main(tokens: list[int], inters: list[int], check_only: bool) -> None:
                 print(f"  default, once  rel_l2 {((got - want).norm() / want.norm()).item():.2e}", flush=True)
                 continue
             default = config_for(t, inter)
-            changes = {"staged": {"staged": True}, "cp_async": {"cp_async": True},
-                       "tiles first": {"tokens_first": False},  # session 12's default
-                       # twice the warps a `down` CTA, 2 slots each: half the serial chain a warp at small T
-                       "down_warps 8": {"down_warps": 8, "down_stages": 2}}
+            changes = {"tiles first": {"tokens_first": False},  # session 12's default
+                       # half the warps a `down` CTA, 4 slots each, all in flight (session 13's default)
+                       "down_warps 4": {"down_warps": 4, "down_stages": 4}}
             configs = {"default": default} | {name: replace(default, **fields) for name, fields in changes.items()}
             configs[UP_ONLY] = replace(default, stop_after="up")
             runs = {name: [lambda w13=w13, w2=w2, cfg=cfg: moe_experts_cute(z, ids, weights, w13, w2, BETA, BETA_LIN,
