@@ -113,6 +113,8 @@ def run_verify(args) -> int:
         trusted += 1
         if decode.is_decode_bundle(directory):  # measurements, no verdict
             out.print(f"[green]✓[/] {name}: intact and fresh, decode measurements (no verdict)", soft_wrap=True)
+            if note := decode.tooling_note(decode.load(directory)):
+                out.print(f"    [dim]note: {escape(note)}[/]", soft_wrap=True)
             continue
         bundle = load_bundle(directory)
         if not bundle.verdict.failed or args.allow_failed:

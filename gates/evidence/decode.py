@@ -3,9 +3,9 @@ decode layer and step, both backends side by side, with the per-op trace tables 
 
 It is made from the JSON records the benches write (`--json`): every record must come from one commit and one
 device, and together they name the sha256 of every repository source the runs loaded (dynamic imports included)
-and of every contract. Like an op bundle it has a manifest (integrity) and is fresh only while those sources are
-unchanged; unlike one it judges nothing: it reports measurements, and the task checks and contracts read only op
-bundles.
+and of every contract. Like an op bundle it has a manifest (integrity) and is fresh only while the measured path's
+sources (all but the gate tooling under gates/, whose changes are a note) are unchanged; unlike one it judges
+nothing: it reports measurements, and the task checks and contracts read only op bundles.
 """
 
 from __future__ import annotations
@@ -87,15 +87,37 @@ def from_records(paths: list[Path]) -> DecodeBundle:
                         steps=[row for _, r in records if r["command"] == "step" for row in r["rows"]])
 
 
-def check_freshness(bundle: DecodeBundle, root: Path = REPO_ROOT) -> list[str]:
-    problems = []
+# The gate tooling that launched the benches and renders their records (the CLI, the gate, the evidence code): its
+# hashes are recorded, but a change there cannot change what ran or how it was timed (the benches, the dispatcher,
+# the timing and every kernel live under model/ and kernels/; what ran is in the rows), so, as for an op bundle
+# judged by other gate code, it is a note and not staleness.
+TOOLING = "gates/"
+
+
+def _changed(bundle: DecodeBundle, root: Path) -> list[tuple[str, str]]:
+    """(path, why) for each recorded source that is gone or hashes differently now."""
+    changed = []
     for path, digest in bundle.sources.items():
         file = resolve(path, root)
         if not file.is_file():
-            problems.append(f"stale: {path} no longer exists")
+            changed.append((path, "no longer exists"))
         elif sha256_file(file) != digest:
-            problems.append(f"stale: {path} changed since the measurements were made")
-    return problems
+            changed.append((path, "changed since the measurements were made"))
+    return changed
+
+
+def check_freshness(bundle: DecodeBundle, root: Path = REPO_ROOT) -> list[str]:
+    """Stale where a source of the measured path (everything recorded outside TOOLING) changed or is gone."""
+    return [f"stale: {path} {why}" for path, why in _changed(bundle, root) if not path.startswith(TOOLING)]
+
+
+def tooling_note(bundle: DecodeBundle, root: Path = REPO_ROOT) -> str | None:
+    """A note when the gate tooling recorded with the measurements differs from this tree's; not staleness."""
+    changed = [path for path, _ in _changed(bundle, root) if path.startswith(TOOLING)]
+    if not changed:
+        return None
+    return (f"launched and rendered by gate tooling that differs from this tree's ({len(changed)} file(s) under "
+            f"{TOOLING}, e.g. {changed[0]}); the measured path is unchanged")
 
 
 def _series(row: dict) -> str:

@@ -79,6 +79,22 @@ def test_an_edited_report_or_a_changed_source_is_caught(records, tmp_path):
     assert any("stale: model/kimi_k3/bench/run.py" in p for p in verify_bundle(tmp_path / "stale"))
 
 
+def test_a_change_to_the_gate_tooling_is_a_note_not_staleness(records, tmp_path):
+    """The CLI, gate and evidence code under gates/ launched the benches but cannot change what ran: a change there
+    leaves the bundle fresh with a note naming it; a change anywhere in the measured path makes it stale."""
+    bundle = decode.from_records(records)
+    tooling = next(p for p in bundle.sources if p.startswith(decode.TOOLING))
+    assert decode.tooling_note(bundle) is None
+    bundle.sources[tooling] = "0" * 64
+    decode.write(bundle, tmp_path / "b")
+    assert verify_bundle(tmp_path / "b") == []
+    assert tooling in decode.tooling_note(decode.load(tmp_path / "b"))
+    bundle.sources["kernels/timing.py"] = "0" * 64
+    decode.write(bundle, tmp_path / "stale")
+    assert [p.split(": ", 1)[1] for p in verify_bundle(tmp_path / "stale")] == [
+        "stale: kernels/timing.py changed since the measurements were made"]
+
+
 def test_rows_with_and_without_collectives_are_two_series(records):
     """`bench layer --collectives` records a row with the all-reduces and one without at the same batch and
     backend: the plot keeps both."""
