@@ -22,7 +22,7 @@ from gates.core.machine import one_thread
 from . import long_context, sampling, structured
 from .config import EvalConfig
 from .paths import PathPair
-from .result import EvalResult, Status
+from .result import EvalResult, Status, Table
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig 
     gate = gate or EVALS[name]
     config = config if config is not None else gate.config()
     start = time.perf_counter()
+    before = {p.name: p.dispatch_counts() for p in _paths_with_dispatchers(paths)}
     try:
         with single_threaded_on_cpu(paths.device):
             result = gate.run(config, paths, progress)
@@ -66,4 +67,28 @@ def run_eval(name: str, paths: PathPair, progress: Progress, config: EvalConfig 
         result = EvalResult(name=name, status=Status.ERROR, reason=f"{type(e).__name__}: {e}",
                             notes=traceback.format_exc().strip().splitlines()[-6:])
     notes = [*paths.notes, f"paths: {paths.label}", *result.notes]
-    return result.model_copy(update={"seconds": round(time.perf_counter() - start, 2), "notes": notes})
+    tables = [*result.tables, *dispatch_table(paths, before)]
+    return result.model_copy(update={"seconds": round(time.perf_counter() - start, 2), "notes": notes,
+                                     "tables": tables})
+
+
+def _paths_with_dispatchers(paths: PathPair) -> list:
+    return [p for p in (paths.candidate, paths.standard) if p is not None and p.ops is not None]
+
+
+def dispatch_table(paths: PathPair, before: dict[str, dict]) -> list[Table]:
+    """What the candidate and standard paths ran during one eval: per op, the dispatcher's specialized and standard
+    calls and each fallback's reason (counts since `before`, each path's counts when the eval started), so a report
+    shows which kernels the verdict covers. [] when no path counts in this process or nothing was dispatched."""
+    table = Table(title="what ran: the dispatcher's calls per op during this eval",
+                  columns=["path", "op", "specialized kernel calls", "standard calls", "fallbacks (reason: calls)"])
+    for path in _paths_with_dispatchers(paths):
+        start = before.get(path.name, {})
+        for op, now in sorted(path.dispatch_counts().items()):
+            was = start.get(op, {"specialized": 0, "standard": 0, "fallbacks": {}})
+            fallbacks = {r: n - was["fallbacks"].get(r, 0) for r, n in now["fallbacks"].items()}
+            fallbacks = {r: n for r, n in fallbacks.items() if n}
+            row = (now["specialized"] - was["specialized"], now["standard"] - was["standard"])
+            if any(row):
+                table.add(path.name, op, *row, ", ".join(f"{r}: {n}" for r, n in sorted(fallbacks.items())) or "-")
+    return [table] if table.rows else []

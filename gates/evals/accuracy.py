@@ -173,7 +173,7 @@ def kernel_path(model: KimiK3Model, op: str, implementation: str, name: str | No
     }, source)
     ops = Dispatcher(target, "latency_specialized", {op: Specialized(contract, source, import_entry_point(
         implementation))})
-    return DecodePath(name or implementation.rpartition(":")[2], partial(DispatchedEngine, model, ops=ops))
+    return DecodePath(name or implementation.rpartition(":")[2], partial(DispatchedEngine, model, ops=ops), ops=ops)
 
 
 @contextmanager

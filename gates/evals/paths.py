@@ -75,6 +75,13 @@ class DecodePath:
     make_engine: Callable[[int], Engine]  # max_len -> an engine with one cache slot
     logit_transforms: tuple[LogitTransform, ...] = ()
     sampler: Sampler = sample
+    # the dispatcher the path's engines run through, in this process (None: a path whose engines live elsewhere,
+    # e.g. a sandboxed candidate's, which reports its own counts): its `report()` counts what the path ran
+    ops: Dispatcher | None = None
+
+    def dispatch_counts(self) -> dict[str, dict]:
+        """{op: {"specialized": calls, "standard": calls, "fallbacks": {reason: calls}}} so far ({} without ops)."""
+        return {} if self.ops is None else self.ops.report()["ops"]
 
     def session(self, max_len: int, routing: "RoutingTap | None" = None) -> "Session":
         return Session(self, max_len, routing)
@@ -124,7 +131,7 @@ def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = 
         name = backend
     if kv_cache_dtype != "auto":
         name = f"{name} ({kv_cache_dtype} MLA cache)"
-    return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype))
+    return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype), ops=ops)
 
 
 def _kernels_of(model: KimiK3Model, ops: Sequence[str]) -> Dispatcher:

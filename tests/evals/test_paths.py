@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gates.evals import run_eval, single_threaded_on_cpu
+from gates.evals import EvalGate, run_eval, single_threaded_on_cpu
 from gates.evals.paths import DecodePath, RouteSwap, RoutingTap, backend_path, perturbed
-from gates.evals.result import Status
+from gates.evals.result import EvalResult, Status
+from gates.evals.sampling import SamplingConfig
 from gates.evals.subject import first_layers, load_pair, random_model
 from model.kimi_k3.config import ConfigError, preset
 from model.kimi_k3.ops.registry import OPS, Op
@@ -126,6 +127,28 @@ def test_run_eval_records_a_crashing_path(make_pair, progress):
     result = run_eval("sampling", make_pair(DecodePath("broken", crash)), progress)
     assert result.status == Status.ERROR and result.reason == "RuntimeError: boom"
     assert "paths: broken vs reference" in result.notes
+
+
+def test_run_eval_reports_what_the_candidate_ran_during_it(make_pair, tiny_model, progress):
+    """The "what ran" table counts the candidate dispatcher's calls during this eval only (not before it): the
+    contracted CPU kernel (AttnRes) by its specialized calls, each fallback by its reason."""
+    candidate = backend_path(tiny_model, "latency_specialized")
+    decode(candidate)  # calls before the eval are not the eval's
+    once = candidate.dispatch_counts()["attn_res"]
+    assert once["specialized"] > 0 and once["fallbacks"]
+
+    def run(config, paths, progress):
+        decode(paths.candidate)
+        return EvalResult(name="decode", status=Status.PASSED)
+
+    result = run_eval("decode", make_pair(candidate), progress, gate=EvalGate("decode", run, SamplingConfig, "3 steps"))
+    (table,) = [t for t in result.tables if t.title.startswith("what ran")]
+    rows = {(row[0], row[1]): row[2:] for row in table.rows}
+    fallbacks = ", ".join(f"{reason}: {n}" for reason, n in sorted(once["fallbacks"].items()))
+    assert rows["latency_specialized", "attn_res"] == [once["specialized"], once["standard"], fallbacks]
+    assert all(path == "latency_specialized" for path, _ in rows)  # the reference path is not counted
+    assert run_eval("decode", make_pair(DecodePath("no dispatcher", candidate.make_engine)), progress,
+                    gate=EvalGate("decode", run, SamplingConfig, "3 steps")).tables == []
 
 
 def test_first_layers_keeps_every_dimension():
