@@ -49,6 +49,10 @@ class RemotePath:
     remote: RemoteCandidate = field(repr=False, compare=False)
     logit_transforms: tuple[LogitTransform, ...] = ()
     sampler: Sampler = sample
+    ops: None = None  # the dispatcher is the child's: its counts come from `eval_report`, not from an eval's table
+
+    def dispatch_counts(self) -> dict[str, dict]:
+        return {}
 
     def session(self, max_len: int) -> "RemoteSession":
         return RemoteSession(self, max_len)
