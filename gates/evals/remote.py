@@ -51,9 +51,6 @@ class RemotePath:
     sampler: Sampler = sample
     ops: None = None  # the dispatcher is the child's: its counts come from `eval_report`, not from an eval's table
 
-    def dispatch_counts(self) -> dict[str, dict]:
-        return {}
-
     def session(self, max_len: int) -> "RemoteSession":
         return RemoteSession(self, max_len)
 
