@@ -6,6 +6,11 @@ STAMP  := $(VENV)/.installed
 # The CPU machines carry a local CPU build of exactly this torch; an unpinned torch pulls a CUDA build.
 TORCH_CPU := torch==2.13.0
 WHEELHOUSE := .wheelhouse
+# Both test environments install every package at the version CI last passed with, so a new release upstream
+# cannot change what CI runs. (transformers >= 5.25 depends on HF's `kernels`, an import name that our
+# toolkit's directory shadows from the checkout: compressed-tensors' import of transformers then fails.)
+CONSTRAINTS      := -c .ci/constraints.txt
+VLLM_CONSTRAINTS := -c .ci/constraints-vllm.txt
 # cp312 manylinux wheels of the pinned GPU extras, for GPU runners without a package index.
 WHEEL_PLATFORM := --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
@@ -20,11 +25,11 @@ GPU_WHEELS := nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-base==4.8.1 nvid
 
 .PHONY: install test gate bench wheelhouse clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml .ci/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_CPU)
-	$(BIN)/pip install -q -e '.[gpu,test]'
+	$(BIN)/pip install -q $(CONSTRAINTS) -e '.[gpu,test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -79,12 +84,12 @@ VLLM_UNUSED := torchvision torchaudio torchcodec
 
 .PHONY: install-vllm test-vllm clean-vllm
 
-$(VLLM_STAMP): pyproject.toml model/kimi_k3/vllm/requirements.py
+$(VLLM_STAMP): pyproject.toml model/kimi_k3/vllm/requirements.py .ci/constraints-vllm.txt
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(VLLM_BIN)/pip install -q $(TORCH_CPU)
 	$(VLLM_BIN)/python model/kimi_k3/vllm/requirements.py > $(VLLM_VENV)/requirements.txt
-	$(VLLM_BIN)/pip install -q -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_BIN)/pip install -q $(VLLM_CONSTRAINTS) -r $(VLLM_VENV)/requirements.txt
 	$(VLLM_BIN)/pip uninstall -q -y $(VLLM_UNUSED)
 	$(VLLM_BIN)/pip install -q --no-deps -e .
 	touch $@
