@@ -10,10 +10,15 @@ here, naming it.
 from __future__ import annotations
 
 import importlib.metadata
+import tomllib
 
 import pytest
 
-OURS = ("model", "kernels", "gates")
+from kernels.sources import REPO_ROOT
+
+# The top-level packages pyproject.toml ships ("model*" -> "model").
+OURS = tuple(pattern.rstrip("*") for pattern in tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+             ["tool"]["setuptools"]["packages"]["find"]["include"])
 
 
 @pytest.mark.parametrize("name", OURS)
