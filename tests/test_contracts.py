@@ -13,8 +13,10 @@ import yaml
 from gates.cli import main
 from kernels.contract import ContractError, contract_files, load_contract, parse_contract
 from model.kimi_k3.ops.registry import CONTRACTS_DIR, load_specialized, registry_problems
+from tests.gates.fixtures.helpers import CPU_EXAMPLE
 
-VALIDATED = yaml.safe_load((CONTRACTS_DIR / "attn_res.yaml").read_text())
+# The CPU example's contract (validated on cpu): its entry points import on any machine.
+VALIDATED = yaml.safe_load(CPU_EXAMPLE.read_text())
 # The same contract with its arch declared, not validated: no evidence needed, so one problem shows alone.
 BASE = {**VALIDATED, "hardware": {"validated": [], "declared": [{"arch": "cpu", "devices": ["cpu"]}]}}
 

@@ -214,7 +214,8 @@ def never_timed(contract: Contract) -> str | None:
     """Why the contract's speed is judged on no arch it validates (this gate applies on none of them), or None.
     Only a torch-backend contract validated on CPUs alone can be so (a GPU backend's CPU bundle is never PASSED):
     the contracts gate flags it and `contract check` prints it. It is not a contract problem, so such a contract
-    (attn_res, a CPU stand-in for the dispatch path) keeps validating; a reviewer reads its speed as unproven."""
+    (the tests' CPU example, a stand-in for the dispatch path) keeps validating; a reviewer reads its speed as
+    unproven."""
     validated = contract.archs_validated
     if not validated or any(inapplicable(contract, arch) is None for arch in validated):
         return None

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -116,31 +117,33 @@ class PathPair:
 
 
 def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = None,
-                 kv_cache_dtype: str = "auto") -> DecodePath:
-    """A path's engines share one dispatcher, so its `report()` counts what the path ran. `only` (with
-    latency_specialized): the kernels of these ops alone, every other op standard, as a gate runs one contract.
-    kv_cache_dtype: the engines' MLA cache (ModelCache; "fp8" names the path so)."""
+                 kv_cache_dtype: str = "auto", contracts_dir: Path = CONTRACTS_DIR) -> DecodePath:
+    """A path's engines share one dispatcher, so its `report()` counts what the path ran. latency_specialized
+    runs the kernels of the contracts in `contracts_dir`; `only`: the kernels of these ops alone, every other op
+    standard, as a gate runs one contract. kv_cache_dtype: the engines' MLA cache (ModelCache; "fp8" names the
+    path so)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown decode backend {backend!r}; choose from {BACKENDS}")
     if only is not None:
         if backend != "latency_specialized":
             raise ValueError(f"choosing kernels by op needs the latency_specialized backend, not {backend!r}")
-        ops, name = _kernels_of(model, only), f"{backend}[{','.join(only)}]"
+        ops, name = _kernels_of(model, only, contracts_dir), f"{backend}[{','.join(only)}]"
     else:
-        ops = ReferenceDispatcher.for_model(model) if backend == "reference" else Dispatcher.for_model(model, backend)
+        ops = (ReferenceDispatcher.for_model(model) if backend == "reference"
+               else Dispatcher.for_model(model, backend, contracts_dir))
         name = backend
     if kv_cache_dtype != "auto":
         name = f"{name} ({kv_cache_dtype} MLA cache)"
     return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype), ops=ops)
 
 
-def _kernels_of(model: KimiK3Model, ops: Sequence[str]) -> Dispatcher:
+def _kernels_of(model: KimiK3Model, ops: Sequence[str], contracts_dir: Path) -> Dispatcher:
     """A latency_specialized dispatcher with the contracts of `ops` only."""
     target = Target.of(model)
-    kernels = load_specialized(CONTRACTS_DIR, arch=target.arch)
+    kernels = load_specialized(contracts_dir, arch=target.arch)
     unknown = sorted(set(ops) - set(kernels))
     if unknown:
-        raise ValueError(f"no contract for op(s) {', '.join(unknown)} in {CONTRACTS_DIR}; "
+        raise ValueError(f"no contract for op(s) {', '.join(unknown)} in {contracts_dir}; "
                          f"choose from {', '.join(sorted(kernels))}")
     return Dispatcher(target, "latency_specialized", {op: kernels[op] for op in ops})
 

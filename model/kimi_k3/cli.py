@@ -27,16 +27,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from kernels.contract import ContractError
 from model.kimi_k3.cache import KV_CACHE_DTYPES
 from model.kimi_k3.checkpoint import checkpoint_tensors, write_checkpoint
 from model.kimi_k3.config import KimiK3Config, preset
-from model.kimi_k3.dispatch import DECODE_BACKENDS
+from model.kimi_k3.dispatch import DECODE_BACKENDS, detect
 from model.kimi_k3.distributed import run_tp, tp_backend
 from model.kimi_k3.drafters import Drafter, NgramDrafter, SyntheticDrafter
 from model.kimi_k3.engine import Engine, Generation, SamplingParams, check_fits, positions_needed
 from model.kimi_k3.errors import UsageError
 from model.kimi_k3.loader import load_config, load_model
 from model.kimi_k3.model import KimiK3Model
+from model.kimi_k3.ops.registry import CONTRACTS_DIR, load_specialized
 from model.kimi_k3.parallel import TP
 
 
@@ -207,6 +209,8 @@ def _register_generate(sub) -> None:
     p.add_argument("--decode-backend", choices=DECODE_BACKENDS, default="auto",
                    help="auto: the standard path (default); "
                         "latency_specialized: contracted kernels inside their envelopes")
+    p.add_argument("--contracts", type=Path, default=CONTRACTS_DIR,
+                   help="with latency_specialized: the contracts directory (default: this checkout's contracts/)")
     p.add_argument("--kv-cache-dtype", choices=sorted(KV_CACHE_DTYPES), default="auto",
                    help="the MLA cache: auto (the activation dtype, default) or fp8 (e4m3 entries, scale 1, as "
                         "vLLM's kv_cache_dtype=fp8: half the bytes)")
@@ -229,6 +233,7 @@ class Request:
     decode_backend: str
     cuda_graphs: bool = False  # decode steps replay a CUDA graph captured at batch 1
     kv_cache_dtype: str = "auto"
+    contracts_dir: str = str(CONTRACTS_DIR)  # latency_specialized's contracts
 
 
 def parse_ids(text: str) -> list[int]:
@@ -259,7 +264,7 @@ def generate_on_rank(tp: TP, device: torch.device, req: Request) -> tuple[Genera
     model = load_model(req.ckpt, tp=tp, act_dtype=DTYPES[req.dtype], device=device)
     engine = Engine(model, max_len=len(req.prompt) + req.params.max_new_tokens + req.spec_tokens,
                     decode_backend=req.decode_backend, graph_sizes=(1,) if req.cuda_graphs else (),
-                    kv_cache_dtype=req.kv_cache_dtype)
+                    kv_cache_dtype=req.kv_cache_dtype, contracts_dir=req.contracts_dir)
     drafter: Drafter | None = None
     if req.spec_tokens:
         accept = synthetic_accept(req.drafter)
@@ -275,6 +280,20 @@ def rank_weight_bytes(cfg: KimiK3Config, tp: int, dtype: str) -> int:
     with torch.device("meta"):
         model = KimiK3Model(cfg, TP(0, tp), DTYPES[dtype])
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def check_contracts(directory: Path, backend: str, device: torch.device) -> None:
+    """A UsageError naming --contracts for a directory latency_specialized could not load (every rank would raise)."""
+    if backend != "latency_specialized":
+        if directory != CONTRACTS_DIR:
+            raise UsageError("--contracts: only used with --decode-backend latency_specialized")
+        return
+    if not directory.is_dir():
+        raise UsageError(f"--contracts {directory}: no such contracts directory")
+    try:
+        load_specialized(directory, arch=detect(device)[0])
+    except ContractError as e:
+        raise UsageError(f"--contracts {directory}: {e}") from None
 
 
 def run_generate(args) -> int:
@@ -297,6 +316,7 @@ def run_generate(args) -> int:
     device = torch_device(args.device)
     if args.eager and device.type != "cuda":
         raise UsageError(f"--eager: CUDA graphs run only on cuda; on {device} every step is eager")
+    check_contracts(args.contracts, args.decode_backend, device)
     try:
         tp_backend(device, args.tp)
     except ValueError as e:
@@ -312,7 +332,8 @@ def run_generate(args) -> int:
         raise UsageError(str(e)) from None
     params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.seed)
     req = Request(args.ckpt, args.dtype, prompt, params, args.spec_tokens, drafter, args.decode_backend,
-                  cuda_graphs=device.type == "cuda" and not args.eager, kv_cache_dtype=args.kv_cache_dtype)
+                  cuda_graphs=device.type == "cuda" and not args.eager, kv_cache_dtype=args.kv_cache_dtype,
+                  contracts_dir=str(args.contracts))
     status = Console(stderr=True)
     try:
         with status.status(escape(f"generating from {args.ckpt} (TP{args.tp})")):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -27,6 +28,7 @@ from .cuda_graphs import GraphedDecode
 from .dispatch import Dispatcher
 from .drafters import Drafter
 from .model import KimiK3Model
+from .ops.registry import CONTRACTS_DIR
 from .sampling import sample, top_p_probs
 from .spec_decode import greedy_accept, rejection_sample
 
@@ -115,7 +117,8 @@ class Engine:
     """Owns a model, its cache slots and a sampler; generates for a batch of prompts.
 
     decode_backend: "auto" (the standard path) or "latency_specialized" (contracted kernels inside their
-    envelopes); it installs a fresh dispatcher on the model, whose `report()` counts this engine's calls.
+    envelopes, from the contracts in `contracts_dir`); it installs a fresh dispatcher on the model, whose
+    `report()` counts this engine's calls.
     graph_sizes (CUDA only): batch sizes whose decode step is captured in a CUDA graph when the engine is made; a
     decode step of b sequences then replays the smallest captured size >= b (`graphs.replays` counts them), its
     padded rows writing one cache slot that no sequence owns. Every rank of a TP group must make its engine
@@ -124,9 +127,10 @@ class Engine:
     """
 
     def __init__(self, model: KimiK3Model, max_len: int, num_slots: int = 8, decode_backend: str = "auto",
-                 graph_sizes: Sequence[int] = (), kv_cache_dtype: str = "auto", kv_scale: float = 1.0):
+                 graph_sizes: Sequence[int] = (), kv_cache_dtype: str = "auto", kv_scale: float = 1.0,
+                 contracts_dir: str | Path = CONTRACTS_DIR):
         self.model = model
-        model.ops = Dispatcher.for_model(model, decode_backend)
+        model.ops = Dispatcher.for_model(model, decode_backend, contracts_dir)
         device = next(model.parameters()).device
         self.device = device
         if graph_sizes and device.type != "cuda":

@@ -25,6 +25,7 @@ from gates.evals.paths import backend_path
 from gates.evals.subject import load_subject
 from model.kimi_k3.train.data import Tasks
 from tests.adversarial.broken_decode import BROKEN
+from tests.gates.fixtures.helpers import CPU_EXAMPLE_CONTRACTS
 
 pytestmark = pytest.mark.skipif(accuracy.default_ckpt() is None,
                                 reason=f"no trained checkpoint at {accuracy.TRAINED_CKPT} (gpu_run.sh makes it)")
@@ -56,7 +57,8 @@ def broken(name: str):
 
 
 def test_contracted_kernels_pass():
-    assert judged("cpu", lambda model: backend_path(model, "latency_specialized")) == []
+    assert judged("cpu", lambda model: backend_path(model, "latency_specialized",
+                                                    contracts_dir=CPU_EXAMPLE_CONTRACTS)) == []
 
 
 def test_an_expert_id_off_fails_on_cpu():

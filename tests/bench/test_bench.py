@@ -59,10 +59,11 @@ def test_an_mla_layer_over_an_fp8_cache(cfg):
 
 
 def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
-    """The CPU attn_res kernel's contract takes fp32 activations; the bench's layers run bf16."""
+    """No repository contract validates the cpu arch: on this machine the KDA kernel (validated on the H200 only)
+    falls back for the arch at every call, and each is counted."""
     rows = bench_layers(cfg, "kda", tp=1, batch=1, context=4, count=1, backends=["latency_specialized"], device=CPU)
-    attn_res = rows[0].dispatch["attn_res"]
-    assert attn_res["specialized"] == 0 and attn_res["fallbacks"].get("dtype", 0) == attn_res["standard"] > 0
+    kda = rows[0].dispatch["kda_decode"]
+    assert kda["specialized"] == 0 and kda["fallbacks"].get("arch", 0) == kda["standard"] > 0
 
 
 def test_a_kernel_that_raises_in_a_bench_is_named_not_hidden():

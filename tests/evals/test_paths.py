@@ -13,6 +13,7 @@ from gates.evals.sampling import SamplingConfig
 from gates.evals.subject import first_layers, load_pair, random_model
 from model.kimi_k3.config import ConfigError, preset
 from model.kimi_k3.ops.registry import OPS, Op
+from tests.gates.fixtures.helpers import CPU_EXAMPLE_CONTRACTS
 
 PROMPT = [5, 17, 300, 42]
 
@@ -69,15 +70,20 @@ def test_kda_states_are_the_sessions(make_pair, tiny_cfg):
 
 
 def test_backends(tiny_model):
-    """latency_specialized runs the contracted CPU kernel (AttnRes) where its envelope holds, and counts it."""
-    path = backend_path(tiny_model, "latency_specialized")
+    """latency_specialized runs the contracted CPU kernel (the CPU example's AttnRes) where its envelope holds, and
+    counts it; with the repository's contracts nothing is validated on cpu, so every op runs its standard."""
+    path = backend_path(tiny_model, "latency_specialized", contracts_dir=CPU_EXAMPLE_CONTRACTS)
     session = path.session(8)
     session.feed(PROMPT)
     session.feed([5])
     assert session.engine.ops.report()["ops"]["attn_res"]["specialized"] > 0
+    repository = backend_path(tiny_model, "latency_specialized").session(8)
+    repository.feed(PROMPT)
+    repository.feed([5])
+    assert all(op["specialized"] == 0 for op in repository.engine.ops.report()["ops"].values())
     with pytest.raises(ValueError, match="unknown decode backend 'fast'"):
         backend_path(tiny_model, "fast")
-    only = backend_path(tiny_model, "latency_specialized", only=["attn_res"])
+    only = backend_path(tiny_model, "latency_specialized", only=["attn_res"], contracts_dir=CPU_EXAMPLE_CONTRACTS)
     assert only.name == "latency_specialized[attn_res]"
     with pytest.raises(ValueError, match="no contract for op\\(s\\) nope"):
         backend_path(tiny_model, "latency_specialized", only=["nope"])
@@ -131,8 +137,8 @@ def test_run_eval_records_a_crashing_path(make_pair, progress):
 
 def test_run_eval_reports_what_the_candidate_ran_during_it(make_pair, tiny_model, progress):
     """The "what ran" table counts the candidate dispatcher's calls during this eval only (not before it): the
-    contracted CPU kernel (AttnRes) by its specialized calls, each fallback by its reason."""
-    candidate = backend_path(tiny_model, "latency_specialized")
+    contracted CPU kernel (the CPU example's AttnRes) by its specialized calls, each fallback by its reason."""
+    candidate = backend_path(tiny_model, "latency_specialized", contracts_dir=CPU_EXAMPLE_CONTRACTS)
     decode(candidate)  # calls before the eval are not the eval's
     once = candidate.dispatch_counts()["attn_res"]
     assert once["specialized"] > 0 and once["fallbacks"]

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gates.cli import main
+from tests.gates.fixtures.helpers import CPU_EXAMPLE
 
 
 def run(capsys, *argv):
@@ -45,6 +46,18 @@ def test_generate_same_seed_same_tokens(capsys, tiny_ckpt):
 def test_generate_usage_errors(capsys, tiny_ckpt, argv, message):
     code, _, err = run(capsys, "generate", "--ckpt", str(tiny_ckpt), *argv)
     assert code == 2 and message in err
+
+
+def test_generate_contracts_usage_errors(capsys, tiny_ckpt, tmp_path):
+    """--contracts: only with latency_specialized, a directory, whose contracts load (named by file and field)."""
+    base = ("generate", "--ckpt", str(tiny_ckpt), "--prompt-ids", "1")
+    code, _, err = run(capsys, *base, "--contracts", str(tmp_path))
+    assert code == 2 and "--contracts: only used with --decode-backend latency_specialized" in err
+    code, _, err = run(capsys, *base, "--decode-backend", "latency_specialized", "--contracts", str(tmp_path / "no"))
+    assert code == 2 and f"--contracts {tmp_path / 'no'}: no such contracts directory" in err
+    (tmp_path / "attn_res.yaml").write_text(CPU_EXAMPLE.read_text().replace("backend: torch", "backend: tpu"))
+    code, _, err = run(capsys, *base, "--decode-backend", "latency_specialized", "--contracts", str(tmp_path))
+    assert code == 2 and f"--contracts {tmp_path}: {tmp_path / 'attn_res.yaml'}: backend: " in err
 
 
 def test_generate_missing_checkpoint(capsys, tmp_path):

@@ -24,7 +24,8 @@ from model.kimi_k3.drafters import NgramDrafter
 from model.kimi_k3.engine import Engine, SamplingParams
 from model.kimi_k3.ops.attn_res import attn_res
 from model.kimi_k3.ops.kda import KDAColumns, KDAWeights
-from model.kimi_k3.ops.registry import CONTRACTS_DIR, OPS, Specialized
+from model.kimi_k3.ops.registry import OPS, Specialized
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, CPU_EXAMPLE_CONTRACTS
 
 HIDDEN = 64
 ENVELOPE = {
@@ -37,7 +38,7 @@ ENVELOPE = {
     "shapes": {"hidden": [HIDDEN]},
     "benchmark": {"points": [{"batch": 1, "spec_tokens": 3}], "required_speedup": 1.2},
 }
-CONTRACT = parse_contract({**yaml.safe_load((CONTRACTS_DIR / "attn_res.yaml").read_text()), **ENVELOPE}, "synthetic")
+CONTRACT = parse_contract({**yaml.safe_load(CPU_EXAMPLE.read_text()), **ENVELOPE}, "synthetic")
 H200_TP8 = Target("sm_90", "NVIDIA H200", tp_size=8, act_dtype=torch.float32)
 
 
@@ -203,12 +204,12 @@ def test_every_op_call_reads_the_dims_and_dtypes_it_declares(model, tiny_cfg):
 
 
 def test_latency_specialized_generates_the_same_greedy_tokens_as_auto(model):
-    """The repository's CPU contract (attn_res, validated on cpu, fp32) runs in decode steps and falls
-    back in the prefill step; the tokens match the standard path's."""
+    """The CPU example's contract (attn_res, validated on cpu, fp32) runs in decode steps and falls back in the
+    prefill step; the tokens match the standard path's."""
     prompts, params = [[1, 2, 3], [7, 8, 9, 10, 11]], SamplingParams(max_new_tokens=6)
     runs = {}
     for backend in ("auto", "latency_specialized"):
-        engine = Engine(model, max_len=16, decode_backend=backend)
+        engine = Engine(model, max_len=16, decode_backend=backend, contracts_dir=CPU_EXAMPLE_CONTRACTS)
         runs[backend] = ([g.tokens for g in engine.generate(prompts, params)], model.ops.report())
     (auto_tokens, auto), (spec_tokens, spec) = runs["auto"], runs["latency_specialized"]
     assert spec_tokens == auto_tokens
@@ -221,7 +222,7 @@ def test_latency_specialized_generates_the_same_greedy_tokens_as_auto(model):
 
 def test_generate_json_reports_dispatch_counts(tiny_ckpt, capsys):
     argv = ["generate", "--ckpt", str(tiny_ckpt), "--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--dtype", "fp32",
-            "--decode-backend", "latency_specialized", "--json"]
+            "--decode-backend", "latency_specialized", "--contracts", str(CPU_EXAMPLE_CONTRACTS), "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     dispatch = result["dispatch"]

@@ -1,6 +1,6 @@
 """Real temporary git repositories for `k3forge task check`: a base commit on main holding the minimum a check
-reads (a task template, the attn_res contract, its kernel and reference, its CPU evidence), and helpers to
-change, re-gate and commit on a task branch."""
+reads (a task template, the CPU example's attn_res contract, its kernel and reference, its CPU evidence), and
+helpers to change, re-gate and commit on a task branch."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from gates.evidence.bundle import Bundle, GitState, covered_sources, now, write_
 from gates.evidence.report import render_reports
 from gates.problems import Point
 from kernels.contract import load_contract
-from tests.gates.fixtures.helpers import timed
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, timed
 
 REPO = Path(__file__).resolve().parents[2]
-# The minimum of the real tree that the attn_res contract's evidence covers.
-COPIED = ("contracts/attn_res.yaml", "model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/ops/__init__.py",
+# The minimum of the real tree that the CPU example's evidence covers (its contract is written beside them).
+COPIED = ("model/__init__.py", "model/kimi_k3/__init__.py", "model/kimi_k3/ops/__init__.py",
           "model/kimi_k3/ops/attn_res.py", "model/kimi_k3/ops/attn_res_standard.py", "model/kimi_k3/ops/op.py",
           "model/kimi_k3/specialized/__init__.py", "model/kimi_k3/specialized/attn_res_fused.py")
 KERNEL = "model/kimi_k3/specialized/attn_res_fused.py"
@@ -125,6 +125,7 @@ def make_task_repo(root: Path) -> TaskRepo:
     r = TaskRepo(root)
     for rel in COPIED:
         r.write(rel, (REPO / rel).read_text())
+    r.write(CONTRACT, CPU_EXAMPLE.read_text())
     r.write("README.md", "# k3forge\n")
     r.write_task(TASK)
     r.gate()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,10 @@ import torch  # noqa: E402
 
 from model.kimi_k3.cli import Request, generate_on_rank  # noqa: E402
 from model.kimi_k3.engine import SamplingParams as K3Sampling  # noqa: E402
+from model.kimi_k3.ops.registry import REPO_ROOT as REPO  # noqa: E402
 from model.kimi_k3.parallel import TP  # noqa: E402
 from model.kimi_k3.vllm import ARCHITECTURES, MODEL_CLASS, VLLM_VERSION, register  # noqa: E402
+from tests.gates.fixtures.helpers import CPU_EXAMPLE  # noqa: E402
 
 # `LLM.apply_model` ships a function to the worker process; vLLM asks for this to pickle one.
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
@@ -51,10 +54,11 @@ def make_ckpt(out: Path, *flags: str) -> Path:
     return out
 
 
-def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto", kv_cache_dtype: str = "auto") -> list[int]:
+def k3forge_tokens(ckpt: Path, prompt: list[int], backend: str = "auto", kv_cache_dtype: str = "auto",
+                   contracts_dir: Path | None = None) -> list[int]:
     """`k3forge generate --dtype fp32` (its per-rank function, in this process) for one prompt."""
     req = Request(str(ckpt), "fp32", prompt, K3Sampling(MAX_TOKENS), 0, "ngram", backend,
-                  kv_cache_dtype=kv_cache_dtype)
+                  kv_cache_dtype=kv_cache_dtype, **({"contracts_dir": str(contracts_dir)} if contracts_dir else {}))
     gen = generate_on_rank(TP(), torch.device("cpu"), req)[0]
     return gen.tokens
 
@@ -221,24 +225,30 @@ def test_bad_option_fails_at_startup(ckpt, config, option):
 
 
 def test_dense_experts_latency_specialized(tmp_path_factory):
-    """Dense bf16 experts (SiTU MoE without MXFP4) and the latency_specialized backend: tokens equal
-    `k3forge generate --decode-backend latency_specialized`, and the dispatcher counted its decisions."""
+    """Dense bf16 experts (SiTU MoE without MXFP4) and the latency_specialized backend over the repository's
+    contracts with attn_res's replaced by the tests' CPU example (validated on cpu): tokens equal `k3forge
+    generate --decode-backend latency_specialized --contracts` over the same, and the dispatcher counted its
+    decisions."""
     from vllm import LLM
 
+    contracts = tmp_path_factory.mktemp("contracts")
+    for path in [*(REPO / "contracts").glob("*.yaml"), CPU_EXAMPLE]:  # the example's attn_res last: it replaces
+        shutil.copy(path, contracts / path.name)
     dense = make_ckpt(tmp_path_factory.mktemp("tiny_dense"), "--dense-experts")
-    engine = LLM(model=str(dense), **ENGINE, additional_config={"decode_backend": "latency_specialized"})
+    engine = LLM(model=str(dense), **ENGINE, additional_config={"decode_backend": "latency_specialized",
+                                                                "contracts_dir": str(contracts)})
     try:
-        assert vllm_greedy(engine, PROMPTS[:4]) == [k3forge_tokens(dense, p, "latency_specialized")
-                                                    for p in PROMPTS[:4]]
+        assert vllm_greedy(engine, PROMPTS[:4]) == [
+            k3forge_tokens(dense, p, "latency_specialized", contracts_dir=contracts) for p in PROMPTS[:4]]
         report = dispatch(engine)
     finally:
         engine.llm_engine.engine_core.shutdown()
     assert report["backend"] == "latency_specialized"
-    # Every contracted op ran: its kernel where the contract validates this arch (attn_res's CPU kernel serves
+    # Every contracted op ran: its kernel where the contract validates this arch (the example's attn_res serves
     # the decode steps), the standard op elsewhere, each fallback counted with its reason (kda_decode: arch).
     # mla_decode_fp8 reads an fp8 MLA cache, which this engine does not keep: it alone is never called.
     assert set(report["contracts"]) - set(report["ops"]) == {"mla_decode_fp8"}
     for op in set(report["contracts"]) & set(report["ops"]):
         stats = report["ops"][op]
         assert stats["specialized"] > 0 or stats["fallbacks"].get("arch") == stats["standard"] > 0, (op, stats)
-    assert report["ops"]["kda_decode"]["fallbacks"].get("arch", 0) > 0
+    assert report["ops"]["attn_res"]["specialized"] > 0 and report["ops"]["kda_decode"]["fallbacks"].get("arch", 0) > 0

@@ -1,7 +1,8 @@
 """AttnRes mix as one batched computation: a CPU-portable torch composition, NOT a GPU kernel.
 
-It exists so that the whole path contract -> dispatch -> fallback runs in CPU CI with a real
-specialized op (`contracts/attn_res.yaml` validates it on arch `cpu` only).
+It exists so that the whole path contract -> dispatch -> fallback -> gate runs in CPU CI with a real
+specialized op: the tests' CPU example (`tests/gates/fixtures/cpu_example/attn_res.yaml`) validates it on arch
+`cpu` only. The repository's `contracts/attn_res.yaml` is the GPU kernel's (`specialized/attn_res/`).
 
 The reference normalizes every source before scoring it, materializing several [m, T, D] temporaries.
 Here the RMS scale is applied to the score instead, since <s / rms(s), w> = <s, w> / rms(s): the scores

@@ -19,13 +19,14 @@ from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.ops.kda import kda_prefill
 from model.kimi_k3.ops.mla_decode import paged_rows
 from model.kimi_k3.ops.mla_decode_fp8 import dequantize_kv, quantize_kv
+from model.kimi_k3.ops.registry import CONTRACTS_DIR
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.weights import CheckpointError
 
 __all__ = [
-    "DECODE_BACKENDS", "LANGUAGE_MODEL_PREFIX", "LORA_NORM_EPS", "NON_TEXT_PREFIXES", "CheckpointError",
-    "ConfigError", "Dispatcher", "KimiDeltaAttention", "KimiK3Config", "KimiK3Model", "KimiMLA", "StepBatch",
-    "StepKind", "TP", "dequantize_kv", "kda_prefill", "load_weights", "paged_rows", "quantize_kv",
+    "CONTRACTS_DIR", "DECODE_BACKENDS", "LANGUAGE_MODEL_PREFIX", "LORA_NORM_EPS", "NON_TEXT_PREFIXES",
+    "CheckpointError", "ConfigError", "Dispatcher", "KimiDeltaAttention", "KimiK3Config", "KimiK3Model", "KimiMLA",
+    "StepBatch", "StepKind", "TP", "dequantize_kv", "kda_prefill", "load_weights", "paged_rows", "quantize_kv",
 ]
 
 NON_TEXT_PREFIXES = _NON_TEXT  # vision tower and projector tensors of the multimodal checkpoint

@@ -90,7 +90,8 @@ class K3ForgeForCausalLM(nn.Module, IsHybrid):
             name = f"{base}model.layers.{layer.layer}.self_attn"
             layer.self_attn = wrap(layer.self_attn, cfg, vllm_config, name)
             self.layer_names.append(name)
-        self.model.ops = k3.Dispatcher.for_model(self.model, self.options.decode_backend)
+        self.model.ops = k3.Dispatcher.for_model(self.model, self.options.decode_backend,
+                                                 self.options.contracts_dir or k3.CONTRACTS_DIR)
 
     @property
     def dispatcher(self) -> "k3.Dispatcher":

@@ -8,6 +8,7 @@ value stops vLLM's start-up with an `OptionError` that names the option.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 DECODE_BACKENDS = ("auto", "latency_specialized")  # model.kimi_k3.dispatch.DECODE_BACKENDS (checked in tests)
@@ -21,6 +22,7 @@ class OptionError(ValueError):
 @dataclass(frozen=True)
 class PluginOptions:
     decode_backend: str = "auto"
+    contracts_dir: Path | None = None  # latency_specialized's contracts; None: the checkout's contracts/
 
     @classmethod
     def parse(cls, raw: Any) -> "PluginOptions":
@@ -31,7 +33,7 @@ class PluginOptions:
             raw = getattr(raw, "__dict__", None)
             if not isinstance(raw, Mapping):
                 raise OptionError(f"{PREFIX}: expected a JSON object of k3forge options, got {type(raw).__name__}")
-        known = {"decode_backend": cls._decode_backend}
+        known = {"decode_backend": cls._decode_backend, "contracts_dir": cls._contracts_dir}
         unknown = sorted(set(raw) - set(known))
         if unknown:
             raise OptionError(f"{PREFIX}.{unknown[0]}: unknown k3forge option; the options are: "
@@ -45,3 +47,10 @@ class PluginOptions:
                               "(auto: every op's standard implementation; latency_specialized: the contracted "
                               "kernels inside their envelopes)")
         return value
+
+    @staticmethod
+    def _contracts_dir(value: Any) -> Path:
+        if not isinstance(value, str) or not Path(value).is_dir():
+            raise OptionError(f"{PREFIX}.contracts_dir: {value!r} is not a directory (the contracts that "
+                              "latency_specialized loads)")
+        return Path(value)

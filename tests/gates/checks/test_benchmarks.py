@@ -13,7 +13,7 @@ from gates.core.sources import REPO_ROOT
 from gates.core.status import Status
 from gates.problems import Point, bench_point, load_problem
 from kernels.contract import load_contract
-from tests.gates.fixtures.helpers import LAUNCH_US, kda_contract, paired_block, run_gate, timed
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, LAUNCH_US, kda_contract, paired_block, run_gate, timed
 
 POINT = Point(1, 0, (("heads", 12), ("head_dim", 128)), "bf16")
 JITTER = (0.98, 1.0, 1.0, 1.02, 1.1)
@@ -280,9 +280,9 @@ def test_a_candidate_whose_timed_outputs_ignore_their_inputs_fails_the_spot_chec
 
 
 def _standard_off_by(rel: float) -> tuple:
-    """attn_res's first benchmark point on one input set, and the reply of a standard whose output is the
-    reference's off by `rel` (relative, every element)."""
-    contract = load_contract(REPO_ROOT / "contracts" / "attn_res.yaml")
+    """The CPU example attn_res's first benchmark point on one input set, and the reply of a standard whose output
+    is the reference's off by `rel` (relative, every element)."""
+    contract = load_contract(CPU_EXAMPLE)
     problem = load_problem("attn_res")
     point = bench_point(contract, problem, contract.benchmark.points[0])
     expected = [reference_run(problem, problem.generate_input(point, 0, "normal"), arg_names(problem.reference),

@@ -1,4 +1,4 @@
-"""The evals gate on CPU: the attn_res kernel runs in the sandbox's child, the statistics here."""
+"""The evals gate on CPU: the CPU example's attn_res kernel runs in the sandbox's child, the statistics here."""
 
 from pathlib import Path
 
@@ -10,9 +10,9 @@ from gates.evals.long_context import LongContextConfig
 from gates.evals.sampling import SamplingConfig
 from gates.evals.structured import StructuredConfig
 from kernels.contract import load_contract
+from tests.gates.fixtures.helpers import CPU_EXAMPLE as ATTN_RES
 from tests.gates.fixtures.helpers import run_gate
 
-ATTN_RES = Path("contracts/attn_res.yaml")
 SMALL = {
     "sampling": SamplingConfig(cpu=SamplingConfig().cpu.model_copy(update={"positions": 4, "samples": 2048})),
     "structured": StructuredConfig(cpu=StructuredConfig().cpu.model_copy(update={"schemas": ("enum",)})),

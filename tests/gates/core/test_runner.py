@@ -5,7 +5,7 @@ import pytest
 
 from gates.core import runner
 from gates.core.registry import registered
-from gates.core.sources import REPO_ROOT
+from tests.gates.fixtures.helpers import CPU_EXAMPLE_CONTRACTS
 
 
 @pytest.fixture
@@ -19,17 +19,17 @@ def files(directory) -> dict:
 
 def test_a_cpu_run_that_judges_the_same_keeps_the_bundle_byte_for_byte(tmp_path, contracts_gate_only):
     out = tmp_path / "evidence"
-    assert runner.gate_all(REPO_ROOT / "contracts", out, ["attn_res"]).kept == []
+    assert runner.gate_all(CPU_EXAMPLE_CONTRACTS, out, ["attn_res"]).kept == []
     before = files(out)
-    outcome = runner.gate_all(REPO_ROOT / "contracts", out, ["attn_res"])  # another secret seed, date, seconds
+    outcome = runner.gate_all(CPU_EXAMPLE_CONTRACTS, out, ["attn_res"])  # another secret seed, date, seconds
     assert outcome.kept == [out / "attn_res" / "cpu"] and outcome.exit_code == 0
     assert files(out) == before  # the index too
 
 
 def test_a_run_that_judges_differently_rewrites_the_bundle(tmp_path, contracts_gate_only):
     out = tmp_path / "evidence"
-    runner.gate_all(REPO_ROOT / "contracts", out, ["attn_res"])
-    outcome = runner.gate_all(REPO_ROOT / "contracts", out, ["attn_res"], runner.new_options(trials=3))
+    runner.gate_all(CPU_EXAMPLE_CONTRACTS, out, ["attn_res"])
+    outcome = runner.gate_all(CPU_EXAMPLE_CONTRACTS, out, ["attn_res"], runner.new_options(trials=3))
     assert outcome.kept == []
     (_, bundle), = outcome.bundles
     assert runner.load_bundle(out / "attn_res" / "cpu").options.trials == 3 == bundle.options.trials

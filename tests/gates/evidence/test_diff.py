@@ -11,6 +11,7 @@ import pytest
 from gates.evidence.diff import DiffError, contract_changes, contract_moves, diff, diff_bundles, render_markdown
 from kernels.contract import load_contract
 from model.kimi_k3.ops.registry import REPO_ROOT
+from tests.gates.fixtures.helpers import CPU_EXAMPLE
 
 REAL = REPO_ROOT / "evidence" / "kda_decode" / "sm_90" / "bundle.json"
 
@@ -43,7 +44,7 @@ def test_speedups_verdicts_and_a_loosened_tolerance_show(bundle):
 
 
 def _attn_res() -> dict:
-    return load_contract(REPO_ROOT / "contracts" / "attn_res.yaml").model_dump(mode="json")
+    return load_contract(CPU_EXAMPLE).model_dump(mode="json")
 
 
 def _set(path: str, value):
@@ -116,7 +117,7 @@ def _repo(root, contract: str):
 
 def test_a_loosened_contract_value_is_flagged_between_revisions(tmp_path):
     """Working tree against HEAD: a wider tolerance in a contract file shows, loosening first."""
-    text = (REPO_ROOT / "contracts" / "attn_res.yaml").read_text()
+    text = (CPU_EXAMPLE).read_text()
     contract = _repo(tmp_path, text)
     contract.write_text(text.replace("rtol: 1.0e-5", "rtol: 1.0e-3").replace("max: 64}", "max: 32}"))
     changes = contract_changes("HEAD", None, tmp_path)
@@ -129,7 +130,7 @@ def test_a_loosened_contract_value_is_flagged_between_revisions(tmp_path):
 
 def test_deleting_a_line_that_was_stricter_than_the_default_is_loosening(tmp_path):
     """max_units defaults to 3: a contract that said 2 and no longer says anything now admits 3."""
-    text = (REPO_ROOT / "contracts" / "attn_res.yaml").read_text().replace("max_rel_l2: 1.0e-5",
+    text = (CPU_EXAMPLE).read_text().replace("max_rel_l2: 1.0e-5",
                                                                             "max_rel_l2: 1.0e-5\n  max_units: 2")
     contract = _repo(tmp_path, text)
     contract.write_text(text.replace("\n  max_units: 2", ""))
@@ -139,7 +140,7 @@ def test_deleting_a_line_that_was_stricter_than_the_default_is_loosening(tmp_pat
 
 
 def test_a_contract_that_is_not_yaml_is_a_diff_error(tmp_path):
-    contract = _repo(tmp_path, (REPO_ROOT / "contracts" / "attn_res.yaml").read_text())
+    contract = _repo(tmp_path, (CPU_EXAMPLE).read_text())
     contract.write_text("tolerance: {atol: [\n")
     with pytest.raises(DiffError, match=r"^contracts/attn_res.yaml: not valid YAML \("):
         contract_changes("HEAD", None, tmp_path)

@@ -18,7 +18,7 @@ from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR, SigningKeyError, signi
 from gates.evidence.verify import verify_bundle
 from gates.problems import load_problem
 from kernels.contract import load_contract
-from tests.gates.fixtures.helpers import kda_contract, rejudged
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, CPU_EXAMPLE_CONTRACTS, kda_contract, rejudged
 
 KEY = "k3forge-test-key-" + "0123456789abcdef" * 2
 
@@ -97,13 +97,14 @@ def test_a_cpu_bundle_never_validates_a_gpu_arch(bundle_dir):
 
 @pytest.fixture
 def attn_res_root(tmp_path):
-    """A repository root whose attn_res contract validates cpu, with a copy of the committed cpu bundle whose
-    covered sources are recomputed for that root (the contract there, the rest in this checkout)."""
+    """A repository root whose attn_res contract validates cpu (the CPU example), with a copy of the example's
+    gated cpu bundle whose covered sources are recomputed for that root (the contract there, the rest in this
+    checkout)."""
     contract_path = tmp_path / "contracts" / "attn_res.yaml"
     contract_path.parent.mkdir()
-    shutil.copy(REPO_ROOT / "contracts" / "attn_res.yaml", contract_path)
+    shutil.copy(CPU_EXAMPLE, contract_path)
     contract = load_contract(contract_path)
-    bundle = load_bundle(REPO_ROOT / "evidence" / "attn_res" / "cpu").model_copy(update={
+    bundle = load_bundle(CPU_EXAMPLE_CONTRACTS).model_copy(update={
         "sources": covered_sources(contract, contract_path, load_problem("attn_res").source, tmp_path)})
 
     def write(**statuses):
@@ -293,7 +294,7 @@ def test_the_gate_signs_what_it_writes(tmp_path, monkeypatch, key):
     from gates.core.registry import registered
 
     monkeypatch.setattr(runner, "registered", lambda: [g for g in registered() if g.name == "contracts"])
-    outcome = runner.gate_all(REPO_ROOT / "contracts", tmp_path / "scratch", ["attn_res"], key=key)
+    outcome = runner.gate_all(CPU_EXAMPLE_CONTRACTS, tmp_path / "scratch", ["attn_res"], key=key)
     ((directory, _),) = outcome.bundles
     assert verify_bundle(directory, key=key, require_signature=True) == []
 
