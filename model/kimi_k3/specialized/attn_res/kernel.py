@@ -1,0 +1,198 @@
+"""The Block AttnRes mix in one CuTe DSL launch (sm_90a): a softmax over m sources, per token.
+
+    out[t] = sum_i alpha_i s_i[t],  alpha = softmax_i(<s_i[t], norm_w * proj_w> / rms(s_i[t]))
+    rms(x) = sqrt(mean(x^2) + eps)        (reference: model/kimi_k3/ops/attn_res.py)
+
+Why one launch. The standard is a torch composition of about ten kernels a call (a stack of the sources, its fp32
+copy, a fused rms_norm, a sum, a softmax, a weighted sum, a cast); at decode each moves a few hundred KB at most,
+so the call's time is its launches' (~28 µs a call in a decode step on the H200, 56 µs of a KDA layer's 205 µs at
+batch 1; model/kimi_k3/bench/NOTES.md, run 4). The op reads each source once and writes the mix: m + 1 rows of D
+bf16 a token, 129 KB at m = 9, D = 7168 (0.03 µs at 4.3 TB/s): whatever this launch costs is latency.
+
+Layout. One CTA a token (grid T). D is cut into chunks of 8 elements (16 bytes of bf16); thread j of the CTA's
+`threads` owns chunks j, j + threads, ... (`chunks_per_thread` of them: D / 8 = threads x chunks_per_thread, exactly).
+A thread loads its chunks of every source (all loads issued before any use: m x chunks_per_thread 16-byte loads in
+flight) and of norm_w and proj_w, then:
+1. per source i, its partial sum of squares and its partial dot with w = norm_w * proj_w (fp32; w exact: a product
+   of two bf16 values), in chunk order;
+2. the CTA's sums: a butterfly in each warp, the warps' sums in shared memory, then thread i < m adds them in warp
+   order and stores score_i = dot_i * rsqrt(ss_i / D + eps) (the reference's <s / rms(s), w> with the scale
+   applied once to the dot, as attn_res_fused does);
+3. every thread reads the m scores, takes alpha = softmax (max subtracted, exp, divided by the sum, in source
+   order), loads its chunks of the sources again (from the L1 / L2: all m sources in fp32 would not fit the
+   register file at m = 9) and writes its chunks of sum_i alpha_i s_i in fp32, rounded once to bf16.
+Deterministic: fixed orders everywhere, no atomics. Every source is read from DRAM once.
+
+Arguments. The m sources arrive as a tuple of m pointers (each source its own tensor: the model keeps the block
+sums and the running partial apart), rows of D contiguous elements, row stride D (the entry point checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.cute import dsl_import, import_cutlass, require_dsl
+
+with dsl_import() as DSL:
+    cutlass, cute = import_cutlass()
+    import cuda.bindings.driver as cuda
+    from cutlass import BFloat16, Float32, Int32
+    from cutlass.cute.runtime import make_ptr as _runtime_make_ptr
+
+VEC = 8  # bf16 elements a chunk (one 16-byte load)
+WARP = 32
+MAX_SOURCES = 9  # K3's 8 blocks before the last layer, plus the running partial
+MAX_THREADS = 512
+
+
+@dataclass(frozen=True)
+class AttnResConfig:
+    """Everything that changes the generated code besides m and D: how many 16-byte chunks of D a thread owns."""
+
+    chunks_per_thread: int = 2
+
+    @staticmethod
+    def for_shape(hidden: int) -> AttnResConfig:
+        """The fewest chunks a thread (the most threads, the most loads in flight across the CTA) that keep the CTA
+        at whole warps and at most MAX_THREADS threads: 2 at K3's D = 7168 (448 threads)."""
+        chunks = hidden // VEC
+        for c in range(1, chunks + 1):
+            if chunks % c == 0 and chunks // c <= MAX_THREADS and (chunks // c) % WARP == 0:
+                return AttnResConfig(c)
+        raise ValueError(f"hidden {hidden}: no whole-warp CTA of at most {MAX_THREADS} threads covers its "
+                         f"{chunks} chunks of {VEC}")
+
+    def threads(self, hidden: int) -> int:
+        return hidden // VEC // self.chunks_per_thread
+
+    def check(self, sources: int, hidden: int) -> None:
+        """ValueError where (m, D) do not fit this config."""
+        if not 1 <= sources <= MAX_SOURCES:
+            raise ValueError(f"sources {sources}: 1..{MAX_SOURCES}")
+        if hidden <= 0 or hidden % (VEC * self.chunks_per_thread):
+            raise ValueError(f"hidden {hidden}: a positive multiple of {VEC * self.chunks_per_thread}")
+        threads = self.threads(hidden)
+        if threads % WARP or threads > MAX_THREADS:
+            raise ValueError(f"hidden {hidden}: {threads} threads a CTA, not whole warps up to {MAX_THREADS}")
+
+
+if DSL.error is None:
+
+    class AttnResKernel:
+        """out[T, D] = the AttnRes mix of m sources [T, D] for one config, m and D (baked in: they fix the unrolled
+        loads and the register arrays); T is a runtime argument (the grid)."""
+
+        def __init__(self, cfg: AttnResConfig, sources: int, hidden: int):
+            cfg.check(sources, hidden)
+            self.cfg, self.m, self.d = cfg, sources, hidden
+            self.threads = cfg.threads(hidden)
+
+        @cute.jit
+        def __call__(self, pSources: tuple, pNorm: cute.Pointer, pProj: cute.Pointer, pOut: cute.Pointer,
+                     tokens: Int32, eps: Float32, stream: cuda.CUstream):
+            D = self.d
+            rows = cute.make_layout((tokens, D), stride=(D, 1))
+            mSources = [cute.make_tensor(pSources[i], rows) for i in range(self.m)]
+            mNorm = cute.make_tensor(pNorm, cute.make_layout((D,)))
+            mProj = cute.make_tensor(pProj, cute.make_layout((D,)))
+            mOut = cute.make_tensor(pOut, rows)
+            self.kernel(mSources, mNorm, mProj, mOut, eps).launch(grid=[tokens, 1, 1], block=[self.threads, 1, 1],
+                                                                  stream=stream)
+
+        @cute.kernel
+        def kernel(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, mOut: cute.Tensor, eps: Float32):
+            M, C, D = self.m, self.cfg.chunks_per_thread, self.d
+            warps = self.threads // WARP
+            tidx, _, _ = cute.arch.thread_idx()
+            token, _, _ = cute.arch.block_idx()
+            lane, warp = tidx % WARP, tidx // WARP
+            smem = cutlass.memory.SmemAllocator()
+            sSums = smem.allocate_tensor(Float32, cute.make_layout((warps, 2 * M), stride=(2 * M, 1)),
+                                         byte_alignment=16)
+            sScore = smem.allocate_tensor(Float32, cute.make_layout((M,)), byte_alignment=16)
+            chunks = [tidx + j * self.threads for j in range(C)]
+            # every load first (the sources' as packed bf16, then the weights'), so that all are in flight together
+            x = [[cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load() for j in range(C)]
+                 for i in range(M)]
+            norm = [cute.local_tile(mNorm, (VEC,), (chunks[j],)).load().to(Float32) for j in range(C)]
+            proj = [cute.local_tile(mProj, (VEC,), (chunks[j],)).load().to(Float32) for j in range(C)]
+            w = [[norm[j][e] * proj[j][e] for e in range(VEC)] for j in range(C)]
+            # 1. the thread's partial sum of squares and dot with w, per source, in chunk order (each source widened
+            # to fp32 only here: all m sources in fp32 would not fit the register file at m = 9)
+            for i in cutlass.range_constexpr(M):
+                ss = Float32(0.0)
+                dot = Float32(0.0)
+                for j in cutlass.range_constexpr(C):
+                    xf = x[i][j].to(Float32)
+                    for e in cutlass.range_constexpr(VEC):
+                        ss = ss + xf[e] * xf[e]
+                        dot = dot + xf[e] * w[j][e]
+                # 2. the warp's sums by a butterfly (every lane ends with them), then the warps' in shared memory
+                for off in (16, 8, 4, 2, 1):
+                    ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=off)
+                    dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=off)
+                if lane == 0:
+                    sSums[warp, 2 * i] = ss
+                    sSums[warp, 2 * i + 1] = dot
+            cute.arch.sync_threads()
+            if tidx < M:  # the CTA's sums in warp order: deterministic
+                ss = sSums[0, 2 * tidx]
+                dot = sSums[0, 2 * tidx + 1]
+                for other in cutlass.range_constexpr(1, warps):
+                    ss = ss + sSums[other, 2 * tidx]
+                    dot = dot + sSums[other, 2 * tidx + 1]
+                sScore[tidx] = dot * cute.math.rsqrt(ss / Float32(D) + eps)
+            cute.arch.sync_threads()
+            # 3. alpha = softmax over the sources (each thread the same arithmetic), then the mix in fp32
+            scores = [sScore[i] for i in range(M)]
+            top = scores[0]
+            for i in cutlass.range_constexpr(1, M):
+                top = cutlass.max(top, scores[i])
+            weights = [cute.math.exp(scores[i] - top) for i in range(M)]
+            total = weights[0]
+            for i in cutlass.range_constexpr(1, M):
+                total = total + weights[i]
+            alpha = [weights[i] / total for i in range(M)]
+            # the sources again for the mix, from the L1 / L2 (a barrier lies between: the loads are not merged with
+            # step 1's, whose values did not stay in registers)
+            for j in cutlass.range_constexpr(C):
+                mix = cute.make_rmem_tensor((VEC,), Float32)
+                for i in cutlass.range_constexpr(M):
+                    xf = cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load().to(Float32)
+                    for e in cutlass.range_constexpr(VEC):
+                        if cutlass.const_expr(i == 0):
+                            mix[e] = alpha[0] * xf[e]
+                        else:
+                            mix[e] = mix[e] + alpha[i] * xf[e]
+                cute.local_tile(mOut[token, None], (VEC,), (chunks[j],)).store(mix.load().to(BFloat16))
+
+
+def launch_args(source_ptrs: tuple[int, ...], norm_ptr: int, proj_ptr: int, out_ptr: int, tokens: int, eps: float,
+                stream: int):
+    """The kernel's arguments for device addresses (every source, norm_w, proj_w and out 16-byte aligned), the token
+    count, eps and a CUDA stream handle."""
+    gmem = cute.AddressSpace.gmem
+    return (tuple(_runtime_make_ptr(BFloat16, p, gmem, assumed_align=16) for p in source_ptrs),
+            _runtime_make_ptr(BFloat16, norm_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, proj_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, out_ptr, gmem, assumed_align=16),
+            Int32(tokens), Float32(eps), cuda.CUstream(stream))
+
+
+def fake_args(sources: int):
+    """Null pointers with the kernel's argument types, for compiling without a GPU."""
+    return launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0)
+
+
+def compile_kernel(cfg: AttnResConfig, sources: int, hidden: int, options: str = ""):
+    """cute.compile the kernel for (cfg, m, D), for the arch the DSL targets in this process."""
+    require_dsl(DSL.error)
+    return cute.compile(AttnResKernel(cfg, sources, hidden), *fake_args(sources), options=options)
+
+
+def compile_report(cfg: AttnResConfig, sources: int, hidden: int, arch: str = "sm_90a", **kw):
+    """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
+    from kernels.cute import compile_for_arch
+
+    require_dsl(DSL.error)
+    return compile_for_arch(AttnResKernel(cfg, sources, hidden), *fake_args(sources), arch=arch, **kw)
