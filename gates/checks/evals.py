@@ -1,23 +1,25 @@
-"""Evals gate: the model with this op's kernel (decode_backend latency_specialized, this contract alone)
-against the reference path, through every model-level eval (gates.evals: temperature sampling, structured
-output, long context).
+"""Evals gate: the model with this op's kernel (decode_backend latency_specialized, this contract alone) against the
+reference path, through every model-level eval (gates.evals: temperature sampling, structured output, long context).
 
-CPU: the tiny preset in fp32 with each eval's CPU budget and absolute bounds. GPU: real `k3` layer shapes in
-bf16, cut to `GPU_LAYERS` layers (through the first MLA layer for an op of the MLA cache: `eval_subject`), with
-smaller budgets than `k3forge eval` runs (GPU_BUDGETS) so the gate fits one GPU command, and the standard path run
-beside as the yardstick: in bf16 on random weights the candidate is held to the standard's own distance from the
-reference (gates.evals.paths.PathPair). An fp8 cache's op runs over an fp8 cache, beside a standard over the same
-cache (the yardstick then on the CPU too). Evals left when TIME_LIMIT_S is spent are NOT_RUN, never silently
-dropped. An eval model that never entered the kernel's envelope makes the gate NOT_RUN: it would compare the
-standard path with itself.
+CPU: the tiny preset in fp32 with each eval's CPU budget and absolute bounds. GPU: real `k3` layer shapes in bf16, cut
+to `GPU_LAYERS` layers (through the first MLA layer for an op of the MLA cache: `eval_subject`), with smaller budgets
+than `k3forge eval` runs (GPU_BUDGETS) so the gate fits one GPU command, and the standard path run beside as the
+yardstick: in bf16 on random weights the candidate is held to the standard's own distance from the reference
+(gates.evals.paths.PathPair); for an op whose standard rounds as its reference does, the standard path with the op
+computed exactly (gates/evals/exact.py: the exact answer failed the plain yardstick). An fp8 cache's op runs over an fp8
+cache, beside a standard over the same cache (the yardstick then on the CPU too). Evals left when TIME_LIMIT_S is spent
+are NOT_RUN, never silently dropped. An eval model that never entered the kernel's envelope makes the gate NOT_RUN: it
+would compare the standard path with itself.
 
-The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the
-reference and standard paths here; only logits and states come back, and every statistic is computed here.
+The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the reference and
+standard paths here; only logits and states come back, and every statistic is computed here.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Callable
 
 import torch
 from rich.progress import Progress
@@ -26,13 +28,16 @@ from gates.core.registry import Gate, GateContext
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status, worst
 from gates.evals import EVALS, run_eval
+from gates.evals.exact import EXACT, exact_path
 from gates.evals.long_context import LongContextConfig
+from gates.evals.paths import DecodePath
 from gates.evals.remote import RemoteCandidate
 from gates.evals.sampling import SamplingConfig
 from gates.evals.structured import StructuredConfig
 from gates.evals.subject import load_pair
 from kernels.contract import Contract
 from model.kimi_k3.config import preset
+from model.kimi_k3.model import KimiK3Model
 
 NAME, TITLE = "evals", "Model-level evals"
 GPU_LAYERS = 2  # k3 layers 0 (KDA, dense MLP) and 1 (KDA, latent MoE): the KDA decode kernel runs in both
@@ -70,6 +75,16 @@ def eval_subject(contract: Contract, gpu: bool) -> tuple[dict, str]:
     return subject, kv_cache_dtype
 
 
+def yardstick(contract: Contract, gpu: bool, kv_cache_dtype: str) -> bool | Callable[[KimiK3Model], DecodePath]:
+    """load_pair's yardstick: none on the CPU (absolute bounds) unless the cache is quantized; else the standard
+    path, with the op computed exactly where its standard rounds as the reference does (gates/evals/exact.py)."""
+    if not (gpu or kv_cache_dtype != "auto"):
+        return False
+    if contract.op in EXACT:
+        return partial(exact_path, contract=contract, kv_cache_dtype=kv_cache_dtype)
+    return True
+
+
 def run(ctx: GateContext) -> GateResult:
     reason = ctx.cannot_run_here()
     if reason is not None:
@@ -80,7 +95,7 @@ def run(ctx: GateContext) -> GateResult:
     try:
         with Sandbox() as box, Progress(disable=True) as progress:
             candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject, kv_cache_dtype)
-            pair = load_pair(lambda model: candidate.path, yardstick=gpu or kv_cache_dtype != "auto",
+            pair = load_pair(lambda model: candidate.path, yardstick=yardstick(ctx.contract, gpu, kv_cache_dtype),
                              kv_cache_dtype=kv_cache_dtype, **subject)
             for name, config in configs(ctx.device).items():
                 if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
@@ -94,7 +109,8 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the candidate's process failed during the evals",
                           details={"evals": results})
-    details = {"model": list(pair.notes), "paths": pair.label, "kernel_calls": ops, "evals": results}
+    paths = pair.label + (f"; yardstick: {pair.standard.name}" if pair.standard else "")
+    details = {"model": list(pair.notes), "paths": paths, "kernel_calls": ops, "evals": results}
     if not ops.get("specialized"):
         return GateResult(gate=NAME, title=TITLE, status=Status.NOT_RUN, details=details,
                           reason="the eval model never entered this kernel's envelope",

@@ -101,15 +101,17 @@ def load_subject(*, ckpt: str | Path | None = None, preset_name: str = "tiny", l
 
 
 def load_pair(candidate: str | Callable[[KimiK3Model], DecodePath], *, perturb: float | None = None,
-              yardstick: bool = False, kv_cache_dtype: str = "auto", **subject) -> PathPair:
-    """The reference path and `candidate` (a decode backend name, or a function building the path over the
-    model), optionally with scaled logits, over one model (`load_subject`'s arguments); with `yardstick`, the
-    standard path beside them. kv_cache_dtype: the standard's MLA cache, and a named candidate's (a function
-    builds its own); the reference keeps the exact cache, so the yardstick carries the cache's quantization and the
-    candidate is judged beside it."""
+              yardstick: bool | Callable[[KimiK3Model], DecodePath] = False, kv_cache_dtype: str = "auto",
+              **subject) -> PathPair:
+    """The reference path and `candidate` (a decode backend name, or a function building the path over the model),
+    optionally with scaled logits, over one model (`load_subject`'s arguments); with `yardstick`, the standard path
+    beside them (or the path that function builds over the model: gates/evals/exact.py). kv_cache_dtype: the standard's
+    MLA cache, and a named candidate's (a function builds its own); the reference keeps the exact cache, so the
+    yardstick carries the cache's quantization and the candidate is judged beside it."""
     model, tokenizer, notes = load_subject(**subject)
     cand = candidate(model) if callable(candidate) else backend_path(model, candidate, kv_cache_dtype=kv_cache_dtype)
     if perturb is not None:
         cand = perturbed(cand, perturb)
-    standard = backend_path(model, "auto", kv_cache_dtype=kv_cache_dtype) if yardstick else None
+    standard = (yardstick(model) if callable(yardstick) else
+                backend_path(model, "auto", kv_cache_dtype=kv_cache_dtype) if yardstick else None)
     return PathPair(backend_path(model, "reference"), cand, model, tokenizer, tuple(notes), standard)

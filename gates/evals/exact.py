@@ -1,0 +1,52 @@
+"""Ops computed exactly: the evals gate's yardstick for an op whose standard rounds as its reference does.
+
+On the GPU the evals hold a candidate to `slack` x the standard path's own distance from the reference (bf16 on
+random weights: routing flips amplify any rounding difference). That yardstick assumes the standard rounds unlike the
+reference. Where it rounds alike, a correct kernel has nothing to hide under. attn_res is that case: its standard
+computes each source's score as the fp32 reference does, and a softmax over scores of |l| ~ 100 passes their
+rounding straight on to the mix. Measured on the H200 (gate subject: k3, 2 layers, TP8 shapes; the sampling eval's
+KL at T = 1, bound 1.5 x the standard's 0.122): the reference over the sources in reverse order 0.122, the CuTe
+kernel 0.234, the mix computed in float64 0.233 (model/kimi_k3/specialized/attn_res/results/gate1/). The exact
+answer failed the gate.
+
+For the ops listed here the yardstick is the standard path with the op computed in float64 and rounded once to the
+reference's dtype, wherever the candidate's kernel would run (`exact_path`): a kernel is held to 1.5 x what the
+exact answer does to the model, never closer to the fp32 reference than that. The functions live here, in the gate's
+own code: a kernel's change cannot loosen its yardstick.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+
+from kernels.contract import Contract
+from model.kimi_k3.dispatch import Dispatcher, Target
+from model.kimi_k3.model import KimiK3Model
+from model.kimi_k3.ops.registry import Specialized
+
+from .paths import DecodePath, DispatchedEngine
+
+
+def attn_res_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """The reference's AttnRes mix (model/kimi_k3/ops/attn_res.py) in float64, rounded once to the sources' dtype."""
+    s = torch.stack([x.double() for x in sources])
+    w = norm_w.double() * proj_w.double().reshape(-1)
+    logits = (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + eps) * w).sum(-1)
+    return (torch.softmax(logits, dim=0).unsqueeze(-1) * s).sum(0).to(sources[0].dtype)
+
+
+EXACT: dict[str, Callable] = {"attn_res": attn_res_exact}
+
+
+def exact_path(model: KimiK3Model, contract: Contract, kv_cache_dtype: str = "auto") -> DecodePath:
+    """The standard path with `contract.op` computed by EXACT inside the contract's envelope (where the candidate
+    runs its kernel; outside it, the standard as the candidate falls back to)."""
+    ops = Dispatcher(Target.of(model), "latency_specialized",
+                     {contract.op: Specialized(contract, f"exact {contract.op} (gates/evals/exact.py)",
+                                               EXACT[contract.op])})
+    name = f"standard, {contract.op} exact" + ("" if kv_cache_dtype == "auto" else f" ({kv_cache_dtype} MLA cache)")
+    return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype), ops=ops)
