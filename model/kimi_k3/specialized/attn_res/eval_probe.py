@@ -4,7 +4,8 @@ The CuTe kernel's first gate failed sampling's KL (0.237 against 1.5 x the stand
 kernel, or does any implementation that rounds unlike the reference fail? The gate's subject (k3, 2 layers, TP8 rank
 shapes, bf16, seed 0) and budget, in this process (no sandbox), the contract's sm_90 listed validated in a copy of
 contracts/; candidates: `kernel` (the CuTe kernel), `reversed` (the reference over the sources in reverse order: the
-same fp32 math, another rounding of the mix) and `float64` (the mix computed in float64, rounded once). NOTES.md has
+same fp32 math, another rounding of the mix) and `float64` (the mix computed in float64, rounded once: the
+evals gate's `gates/evals/exact.py`). NOTES.md has
 what it found (results/gate1/).
 
     python -m model.kimi_k3.specialized.attn_res.eval_probe OUT.json [float64 kernel reversed]   # repo root, a GPU
@@ -23,6 +24,7 @@ from rich.progress import Progress
 import model.kimi_k3.specialized.attn_res as impl
 from gates.checks.evals import configs, eval_subject
 from gates.evals import run_eval
+from gates.evals.exact import attn_res_exact
 from gates.evals.paths import backend_path
 from gates.evals.subject import load_pair
 from kernels.contract import load_contract
@@ -35,14 +37,7 @@ def reversed_order(sources, norm_w, proj_w, eps, **_):
     return attn_res(list(reversed(sources)), norm_w, proj_w, eps)
 
 
-def float64(sources, norm_w, proj_w, eps, **_):
-    s = torch.stack([x.double() for x in sources])
-    w = norm_w.double() * proj_w.double().reshape(-1)
-    logits = (s * torch.rsqrt((s * s).mean(-1, keepdim=True) + eps) * w).sum(-1)
-    return (torch.softmax(logits, 0).unsqueeze(-1) * s).sum(0).to(sources[0].dtype)
-
-
-VARIANTS = {"kernel": kernel, "reversed": reversed_order, "float64": float64}
+VARIANTS = {"kernel": kernel, "reversed": reversed_order, "float64": attn_res_exact}
 
 
 def main(argv: list[str]) -> None:
