@@ -4,9 +4,8 @@ The CuTe kernel's first gate failed sampling's KL (0.237 against 1.5 x the stand
 kernel, or does any implementation that rounds unlike the reference fail? The gate's subject (k3, 2 layers, TP8 rank
 shapes, bf16, seed 0) and budget, in this process (no sandbox), the contract's sm_90 listed validated in a copy of
 contracts/; candidates: `kernel` (the CuTe kernel), `reversed` (the reference over the sources in reverse order: the
-same fp32 math, another rounding of the mix) and `float64` (the mix computed in float64, rounded once: the
-evals gate's `gates/evals/exact.py`). NOTES.md has
-what it found (results/gate1/).
+same fp32 math, another rounding of the mix) and `float64` (the mix computed in float64, rounded once: the evals
+gate's `gates/evals/exact.py`). NOTES.md has what it found (results/gate1/).
 
     python -m model.kimi_k3.specialized.attn_res.eval_probe OUT.json [float64 kernel reversed]   # repo root, a GPU
 """
