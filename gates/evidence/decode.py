@@ -92,10 +92,13 @@ def from_records(paths: list[Path]) -> DecodeBundle:
 # the timing and every kernel live under model/ and kernels/; what ran is in the rows), so, as for an op bundle
 # judged by other gate code, it is a note and not staleness.
 TOOLING = "gates/"
+CONTRACTS = "contracts"  # the directory the specialized path loads its kernels' contracts from
 
 
 def _changed(bundle: DecodeBundle, root: Path) -> list[tuple[str, str]]:
-    """(path, why) for each recorded source that is gone or hashes differently now."""
+    """(path, why) for each recorded source that is gone or hashes differently now, and each contract the runs did not
+    read: the specialized path runs every kernel whose contract validates the arch, so a contract added since changes
+    what the measured path would run (a hash of the files that were there cannot see it)."""
     changed = []
     for path, digest in bundle.sources.items():
         file = resolve(path, root)
@@ -103,6 +106,11 @@ def _changed(bundle: DecodeBundle, root: Path) -> list[tuple[str, str]]:
             changed.append((path, "no longer exists"))
         elif sha256_file(file) != digest:
             changed.append((path, "changed since the measurements were made"))
+    if any(path.startswith(f"{CONTRACTS}/") for path in bundle.sources):
+        for file in sorted((root / CONTRACTS).glob("*.yaml")):
+            path = f"{CONTRACTS}/{file.name}"
+            if path not in bundle.sources:
+                changed.append((path, "is a contract added since the measurements were made"))
     return changed
 
 

@@ -79,6 +79,16 @@ def test_an_edited_report_or_a_changed_source_is_caught(records, tmp_path):
     assert any("stale: model/kimi_k3/bench/run.py" in p for p in verify_bundle(tmp_path / "stale"))
 
 
+def test_a_contract_added_since_the_measurements_is_staleness(records, tmp_path):
+    """The specialized path runs every contract validated on the arch: a contract the runs never read (simulated by
+    one missing from the recorded sources) could change what they ran, so the bundle is stale and says which."""
+    bundle = decode.from_records(records)
+    del bundle.sources["contracts/linear.yaml"]
+    decode.write(bundle, tmp_path / "b")
+    assert [p.split(": ", 1)[1] for p in verify_bundle(tmp_path / "b")] == [
+        "stale: contracts/linear.yaml is a contract added since the measurements were made"]
+
+
 def test_a_change_to_the_gate_tooling_is_a_note_not_staleness(records, tmp_path):
     """The CLI, gate and evidence code under gates/ launched the benches but cannot change what ran: a change there
     leaves the bundle fresh with a note naming it; a change anywhere in the measured path makes it stale."""
