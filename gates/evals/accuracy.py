@@ -39,7 +39,6 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Iterator
 
@@ -60,7 +59,7 @@ from model.kimi_k3.train.export import RECORD_FILE
 
 from . import EvalGate
 from .config import EvalConfig
-from .paths import DecodePath, DispatchedEngine, PathPair
+from .paths import DecodePath, DispatchedEngine, PathPair, dispatched_path
 from .result import Check, EvalResult, Status, Table
 
 NAME = "accuracy"
@@ -173,7 +172,7 @@ def kernel_path(model: KimiK3Model, op: str, implementation: str, name: str | No
     }, source)
     ops = Dispatcher(target, "latency_specialized", {op: Specialized(contract, source, import_entry_point(
         implementation))})
-    return DecodePath(name or implementation.rpartition(":")[2], partial(DispatchedEngine, model, ops=ops), ops=ops)
+    return dispatched_path(model, ops, name or implementation.rpartition(":")[2])
 
 
 @contextmanager

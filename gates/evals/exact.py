@@ -17,7 +17,6 @@ own code: a kernel's change cannot loosen its yardstick.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Callable
 
 import torch
@@ -27,7 +26,7 @@ from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.ops.registry import Specialized
 
-from .paths import DecodePath, DispatchedEngine
+from .paths import DecodePath, dispatched_path
 
 
 def attn_res_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor,
@@ -48,5 +47,4 @@ def exact_path(model: KimiK3Model, contract: Contract, kv_cache_dtype: str = "au
     ops = Dispatcher(Target.of(model), "latency_specialized",
                      {contract.op: Specialized(contract, f"exact {contract.op} (gates/evals/exact.py)",
                                                EXACT[contract.op])})
-    name = f"standard, {contract.op} exact" + ("" if kv_cache_dtype == "auto" else f" ({kv_cache_dtype} MLA cache)")
-    return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype), ops=ops)
+    return dispatched_path(model, ops, f"standard, {contract.op} exact", kv_cache_dtype)

@@ -132,6 +132,12 @@ def backend_path(model: KimiK3Model, backend: str, only: Sequence[str] | None = 
         ops = (ReferenceDispatcher.for_model(model) if backend == "reference"
                else Dispatcher.for_model(model, backend, contracts_dir))
         name = backend
+    return dispatched_path(model, ops, name, kv_cache_dtype)
+
+
+def dispatched_path(model: KimiK3Model, ops: Dispatcher, name: str, kv_cache_dtype: str = "auto") -> DecodePath:
+    """A path whose engines run through `ops` over the model's shared weights, with that MLA cache (a quantized one
+    names the path so)."""
     if kv_cache_dtype != "auto":
         name = f"{name} ({kv_cache_dtype} MLA cache)"
     return DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype), ops=ops)

@@ -12,7 +12,6 @@ keeps one session at a time (every eval steps one candidate sequence at a time):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 
@@ -22,7 +21,7 @@ from model.kimi_k3.dispatch import Dispatcher, Target, judged_here
 from model.kimi_k3.ops.registry import Specialized
 from model.kimi_k3.sampling import sample
 
-from .paths import DecodePath, DispatchedEngine, LogitTransform, Sampler, Session
+from .paths import LogitTransform, Sampler, Session, dispatched_path
 from .subject import load_subject
 
 
@@ -110,9 +109,7 @@ def eval_open(*, contract: dict, contract_path: str, subject: dict, kv_cache_dty
     contract = judged_here(contract, target)
     spec = Specialized(contract, contract_path, load(contract.implementation))
     ops = Dispatcher(target, "latency_specialized", {contract.op: spec})
-    name = f"latency_specialized[{contract.op}]"
-    name += f" ({kv_cache_dtype} MLA cache)" if kv_cache_dtype != "auto" else ""
-    path = DecodePath(name, partial(DispatchedEngine, model, ops=ops, kv_cache_dtype=kv_cache_dtype))
+    path = dispatched_path(model, ops, f"latency_specialized[{contract.op}]", kv_cache_dtype)
     _child.update(path=path, ops=ops, session=None, id=-1)
     return {"name": path.name}
 
