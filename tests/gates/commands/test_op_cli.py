@@ -26,7 +26,7 @@ def test_show_finds_every_piece_of_kda_decode(capsys):
 
 
 def test_an_op_without_kernels_says_so():
-    p = places(OPS["situ_mlp"])
+    p = places(OPS["rms_norm"])
     assert p.kernels == () and p.contract is None and p.verdicts == {}
 
 
