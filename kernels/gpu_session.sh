@@ -69,6 +69,7 @@ run_tests() {
     "route 240 tests/specialized/test_moe_route.py"
     "experts 240 tests/specialized/test_moe_experts.py"
     "attn_res 150 tests/specialized/test_attn_res.py"
+    "situ_mlp 150 tests/specialized/test_situ_mlp.py"
     "mla 360 tests/specialized/test_mla_decode*.py"  # mla_decode both paths (~116 GPU tests), mla_decode_fp8
     "kernels 60 tests/kernels"
     "adversarial 150 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"
