@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 from gates.checks import evals
-from gates.evals.exact import EXACT, attn_res_exact, exact_path, situ_mlp_exact
+from gates.evals.exact import EXACT, attn_res_exact, exact_path
 from kernels.contract import load_contract
 from model.kimi_k3.ops.attn_res import attn_res
-from model.kimi_k3.ops.situ_mlp import situ_mlp
 from tests.evals.test_paths import decode
 from tests.gates.fixtures.helpers import CPU_EXAMPLE
 
@@ -35,24 +34,10 @@ def test_attn_res_exact_is_the_reference_mix_rounded_once():
     assert torch.equal(exact, attn_res_exact(sources[::-1], norm_w, proj_w, eps))
 
 
-def test_situ_mlp_exact_is_the_reference_mlp_rounded_once():
-    """fp32: the reference's MLP within fp32 rounding (its intermediate roundings are to fp32). bf16: within the
-    reference's intermediate bf16 roundings of it, in the dtype asked for."""
-    g = torch.Generator().manual_seed(0)
-    x, gate_up, down = torch.randn(3, 64, generator=g), torch.randn(48, 64, generator=g) / 8, \
-        torch.randn(64, 24, generator=g) / 5
-    torch.testing.assert_close(situ_mlp_exact(x, gate_up, down, 10.0, 10.0), situ_mlp(x, gate_up, down, 10.0, 10.0),
-                               rtol=1e-5, atol=1e-5)
-    xb, gb, db = x.bfloat16(), gate_up.bfloat16(), down.bfloat16()
-    exact = situ_mlp_exact(xb, gb, db, 10.0, 10.0)
-    assert exact.dtype == torch.bfloat16
-    torch.testing.assert_close(exact.float(), situ_mlp(xb, gb, db, 10.0, 10.0).float(), rtol=2**-6, atol=2e-2)
-
-
 def test_the_yardstick_is_exact_only_for_ops_whose_standard_rounds_as_the_reference():
     attn_res_contract = load_contract(CPU_EXAMPLE)
     kda = load_contract(Path("contracts/kda_decode.yaml"))
-    assert set(EXACT) == {"attn_res", "situ_mlp"}
+    assert set(EXACT) == {"attn_res"}
     assert evals.yardstick(attn_res_contract, gpu=False, kv_cache_dtype="auto") is False  # CPU: absolute bounds
     assert evals.yardstick(kda, gpu=True, kv_cache_dtype="auto") is True  # the standard path
     assert evals.yardstick(kda, gpu=False, kv_cache_dtype="fp8") is True

@@ -5,7 +5,8 @@ Gate 2 failed sampling's mean KL at T = 1 (0.00955 against 1.5 x the standard pa
 the reference does (cuBLAS and the reference's own SiTU; at one token cuBLAS and the reference's fp32 GEMM sum alike),
 the kernel's GEMV sums K in another order. Candidates: `kernel` (the contract's implementation), `split_k` (the
 reference with each product's K summed in two halves: the same fp32 math, another rounding of each sum) and `float64`
-(the MLP in float64, rounded once: `gates/evals/exact.py`). NOTES.md has what it found (results/gate2/).
+(the MLP in float64, rounded once). NOTES.md has what it found (gate 3: all three at the standard's distance, so the
+op keeps the plain yardstick; results/gate3/).
 
     python -m model.kimi_k3.specialized.situ_mlp.eval_probe OUT.json [kernel split_k float64]   # repo root, a GPU
 """
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from gates.evals.exact import situ_mlp_exact
 from gates.evals.probe import probe
 from model.kimi_k3.ops.situ_mlp import situ
 from model.kimi_k3.specialized.situ_mlp import situ_mlp_cute
@@ -32,7 +32,14 @@ def split_k(x, gate_up, down, beta, beta_lin, **_):
     return linear_split_k(situ(a, b, beta, beta_lin), down)
 
 
-VARIANTS = {"kernel": situ_mlp_cute, "split_k": split_k, "float64": situ_mlp_exact}
+def float64(x, gate_up, down, beta, beta_lin, **_):
+    """The MLP in float64 with no intermediate rounding, rounded once to x's dtype."""
+    a, b = (x.double() @ gate_up.double().T).chunk(2, dim=-1)
+    h = beta * torch.tanh(a / beta) * torch.sigmoid(a) * (beta_lin * torch.tanh(b / beta_lin))
+    return (h @ down.double().T).to(x.dtype)
+
+
+VARIANTS = {"kernel": situ_mlp_cute, "split_k": split_k, "float64": float64}
 
 if __name__ == "__main__":
     probe("situ_mlp", VARIANTS, Path(sys.argv[1]), sys.argv[2:])
