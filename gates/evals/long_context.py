@@ -282,5 +282,5 @@ def _plot(title: str, y_label: str, buckets: list[_Bucket], stat: str, bound: fl
 
 
 def _standard(value: float | None) -> str:
-    return "" if value is None else (f"; standard path {value:.3g} there (bound: the larger of the budget's and "
-                                     "slack x the standard's worst bucket)")
+    return "" if value is None else (f"; yardstick {value:.3g} there (bound: the larger of the budget's and "
+                                     "slack x the yardstick's worst bucket)")

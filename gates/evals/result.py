@@ -46,7 +46,7 @@ class Check(BaseModel):
         precision the shipped path has, never to a tighter one the dtype cannot give."""
         bound = yardstick_bound(absolute, standard, slack)
         if standard is not None:
-            detail = f"{detail}; standard path {standard:.3g} (bound: the larger of {absolute:g} and {slack:g}x that)"
+            detail = f"{detail}; yardstick {standard:.3g} (bound: the larger of {absolute:g} and {slack:g}x that)"
         return cls.at_most(name, value, bound, detail.lstrip("; "))
 
     @classmethod

@@ -238,7 +238,7 @@ def run(config: StructuredConfig, paths: PathPair, progress: Progress) -> EvalRe
     if standard_key_shift is not None:
         metrics["standard_key_shift"] = standard_key_shift
     if standard_shift is not None and tie > budget.tie_tolerance:
-        notes.append(f"tie tolerance {tie:.3g}: {budget.slack:g} x the standard path's largest top-2 gap shift from "
+        notes.append(f"tie tolerance {tie:.3g}: {budget.slack:g} x the yardstick's largest top-2 gap shift from "
                      f"the reference ({standard_shift:.3g}) exceeds the budget's {budget.tie_tolerance:g}")
     return EvalResult.from_checks(NAME, checks, metrics=metrics, tables=[table], notes=notes,
                                   budget={"seed": config.seed, **budget.model_dump()})

@@ -99,7 +99,7 @@ def test_a_drifting_standard_beside_widens_the_state_bound(make_pair, tiny_model
     result = run(SMALL, replace(pair, candidate=drifting, standard=twin), progress)
     assert result.status == Status.PASSED, result.failed_checks
     state = checks(result)["KDA state relative error"]
-    assert state.value > SMALL.cpu.state_rtol and "standard path" in state.detail
+    assert state.value > SMALL.cpu.state_rtol and "yardstick" in state.detail
     rows = result.tables[0].rows
     for row in rows:
         assert row[9] == pytest.approx(SMALL.cpu.slack * max(r[10] for r in rows)) and row[8] == pytest.approx(row[10])

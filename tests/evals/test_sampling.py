@@ -88,7 +88,7 @@ def test_a_standard_path_beside_sets_the_precision_the_candidate_is_held_to(make
     beside_exact = run(SMALL, replace(pair, candidate=scaled, standard=pair.candidate), progress)
     assert beside_exact.status == Status.FAILED_EVAL
     assert (not checks(beside_exact)["mean exact TV"].passed
-            and "standard path 0" in checks(beside_exact)["exact TV"].detail)
+            and "yardstick 0" in checks(beside_exact)["exact TV"].detail)
 
 
 def test_a_sampler_far_off_fails_its_draws_beside_a_sloppy_standard(make_pair, progress):

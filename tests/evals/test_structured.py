@@ -216,7 +216,7 @@ def test_the_standard_paths_own_gap_shift_widens_the_tie_tolerance(make_pair, pr
     assert beside.status == Status.PASSED, beside.failed_checks
     shift = beside.metrics["standard_gap_shift"]
     assert shift > 0.1 and beside.metrics["tie_tolerance"] == pytest.approx(1.5 * shift)
-    assert any("standard path's largest top-2 gap shift" in note for note in beside.notes)
+    assert any("yardstick's largest top-2 gap shift" in note for note in beside.notes)
 
 
 def test_a_standard_that_tracks_the_reference_excuses_nothing(make_pair, progress):
