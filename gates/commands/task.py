@@ -1,8 +1,10 @@
-"""`k3forge task list | show NAME | new NAME --op OP | check`: agent task templates (agent_tasks/) and the
+"""`k3forge task list | show NAME | new NAME --op OP | check | split`: agent task templates (agent_tasks/) and the
 check a pull request must pass.
 
 check: every violation prints as `path: rule: problem` on stderr (exit 1), the PR summary in Markdown on
 stdout (and into --summary FILE). A malformed template, an unknown base or no task to check exits 2.
+split: the branch's core changes and its task's change as two branches (gates/tasks/split.py), then check on the
+task branch against the core one, its summary headed by where the core half went.
 """
 
 from __future__ import annotations
@@ -35,18 +37,24 @@ def register(sub) -> None:
     new.add_argument("--adopt", metavar="MODULE:FUNCTION",
                      help="a kernel written before its contract: its entry point; write only the missing files")
     check = verbs.add_parser("check", help="check BASE..HEAD against its task's rules; print the PR summary")
-    check.add_argument("--base", help="the branch the pull request merges into (default: origin/main, else main)")
-    check.add_argument("--task", help="the task (default: the `Task:` trailer of the commits)")
-    check.add_argument("--summary", type=Path, help="also write the Markdown summary to this file")
-    check.add_argument("--link-base", default="",
+    split = verbs.add_parser("split", help="a branch with core changes beside its kernel as two branches, "
+                                           "<branch>-core and <branch>-task; check the task one on the core one")
+    for v in (check, split):
+        v.add_argument("--base", help="the branch the pull request merges into (default: origin/main, else main)")
+        v.add_argument("--task", help="the task (default: the `Task:` trailer of the commits)")
+        v.add_argument("--summary", type=Path, help="also write the Markdown summary to this file")
+        v.add_argument("--link-base", default="",
                        help="prefix of file links in the summary, e.g. https://github.com/ORG/REPO/blob/SHA/")
+        v.add_argument("--repo", type=Path, default=Path.cwd(), help="the checkout to judge (default: here)")
+    split.add_argument("--core", action="append", default=[], metavar="GLOB",
+                       help="also put these paths on the core branch, though the task may change them (repeatable)")
     for v in (ls, show, new):
         v.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root (default: this checkout)")
-    check.add_argument("--repo", type=Path, default=Path.cwd(), help="the checkout to judge (default: here)")
     ls.set_defaults(func=run_list)
     show.set_defaults(func=run_show)
     new.set_defaults(func=run_new)
     check.set_defaults(func=run_check)
+    split.set_defaults(func=run_split)
 
 
 def _task(root: Path, name: str):
@@ -142,28 +150,44 @@ def run_new(args) -> int:
 
 
 def run_check(args) -> int:
-    from gates.tasks.check import (
-        CannotCheck,
-        check,
-        default_base,
-        open_repo,
-        read_branch,
-        summary,
-        task_at_base,
-        task_name,
-    )
+    from gates.tasks.check import CannotCheck, default_base, open_repo, read_branch, task_name
 
     try:
         repo = open_repo(args.repo)
         branch = read_branch(repo, args.base or default_base(repo))
         name = task_name(branch, args.task)
-        task = task_at_base(repo, branch, name)
     except CannotCheck as e:
         raise UsageError(f"task check: {e}") from None
+    return _judge(args, repo, branch, name)
+
+
+def run_split(args) -> int:
+    from gates.tasks.check import CannotCheck, default_base, open_repo, read_branch
+    from gates.tasks.split import split, split_note
+
+    try:
+        repo = open_repo(args.repo)
+        made = split(repo, args.base or default_base(repo), args.task, tuple(args.core))
+        branch = read_branch(repo, made.core_branch, made.task_branch)
+    except CannotCheck as e:
+        raise UsageError(f"task split: {e}") from None
+    except TaskError as e:
+        raise UsageError(str(e)) from None
+    print(f"{made.core_branch}: {len(made.core_paths)} core path(s), a pull request of their own; "
+          f"{made.task_branch}: task {made.task}'s {len(made.task_paths)}, checked on it", file=sys.stderr)
+    return _judge(args, repo, branch, made.task, split_note(made))
+
+
+def _judge(args, repo, branch, name: str, preamble: str = "") -> int:
+    """The task's rules on `branch`: the summary on stdout (and --summary), violations on stderr."""
+    from gates.tasks.check import check, summary, task_at_base
+
+    try:
+        task = task_at_base(repo, branch, name)
     except TaskError as e:
         raise UsageError(str(e)) from None
     report = check(task, branch)
-    text = summary(report, args.link_base)
+    text = preamble + summary(report, args.link_base)
     print(text)
     if args.summary:
         args.summary.write_text(text)

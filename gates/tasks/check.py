@@ -125,12 +125,13 @@ def default_base(repo: git.Repo) -> str:
     raise CannotCheck(f"{repo.working_tree_dir}: no origin/main or main to compare with; pass --base REV")
 
 
-def read_branch(repo: git.Repo, base: str) -> Branch:
+def read_branch(repo: git.Repo, base: str, head: str = "HEAD") -> Branch:
+    """BASE..`head`; the working tree (its uncommitted paths, the files the rules read) must be `head`'s."""
     try:
         base_commit = repo.commit(base)
     except (git.BadName, ValueError):
         raise CannotCheck(f"--base {base}: not a revision of {repo.working_tree_dir}") from None
-    head = repo.head.commit
+    head = repo.commit(head)
     merge_bases = repo.merge_base(base_commit, head)
     if not merge_bases:
         raise CannotCheck(f"--base {base}: shares no history with HEAD")
