@@ -171,7 +171,12 @@ def task_name(branch: Branch, given: str | None) -> str:
 def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
     """The task as the base branch has it: a pull request is judged by the rules it merges into, not by rules
     it rewrote (agent_tasks/ is core, so rewriting them is itself a violation)."""
-    tree = repo.commit(branch.base_sha).tree
+    return task_at(repo, branch.base_sha, branch.base, name)
+
+
+def task_at(repo: git.Repo, sha: str, rev: str, name: str) -> Task:
+    """Task `name` as commit `sha` (named `rev` in messages) has it; TaskError names the tasks there if not."""
+    tree = repo.commit(sha).tree
 
     def text(path: str) -> str | None:
         try:
@@ -180,14 +185,13 @@ def task_at_base(repo: git.Repo, branch: Branch, name: str) -> Task:
             return None
 
     found = text(f"{TASKS_DIR}/{name}.yaml")
-    source = f"{branch.base}:{TASKS_DIR}/{name}.yaml"  # as git names a file of a revision
+    source = f"{rev}:{TASKS_DIR}/{name}.yaml"  # as git names a file of a revision
     if found is None:
         try:
             known = sorted(b.name.removesuffix(".yaml") for b in (tree / TASKS_DIR).blobs if b.name.endswith(".yaml"))
         except KeyError:
             known = []
-        raise TaskError(f"{source}: <file>: no task {name!r} on {branch.base}; "
-                        f"tasks there: {', '.join(known) or 'none'}")
+        raise TaskError(f"{source}: <file>: no task {name!r} on {rev}; tasks there: {', '.join(known) or 'none'}")
     return read_task(found, text(f"{TASKS_DIR}/{name}.md"), source)
 
 

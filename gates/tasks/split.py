@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import git
 
 from gates.scope.policy import change_problem, first_match
-from gates.tasks.check import DISCLOSURE_KEYS, SIGN_OFF_KEY, Branch, CannotCheck, read_branch, task_name
-from gates.tasks.schema import TASKS_DIR, read_task
+from gates.tasks.check import DISCLOSURE_KEYS, SIGN_OFF_KEY, Branch, CannotCheck, read_branch, task_at, task_name
 
 CORE_TRAILERS = (SIGN_OFF_KEY, *DISCLOSURE_KEYS)
 
@@ -34,22 +33,6 @@ class Split:
     task_branch: str
     core_paths: tuple[str, ...]
     task_paths: tuple[str, ...]
-
-
-def task_at_head(repo: git.Repo, name: str):
-    """The task as HEAD has it: the split puts HEAD's template on the core branch, whose rules then judge."""
-    tree = repo.head.commit.tree
-
-    def text(path: str) -> str | None:
-        try:
-            return (tree / path).data_stream.read().decode()
-        except KeyError:
-            return None
-
-    found = text(f"{TASKS_DIR}/{name}.yaml")
-    if found is None:
-        raise CannotCheck(f"HEAD:{TASKS_DIR}/{name}.yaml: no task {name!r} at HEAD")
-    return read_task(found, text(f"{TASKS_DIR}/{name}.md"), f"HEAD:{TASKS_DIR}/{name}.yaml")
 
 
 def message(subject: str, branch: Branch, keys: tuple[str, ...] | None) -> str:
@@ -92,7 +75,7 @@ def split(repo: git.Repo, base: str, given_task: str | None = None, core_globs: 
     if branch.merge_base_sha != branch.base_sha:
         raise CannotCheck(f"HEAD is not on top of {base}: rebase onto it first (the core branch starts at {base})")
     name = task_name(branch, given_task)
-    task = task_at_head(repo, name)
+    task = task_at(repo, branch.head_sha, "HEAD", name)  # HEAD's template goes to the core branch, whose rules judge
     core = [p for p in branch.changed if first_match(p, core_globs)
             or change_problem(p, task.ops, task.allowed_globs, task.forbidden_globs)]
     rest = [p for p in branch.changed if p not in core]
