@@ -40,7 +40,15 @@ def attn_res_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: to
     return (torch.softmax(logits, dim=0).unsqueeze(-1) * s).sum(0).to(sources[0].dtype)
 
 
-EXACT: dict[str, Callable] = {"attn_res": attn_res_exact}
+def attn_res_norm_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
+                        out_w: torch.Tensor, out_eps: float) -> torch.Tensor:
+    """attn_res_exact's mix (rounded to the sources' dtype, as the op's reference rounds it), then the RMSNorm in
+    float64, rounded once. The norm hides none of the mix's rounding: attn_res's measurement holds for it."""
+    h = attn_res_exact(sources, norm_w, proj_w, eps).double()
+    return (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + out_eps) * out_w.double()).to(sources[0].dtype)
+
+
+EXACT: dict[str, Callable] = {"attn_res": attn_res_exact, "attn_res_norm": attn_res_norm_exact}
 
 
 def exact_path(model: KimiK3Model, contract: Contract, kv_cache_dtype: str = "auto") -> DecodePath:

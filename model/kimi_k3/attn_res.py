@@ -1,10 +1,11 @@
-"""Block Attention Residuals weights (SPEC.md §2); the mix itself is the op `attn_res` (ops/attn_res.py)."""
+"""Block Attention Residuals weights (SPEC.md §2); the mix itself is the op `attn_res` (ops/attn_res.py), and the mix
+followed by a sublayer's input norm the op `attn_res_norm` (ops/attn_res_norm.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from .module import Weighted
+from .module import RMSNorm, Weighted
 from .parallel import TP
 from .weights import single
 
@@ -20,3 +21,7 @@ class AttnResWeights(Weighted):
 
     def forward(self, sources: list[torch.Tensor], ops) -> torch.Tensor:
         return ops.call("attn_res", sources, self.norm, self.proj, self.eps)
+
+    def normed(self, sources: list[torch.Tensor], norm: RMSNorm, ops) -> torch.Tensor:
+        """norm(self(sources)), as one op: a sublayer's input, where nothing else reads the mix."""
+        return ops.call("attn_res_norm", sources, self.norm, self.proj, self.eps, norm.weight, norm.eps)

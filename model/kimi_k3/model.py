@@ -65,11 +65,14 @@ class DecoderLayer(nn.Module):
         if writes:
             blocks.append(partial)
         n_prev = -(-i // self.block_size)  # blocks completed before this layer
-        h = self.attn_res(blocks[:n_prev] + [partial], ops) if n_prev else partial
-        a = self.self_attn(self.input_layernorm(h, ops), batch, cache, ops)
+        if n_prev:
+            x = self.attn_res.normed(blocks[:n_prev] + [partial], self.input_layernorm, ops)
+        else:
+            x = self.input_layernorm(partial, ops)
+        a = self.self_attn(x, batch, cache, ops)
         partial = a if writes else partial + a
-        h2 = self.mlp_res(blocks[:n_prev + writes] + [partial], ops)
-        return partial, self.ffn(self.post_attention_layernorm(h2, ops), ops)
+        x2 = self.mlp_res.normed(blocks[:n_prev + writes] + [partial], self.post_attention_layernorm, ops)
+        return partial, self.ffn(x2, ops)
 
 
 class KimiK3Model(nn.Module):

@@ -23,6 +23,13 @@ flight) and of norm_w and proj_w, then:
    register file at m = 9) and writes its chunks of sum_i alpha_i s_i in fp32, rounded once to bf16.
 Deterministic: fixed orders everywhere, no atomics. Every source is read from DRAM once.
 
+The fused input norm (`AttnResNormKernel`, op attn_res_norm): every sublayer of a decoder layer normalizes the mix
+before it reads it (SPEC.md §2: h = AttnRes(...), then RMSNorm(h)), and nothing else reads h. So the same CTA goes on
+instead of storing h: it rounds its chunks of the mix to bf16 (h exactly as attn_res returns it, so the composition's
+rounding is kept), sums their squares in fp32, and after a third barrier every thread scales its chunks by
+rsqrt(sum / D + eps') and the norm weight, in the reference's order ((h * rstd) * w), and stores them as bf16. One
+launch and one barrier instead of a second kernel (~2 µs between dependent kernels in a decode step's graph).
+
 Arguments. The m sources arrive as a tuple of m pointers (each source its own tensor: the model keeps the block
 sums and the running partial apart), rows of D contiguous elements, row stride D (the entry point checks it).
 """
@@ -101,16 +108,39 @@ if DSL.error is None:
 
         @cute.kernel
         def kernel(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, mOut: cute.Tensor, eps: Float32):
+            token, _, _ = cute.arch.block_idx()
+            mix = self.mix(mSources, mNorm, mProj, eps, token, cutlass.memory.SmemAllocator())
+            for j, chunk in enumerate(self.chunks()):
+                cute.local_tile(mOut[token, None], (VEC,), (chunk,)).store(mix[j].load().to(BFloat16))
+
+        def chunks(self) -> list:
+            """The thread's chunks of D, in order: j-th is tidx + j * threads."""
+            tidx, _, _ = cute.arch.thread_idx()
+            return [tidx + j * self.threads for j in range(self.cfg.chunks_per_thread)]
+
+        @cute.jit
+        def cta_sum(self, values: list, smem_sums: cute.Tensor) -> None:
+            """Sum each of the values over the CTA into smem_sums[0, :] ... [warps - 1, :] (one row a warp, after a
+            butterfly in each warp); the caller syncs, then adds the rows in warp order (deterministic)."""
+            lane, warp = cute.arch.lane_idx(), cute.arch.warp_idx()
+            for i, v in enumerate(values):
+                for off in (16, 8, 4, 2, 1):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=off)
+                if lane == 0:
+                    smem_sums[warp, i] = v
+
+        @cute.jit
+        def mix(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, eps: Float32, token, smem) -> list:
+            """Steps 1-3 of the module doc for one token: the thread's chunks of the mix, fp32 (C register tensors of
+            VEC), before any rounding. Traced inline into each kernel that calls it; its shared memory comes from the
+            kernel's one allocator `smem` (a second allocator would start at the same address)."""
             M, C, D = self.m, self.cfg.chunks_per_thread, self.d
             warps = self.threads // WARP
             tidx, _, _ = cute.arch.thread_idx()
-            token, _, _ = cute.arch.block_idx()
-            lane, warp = tidx % WARP, tidx // WARP
-            smem = cutlass.memory.SmemAllocator()
             sSums = smem.allocate_tensor(Float32, cute.make_layout((warps, 2 * M), stride=(2 * M, 1)),
                                          byte_alignment=16)
             sScore = smem.allocate_tensor(Float32, cute.make_layout((M,)), byte_alignment=16)
-            chunks = [tidx + j * self.threads for j in range(C)]
+            chunks = self.chunks()
             # every load first (the sources' as packed bf16, then the weights'), so that all are in flight together
             x = [[cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load() for j in range(C)]
                  for i in range(M)]
@@ -119,6 +149,7 @@ if DSL.error is None:
             w = [[norm[j][e] * proj[j][e] for e in range(VEC)] for j in range(C)]
             # 1. the thread's partial sum of squares and dot with w, per source, in chunk order (each source widened
             # to fp32 only here: all m sources in fp32 would not fit the register file at m = 9)
+            partial = []
             for i in cutlass.range_constexpr(M):
                 ss = Float32(0.0)
                 dot = Float32(0.0)
@@ -127,15 +158,12 @@ if DSL.error is None:
                     for e in cutlass.range_constexpr(VEC):
                         ss = ss + xf[e] * xf[e]
                         dot = dot + xf[e] * w[j][e]
-                # 2. the warp's sums by a butterfly (every lane ends with them), then the warps' in shared memory
-                for off in (16, 8, 4, 2, 1):
-                    ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=off)
-                    dot = dot + cute.arch.shuffle_sync_bfly(dot, offset=off)
-                if lane == 0:
-                    sSums[warp, 2 * i] = ss
-                    sSums[warp, 2 * i + 1] = dot
+                partial += [ss, dot]
+            # 2. the CTA's sums: a butterfly in each warp, the warps' sums in shared memory, then thread i < m adds
+            # them in warp order
+            self.cta_sum(partial, sSums)
             cute.arch.sync_threads()
-            if tidx < M:  # the CTA's sums in warp order: deterministic
+            if tidx < M:
                 ss = sSums[0, 2 * tidx]
                 dot = sSums[0, 2 * tidx + 1]
                 for other in cutlass.range_constexpr(1, warps):
@@ -155,6 +183,7 @@ if DSL.error is None:
             alpha = [weights[i] / total for i in range(M)]
             # the sources again for the mix, from the L1 / L2 (a barrier lies between: the loads are not merged with
             # step 1's, whose values did not stay in registers)
+            mixes = []
             for j in cutlass.range_constexpr(C):
                 mix = cute.make_rmem_tensor((VEC,), Float32)
                 for i in cutlass.range_constexpr(M):
@@ -164,35 +193,94 @@ if DSL.error is None:
                             mix[e] = alpha[0] * xf[e]
                         else:
                             mix[e] = mix[e] + alpha[i] * xf[e]
-                cute.local_tile(mOut[token, None], (VEC,), (chunks[j],)).store(mix.load().to(BFloat16))
+                mixes.append(mix)
+            return mixes
+
+    class AttnResNormKernel(AttnResKernel):
+        """out[T, D] = rms_norm(the AttnRes mix, out_w, out_eps): the mix as AttnResKernel computes it, rounded to
+        bf16, normalized by the same CTA (module doc)."""
+
+        @cute.jit
+        def __call__(self, pSources: tuple, pNorm: cute.Pointer, pProj: cute.Pointer, pOutW: cute.Pointer,
+                     pOut: cute.Pointer, tokens: Int32, eps: Float32, out_eps: Float32, stream: cuda.CUstream):
+            D = self.d
+            rows = cute.make_layout((tokens, D), stride=(D, 1))
+            mSources = [cute.make_tensor(pSources[i], rows) for i in range(self.m)]
+            mNorm = cute.make_tensor(pNorm, cute.make_layout((D,)))
+            mProj = cute.make_tensor(pProj, cute.make_layout((D,)))
+            mOutW = cute.make_tensor(pOutW, cute.make_layout((D,)))
+            mOut = cute.make_tensor(pOut, rows)
+            self.kernel(mSources, mNorm, mProj, mOutW, mOut, eps, out_eps).launch(
+                grid=[tokens, 1, 1], block=[self.threads, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, mOutW: cute.Tensor,
+                   mOut: cute.Tensor, eps: Float32, out_eps: Float32):
+            C, D = self.cfg.chunks_per_thread, self.d
+            warps = self.threads // WARP
+            token, _, _ = cute.arch.block_idx()
+            chunks = self.chunks()
+            smem = cutlass.memory.SmemAllocator()
+            sNorm = smem.allocate_tensor(Float32, cute.make_layout((warps, 1), stride=(1, 1)), byte_alignment=16)
+            out_w = [cute.local_tile(mOutW, (VEC,), (chunk,)).load().to(Float32) for chunk in chunks]  # in flight early
+            mix = self.mix(mSources, mNorm, mProj, eps, token, smem)
+            h = [mix[j].load().to(BFloat16).to(Float32) for j in range(C)]  # attn_res's bf16 output, exactly
+            ss = Float32(0.0)
+            for j in cutlass.range_constexpr(C):
+                for e in cutlass.range_constexpr(VEC):
+                    ss = ss + h[j][e] * h[j][e]
+            self.cta_sum([ss], sNorm)
+            cute.arch.sync_threads()
+            total = sNorm[0, 0]
+            for other in cutlass.range_constexpr(1, warps):
+                total = total + sNorm[other, 0]
+            rstd = cute.math.rsqrt(total / Float32(D) + out_eps)
+            for j in cutlass.range_constexpr(C):
+                y = cute.make_rmem_tensor((VEC,), Float32)
+                for e in cutlass.range_constexpr(VEC):
+                    y[e] = (h[j][e] * rstd) * out_w[j][e]
+                cute.local_tile(mOut[token, None], (VEC,), (chunks[j],)).store(y.load().to(BFloat16))
 
 
 def launch_args(source_ptrs: tuple[int, ...], norm_ptr: int, proj_ptr: int, out_ptr: int, tokens: int, eps: float,
-                stream: int):
+                stream: int, out_norm: tuple[int, float] | None = None):
     """The kernel's arguments for device addresses (every source, norm_w, proj_w and out 16-byte aligned), the token
-    count, eps and a CUDA stream handle."""
+    count, eps and a CUDA stream handle; `out_norm` = (the fused norm weight's address, its eps) for
+    AttnResNormKernel."""
     gmem = cute.AddressSpace.gmem
-    return (tuple(_runtime_make_ptr(BFloat16, p, gmem, assumed_align=16) for p in source_ptrs),
-            _runtime_make_ptr(BFloat16, norm_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(BFloat16, proj_ptr, gmem, assumed_align=16),
-            _runtime_make_ptr(BFloat16, out_ptr, gmem, assumed_align=16),
-            Int32(tokens), Float32(eps), cuda.CUstream(stream))
+
+    def ptr(address: int):
+        return _runtime_make_ptr(BFloat16, address, gmem, assumed_align=16)
+
+    sources = tuple(ptr(p) for p in source_ptrs)
+    if out_norm is None:
+        return sources, ptr(norm_ptr), ptr(proj_ptr), ptr(out_ptr), Int32(tokens), Float32(eps), cuda.CUstream(stream)
+    out_w_ptr, out_eps = out_norm
+    return (sources, ptr(norm_ptr), ptr(proj_ptr), ptr(out_w_ptr), ptr(out_ptr), Int32(tokens), Float32(eps),
+            Float32(out_eps), cuda.CUstream(stream))
 
 
-def fake_args(sources: int):
-    """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0)
+def _kernel_and_fake_args(cfg: AttnResConfig, sources: int, hidden: int, normed: bool):
+    """The kernel object (AttnResNormKernel where `normed`) and null pointers with its argument types, for
+    compiling without a GPU."""
+    if normed:
+        return (AttnResNormKernel(cfg, sources, hidden),
+                launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0, out_norm=(0, 1e-5)))
+    return AttnResKernel(cfg, sources, hidden), launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0)
 
 
-def compile_kernel(cfg: AttnResConfig, sources: int, hidden: int, options: str = ""):
-    """cute.compile the kernel for (cfg, m, D), for the arch the DSL targets in this process."""
+def compile_kernel(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, options: str = ""):
+    """cute.compile the kernel for (cfg, m, D), the mix or (`normed`) the normalized mix, for the arch the DSL
+    targets in this process."""
     require_dsl(DSL.error)
-    return cute.compile(AttnResKernel(cfg, sources, hidden), *fake_args(sources), options=options)
+    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed)
+    return cute.compile(kernel, *args, options=options)
 
 
-def compile_report(cfg: AttnResConfig, sources: int, hidden: int, arch: str = "sm_90a", **kw):
+def compile_report(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, arch: str = "sm_90a", **kw):
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
     require_dsl(DSL.error)
-    return compile_for_arch(AttnResKernel(cfg, sources, hidden), *fake_args(sources), arch=arch, **kw)
+    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed)
+    return compile_for_arch(kernel, *args, arch=arch, **kw)
