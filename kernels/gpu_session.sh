@@ -68,7 +68,7 @@ run_tests() {
     "linear 150 tests/specialized/test_linear.py"
     "route 240 tests/specialized/test_moe_route.py"
     "experts 240 tests/specialized/test_moe_experts.py"
-    "attn_res 150 tests/specialized/test_attn_res.py"
+    "attn_res 150 tests/specialized/test_attn_res*.py"  # attn_res and attn_res_norm (one kernel file)
     "situ_mlp 150 tests/specialized/test_situ_mlp.py"
     "mla 360 tests/specialized/test_mla_decode*.py"  # mla_decode both paths (~116 GPU tests), mla_decode_fp8
     "kernels 60 tests/kernels"

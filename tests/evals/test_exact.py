@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from gates.checks import evals
-from gates.evals.exact import EXACT, attn_res_exact, exact_path
+from gates.evals.exact import EXACT, attn_res_exact, attn_res_norm_exact, exact_path
 from kernels.contract import load_contract
 from model.kimi_k3.ops.attn_res import attn_res
+from model.kimi_k3.ops.attn_res_norm import attn_res_norm
 from tests.evals.test_paths import decode
 from tests.gates.fixtures.helpers import CPU_EXAMPLE
 
@@ -34,10 +35,22 @@ def test_attn_res_exact_is_the_reference_mix_rounded_once():
     assert torch.equal(exact, attn_res_exact(sources[::-1], norm_w, proj_w, eps))
 
 
+def test_attn_res_norm_exact_normalizes_the_exact_mix_as_rounded():
+    """The exact mix rounded to the sources' dtype (as the op's reference rounds its mix), normalized in float64:
+    within two bf16 steps of the reference (the mix may round to a neighbour, then the norm rounds), and the same
+    whatever the sources' order."""
+    sources, norm_w, proj_w, eps = attn_res_inputs(torch.bfloat16)
+    out_w = torch.linspace(0.5, 1.5, sources[0].shape[-1]).to(torch.bfloat16)
+    exact = attn_res_norm_exact(sources, norm_w, proj_w, eps, out_w, 1e-5)
+    assert exact.dtype == torch.bfloat16
+    torch.testing.assert_close(exact, attn_res_norm(sources, norm_w, proj_w, eps, out_w, 1e-5), rtol=2**-6, atol=1e-2)
+    assert torch.equal(exact, attn_res_norm_exact(sources[::-1], norm_w, proj_w, eps, out_w, 1e-5))
+
+
 def test_the_yardstick_is_exact_only_for_ops_whose_standard_rounds_as_the_reference():
     attn_res_contract = load_contract(CPU_EXAMPLE)
     kda = load_contract(Path("contracts/kda_decode.yaml"))
-    assert set(EXACT) == {"attn_res"}
+    assert set(EXACT) == {"attn_res", "attn_res_norm"}
     assert evals.yardstick(attn_res_contract, gpu=False, kv_cache_dtype="auto") is False  # CPU: absolute bounds
     assert evals.yardstick(kda, gpu=True, kv_cache_dtype="auto") is True  # the standard path
     assert evals.yardstick(kda, gpu=False, kv_cache_dtype="fp8") is True

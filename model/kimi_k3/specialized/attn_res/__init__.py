@@ -36,18 +36,21 @@ def config_for(hidden: int) -> AttnResConfig:
     return AttnResConfig.for_shape(hidden)
 
 
-def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor) -> tuple[int, int, int]:
-    """Validate a call; return (m, T, D). Raises ValueError, device last, so that every other check runs on CPU
-    tensors."""
+def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor,
+               out_w: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """Validate a call (with `out_w`, the fused norm's weight: attn_res_norm's); return (m, T, D). Raises ValueError,
+    device last, so that every other check runs on CPU tensors."""
     if not isinstance(sources, (list, tuple)) or not all(isinstance(s, torch.Tensor) for s in sources):
         raise ValueError("sources must be a list of tensors")
     if not 1 <= len(sources) <= MAX_SOURCES:
         raise ValueError(f"{len(sources)} sources: 1..{MAX_SOURCES}")
-    if not isinstance(norm_w, torch.Tensor) or not isinstance(proj_w, torch.Tensor):
-        raise ValueError("norm_w and proj_w must be tensors")
-    tensors = [*sources, norm_w, proj_w]
+    weights = {"norm_w": norm_w, "proj_w": proj_w} | ({} if out_w is None else {"out_w": out_w})
+    names = ", ".join(weights)
+    if not all(isinstance(w, torch.Tensor) for w in weights.values()):
+        raise ValueError(f"{names} must be tensors")
+    tensors = [*sources, *weights.values()]
     if any(t.dtype != torch.bfloat16 for t in tensors):
-        raise ValueError(f"sources, norm_w and proj_w must be bf16, got {sorted({str(t.dtype) for t in tensors})}")
+        raise ValueError(f"sources, {names} must be bf16, got {sorted({str(t.dtype) for t in tensors})}")
     shape = sources[0].shape
     if len(shape) != 2 or any(s.shape != shape for s in sources):
         raise ValueError(f"sources must share one shape [T, D], got {[tuple(s.shape) for s in sources]}")
@@ -55,15 +58,17 @@ def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor) -> tuple[int
     if norm_w.numel() != d or proj_w.numel() != d or norm_w.dim() != 1 or proj_w.shape[-1] != d:
         raise ValueError(f"norm_w [D] and proj_w [1, D] with D = {d}, got {tuple(norm_w.shape)}, "
                          f"{tuple(proj_w.shape)}")
+    if out_w is not None and (out_w.dim() != 1 or out_w.numel() != d):
+        raise ValueError(f"out_w must be [D] with D = {d}, got {tuple(out_w.shape)}")
     if not all(x.is_contiguous() for x in tensors):
-        raise ValueError("sources, norm_w and proj_w must be contiguous")
+        raise ValueError(f"sources, {names} must be contiguous")
     config_for(d).check(len(sources), d)
     if any(x.data_ptr() % 16 for x in tensors):
-        raise ValueError("sources, norm_w and proj_w must be 16-byte aligned")
+        raise ValueError(f"sources, {names} must be 16-byte aligned")
     if t * d >= 2**31:
         raise ValueError(f"T x D = {t * d}: an index would overflow int32")
     if not all(x.is_cuda for x in tensors) or len({x.device for x in tensors}) != 1:
-        raise ValueError("sources, norm_w and proj_w must be CUDA tensors on one device")
+        raise ValueError(f"sources, {names} must be CUDA tensors on one device")
     return len(sources), t, d
 
 

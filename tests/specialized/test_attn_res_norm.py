@@ -1,0 +1,166 @@
+"""attn_res_norm's kernel (AttnResNormKernel in model/kimi_k3/specialized/attn_res/kernel.py; entry point
+model/kimi_k3/specialized/attn_res_norm/).
+
+CPU: the contract names the entry point, the argument checks (one line each, naming what is wrong), the compile for
+sm_90a without spills with the loads, stores and barriers the design promises (attn_res's, plus the norm weight's
+loads and one barrier). GPU: the gate problem's inputs at the contract's benchmark points, every distribution at
+m = 1..9 and T = 1..64 and a verify step's 512 tokens against the composition (attn_res's kernel, then the
+reference norm) within one bf16 rounding of the norm's output, repeated launches bit for bit, T = 0, and a CUDA
+graph replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gates.problems import bench_point, load_problem
+from kernels.contract import load_contract
+from kernels.cute import cutlass_available, ptx_instruction_counts
+from kernels.trees import clone
+from model.kimi_k3.ops.attn_res_norm import attn_res_norm
+from model.kimi_k3.ops.registry import import_entry_point, registry_problems
+from model.kimi_k3.specialized.attn_res import config_for
+from model.kimi_k3.specialized.attn_res_norm import attn_res_norm_cute
+from tests.specialized.test_attn_res import EPS, D, inputs
+
+CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "attn_res_norm.yaml"
+CONTRACT = load_contract(CONTRACT_FILE)
+
+
+def norm_weight(seed: int, d: int = D, device: str = "cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (1 + 0.1 * torch.randn(d, generator=gen)).to(torch.bfloat16).to(device)
+
+
+def test_contract_names_this_kernel():
+    assert CONTRACT.implementation == "model.kimi_k3.specialized.attn_res_norm:attn_res_norm_cute"
+    assert registry_problems(CONTRACT, str(CONTRACT_FILE), imports=False) == []
+
+
+@pytest.mark.parametrize("case, message", [
+    (lambda s, n, p, w: (s, n, p, w.float()), "sources, norm_w, proj_w, out_w must be bf16"),
+    (lambda s, n, p, w: (s, n, p, w[:4096]), "out_w must be [D] with D = 7168, got (4096,)"),
+    (lambda s, n, p, w: (s, n, p, w.reshape(2, -1)), "out_w must be [D] with D = 7168"),
+    (lambda s, n, p, w: (s, n, p, torch.zeros(2 * D, dtype=torch.bfloat16)[1::2]), "out_w must be contiguous"),
+    (lambda s, n, p, w: (s, n, p, None), "out_w must be a tensor"),
+    (lambda s, n, p, w: ([s[0].float(), s[1]], n, p, w), "must be bf16"),
+    (lambda s, n, p, w: (s, n, p, w), "sources, norm_w, proj_w, out_w must be CUDA tensors"),
+])
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+def test_entry_point_refuses_before_launching(case, message):
+    sources, norm_w, proj_w, out_w = case(*inputs(2, 3), norm_weight(1))
+    with pytest.raises(ValueError) as err:
+        attn_res_norm_cute(sources, norm_w, proj_w, EPS, out_w, EPS)
+    assert message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("m", [1, 2, 9])
+def test_compiles_for_sm90a_without_spills(m):
+    """attn_res's loads (every source's chunks, the two score weights, the sources again for the mix) plus the norm
+    weight's chunks; only the normalized mix stored; three barriers (scores, softmax inputs, the norm's sum)."""
+    from model.kimi_k3.specialized.attn_res_norm import compile
+
+    report = compile((config_for(D), m, D), "sm_90a")
+    (k,) = report.kernels
+    print(f"m={m}: {k.registers} registers, {k.spill_bytes} B spills")
+    assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 128
+    c = config_for(D).chunks_per_thread
+    counts = ptx_instruction_counts(report.ptx, {
+        "ld16": r"\bld\.global(?:\.\w+)*\.v4\.b32\b", "st16": r"\bst\.global(?:\.\w+)*\.v4\.b32\b",
+        "bar": r"\bbar\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
+    assert counts == {"ld16": c * (2 * m + 3), "st16": c, "bar": 3, "local": 0}, counts
+
+
+# --- GPU ---------------------------------------------------------------------------------------------------------
+
+def _kernel():
+    from model.kimi_k3.specialized import attn_res_norm
+
+    ok, why = attn_res_norm.available()
+    if not ok:
+        pytest.skip(why)
+    return attn_res_norm.attn_res_norm_cute
+
+
+def check_close(got: torch.Tensor, sources, norm_w, proj_w, out_w) -> None:
+    """Within two bf16 roundings of the reference: the kernel's mix may round to the neighbouring bf16 of the
+    reference's (it sums in another order), and the normalized value rounds once more."""
+    want = attn_res_norm(sources, norm_w, proj_w, EPS, out_w, EPS)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed"])
+@pytest.mark.parametrize("point", CONTRACT.benchmark.points,
+                         ids=lambda p: f"batch{p.batch}-sources{p.shape['sources']}")
+def test_gate_problem_inputs(point, dist):
+    problem = load_problem("attn_res_norm")
+    case = problem.generate_input(bench_point(CONTRACT, problem, point), 0, dist)
+    got = import_entry_point(CONTRACT.implementation)(*clone(case.args, "cuda"))
+    ref = problem.reference(*clone(case.args, "cuda"))
+    result = problem.check("out", got, ref, CONTRACT.tolerance)
+    assert result.passed, result.problems
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "large", "mixed"])
+@pytest.mark.parametrize("m", [1, 2, 5, 9])
+@pytest.mark.parametrize("t", [1, 7, 64])
+def test_matches_reference(t, m, dist):
+    kernel = _kernel()
+    sources, norm_w, proj_w = inputs(m, t, dist, seed=31 * t + m, device="cuda")
+    out_w = norm_weight(t + m, device="cuda")
+    got = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
+    assert got.dtype == torch.bfloat16 and got.shape == (t, D)
+    check_close(got, sources, norm_w, proj_w, out_w)
+    assert torch.equal(got, kernel(sources, norm_w, proj_w, EPS, out_w, EPS))  # deterministic
+
+
+@pytest.mark.gpu
+def test_the_mix_is_rounded_as_attn_res_returns_it():
+    """Normalizing the kernel's own attn_res output with the reference norm gives the fused result bit for bit up
+    to the norm's sum order: the fused kernel rounds the mix to bf16 before the norm, as the composition does."""
+    from model.kimi_k3.ops.rms_norm import rms_norm
+    from model.kimi_k3.specialized.attn_res import attn_res_cute
+
+    kernel = _kernel()
+    sources, norm_w, proj_w = inputs(9, 16, "heavy_tailed", seed=3, device="cuda")
+    out_w = norm_weight(4, device="cuda")
+    composed = rms_norm(attn_res_cute(sources, norm_w, proj_w, EPS), out_w, EPS)
+    fused = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
+    mismatched = (fused != composed).float().mean().item()
+    assert mismatched < 1e-3, f"{mismatched:.2%} of elements differ from the composition of the two kernels"
+    torch.testing.assert_close(fused.float(), composed.float(), rtol=2**-8, atol=0)
+
+
+@pytest.mark.gpu
+def test_verify_step_tokens_and_zero_tokens():
+    kernel = _kernel()
+    sources, norm_w, proj_w = inputs(9, 512, seed=5, device="cuda")
+    out_w = norm_weight(6, device="cuda")
+    check_close(kernel(sources, norm_w, proj_w, EPS, out_w, EPS), sources, norm_w, proj_w, out_w)
+    empty = [s[:0] for s in sources]
+    assert kernel(empty, norm_w, proj_w, EPS, out_w, EPS).shape == (0, D)
+
+
+@pytest.mark.gpu
+def test_graph_replay_reads_the_sources_at_replay_time():
+    kernel = _kernel()
+    sources, norm_w, proj_w = inputs(4, 3, seed=9, device="cuda")
+    out_w = norm_weight(10, device="cuda")
+    kernel(sources, norm_w, proj_w, EPS, out_w, EPS)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
+    fresh, _, _ = inputs(4, 3, seed=10, device="cuda")
+    for s, f in zip(sources, fresh):
+        s.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, kernel(sources, norm_w, proj_w, EPS, out_w, EPS))
+    check_close(out, sources, norm_w, proj_w, out_w)
