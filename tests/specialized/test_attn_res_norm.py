@@ -89,9 +89,10 @@ def _kernel():
 
 def check_close(got: torch.Tensor, sources, norm_w, proj_w, out_w) -> None:
     """Within two bf16 roundings of the reference: the kernel's mix may round to the neighbouring bf16 of the
-    reference's (it sums in another order), and the normalized value rounds once more."""
+    reference's (it sums in another order: one step, 2^-7 relative at the bottom of a binade), and the normalized
+    value rounds once more (2^-8). The H200's first run found single elements at 1.08 % (a mix one step off)."""
     want = attn_res_norm(sources, norm_w, proj_w, EPS, out_w, EPS)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7 + 2**-8, atol=1e-5)
 
 
 @pytest.mark.gpu
