@@ -89,10 +89,11 @@ def _kernel():
 
 def check_close(got: torch.Tensor, sources, norm_w, proj_w, out_w) -> None:
     """Within two bf16 roundings of the reference: the kernel's mix may round to the neighbouring bf16 of the
-    reference's (it sums in another order: one step, 2^-7 relative at the bottom of a binade), and the normalized
-    value rounds once more (2^-8). The H200's first run found single elements at 1.08 % (a mix one step off)."""
+    reference's (it sums in another order: one step, up to 2^-7 relative at the bottom of a binade), and the two
+    normalized values then round to bf16 apart (another step, up to 2^-7). The H200 found single elements at
+    1.08-1.36 % (of 3.7 M at most 6)."""
     want = attn_res_norm(sources, norm_w, proj_w, EPS, out_w, EPS)
-    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7 + 2**-8, atol=1e-5)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=1e-5)
 
 
 @pytest.mark.gpu
