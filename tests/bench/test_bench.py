@@ -39,7 +39,7 @@ def test_layer_rows_for_both_backends(cfg, kind):
         assert r.bytes > 0 and r.floor_us > 0
         assert r.output_rel_l2 < 2e-2
     checks = rows[0].op_checks
-    assert {"linear", "rms_norm", "attn_res"} <= set(checks)
+    assert {"linear", "rms_norm", "attn_res_norm"} <= set(checks)
     assert all(c["ok"] for c in checks.values())
 
 
