@@ -73,16 +73,20 @@ def test_compiles_for_sm90a_without_spills(m):
     """One kernel; no spills at any m (m = 9 sources in fp32 would not fit the register file: they stay packed);
     every source's chunks loaded by 16-byte loads before the scores, the weights once, the sources once more for the
     mix, the mix stored by 16-byte stores; two barriers."""
-    report = _report(m)
+    c = config_for(D).chunks_per_thread
+    assert memory_traffic(_report(m), m) == {"ld16": c * (2 * m + 2), "st16": c, "bar": 2, "local": 0}
+    assert VEC * c * config_for(D).threads(D) == D
+
+
+def memory_traffic(report, m: int) -> dict[str, int]:
+    """The one kernel's 16-byte global loads and stores, barriers and local-memory accesses in its PTX, after
+    checking it spills nothing (both attn_res kernels' compile tests)."""
     (k,) = report.kernels
     print(f"m={m}: {k.registers} registers, {k.spill_bytes} B spills")
     assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 128
-    c = config_for(D).chunks_per_thread
-    counts = ptx_instruction_counts(report.ptx, {
+    return ptx_instruction_counts(report.ptx, {
         "ld16": r"\bld\.global(?:\.\w+)*\.v4\.b32\b", "st16": r"\bst\.global(?:\.\w+)*\.v4\.b32\b",
         "bar": r"\bbar\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
-    assert counts == {"ld16": c * (2 * m + 2), "st16": c, "bar": 2, "local": 0}, counts
-    assert VEC * c * config_for(D).threads(D) == D
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------

@@ -18,13 +18,13 @@ import torch
 
 from gates.problems import bench_point, load_problem
 from kernels.contract import load_contract
-from kernels.cute import cutlass_available, ptx_instruction_counts
+from kernels.cute import cutlass_available
 from kernels.trees import clone
 from model.kimi_k3.ops.attn_res_norm import attn_res_norm
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized.attn_res import config_for
 from model.kimi_k3.specialized.attn_res_norm import attn_res_norm_cute
-from tests.specialized.test_attn_res import EPS, D, inputs
+from tests.specialized.test_attn_res import EPS, D, inputs, memory_traffic
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "attn_res_norm.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -65,15 +65,9 @@ def test_compiles_for_sm90a_without_spills(m):
     weight's chunks; only the normalized mix stored; three barriers (scores, softmax inputs, the norm's sum)."""
     from model.kimi_k3.specialized.attn_res_norm import compile
 
-    report = compile((config_for(D), m, D), "sm_90a")
-    (k,) = report.kernels
-    print(f"m={m}: {k.registers} registers, {k.spill_bytes} B spills")
-    assert k.spill_bytes == 0 and k.stack_frame_bytes == 0 and k.registers <= 128
     c = config_for(D).chunks_per_thread
-    counts = ptx_instruction_counts(report.ptx, {
-        "ld16": r"\bld\.global(?:\.\w+)*\.v4\.b32\b", "st16": r"\bst\.global(?:\.\w+)*\.v4\.b32\b",
-        "bar": r"\bbar\.sync\b", "local": r"\b(?:ld|st)\.local\b"})
-    assert counts == {"ld16": c * (2 * m + 3), "st16": c, "bar": 3, "local": 0}, counts
+    traffic = memory_traffic(compile((config_for(D), m, D), "sm_90a"), m)
+    assert traffic == {"ld16": c * (2 * m + 3), "st16": c, "bar": 3, "local": 0}
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
