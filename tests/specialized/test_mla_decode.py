@@ -29,8 +29,8 @@ from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized import mla_decode as mk
 from model.kimi_k3.specialized.mla_decode.kernel import (
     DSL,
-    LATENT_PARTS,
     MERGE_COLS,
+    MERGE_SEQS,
     MERGE_UNROLL,
     MMA_K,
     MMA_N,
@@ -650,26 +650,34 @@ def test_merge_keeps_splits_in_flight():
     """`merge`'s loop over the splits is unrolled: MERGE_UNROLL splits' partial loads in one body (at batch 1 a
     sequence has ~128 splits: one load round trip after another would cost ~30 µs), each a thread's MERGE_COLS
     columns in one 16-byte load (4 scalar loads a split left 75% of the sectors fetched unused: ncu); two barriers
-    (the weights' maximum, then the weights); nothing in local memory."""
+    (the weights' maximum, the weights, then the latent in shared memory before the next sequence or the
+    absorption), once in a loop over the CTA's sequences; nothing in local memory."""
     rep = mk.compile(mk.compile_keys(CONTRACT)[-1], "sm_90a")
     counts = ptx_instruction_counts(ptx_entry(rep.ptx, "merge"), {
         "partial loads": r"\bld\.global(?:\.[\w:]+)*\.v4\.[bf]32\b", "bar.sync": r"\bbar(?:rier)?\.sync\b",
         "local": r"\b(?:ld|st)\.local\b"})
     assert MERGE_COLS == 4 and counts["partial loads"] >= MERGE_UNROLL, counts
-    assert counts["bar.sync"] == 2 and counts["local"] == 0, counts
+    assert counts["bar.sync"] == 3 and counts["local"] == 0, counts
 
 
 @needs_dsl
-def test_merge_writes_the_latent_as_exact_bf16_parts():
-    """`merge` stores each of a thread's MERGE_COLS latent entries as LATENT_PARTS bf16 parts, each rounded once
-    (cvt.rn) from the fp32 residual the parts before it left; no fp32 latent reaches global memory (the entry
-    point's W_UV bmm reads the parts: kernel.py's module doc says why their sum is exact)."""
+def test_merge_absorbs_the_output():
+    """`merge` writes out = latent W_UV^T in fp32 and no latent: W_UV read in 16-byte pieces of 8 bf16 (two a loop
+    iteration, unrolled twice), each piece's 8 products FMA'd into every one of the CTA's MERGE_SEQS sequences' sums
+    (the branch keeps the ones past the batch out), the latent read back from shared memory in 16-byte loads; no
+    bf16 store (the old parts), no spill."""
     rep = mk.compile(mk.compile_keys(CONTRACT)[-1], "sm_90a")
-    counts = ptx_instruction_counts(ptx_entry(rep.ptx, "merge"), {
-        "bf16 stores": r"\bst\.global\.b16\b", "rounds": r"\bcvt\.rn\.bf16\.f32\b",
-        "fp32 stores": r"\bst\.global(?:\.v\d)?\.[bf]32\b"})
-    parts = LATENT_PARTS * MERGE_COLS
-    assert counts == {"bf16 stores": parts, "rounds": parts, "fp32 stores": 0}, counts
+    merge = ptx_entry(rep.ptx, "merge")
+    counts = ptx_instruction_counts(merge, {
+        "bf16 stores": r"\bst\.global\.b16\b", "fp32 stores": r"\bst\.global\.(?:b|f)32\b",
+        "latent reads": r"\bld\.shared\.v4\.(?:b|f)32\b", "fma": r"\bfma\.rn\.f32\b",
+        "local": r"\b(?:ld|st)\.local\b"})
+    pieces = 2 * 2  # pieces a loop body (two chains) x the unroll
+    assert counts["bf16 stores"] == 0 and counts["local"] == 0, counts
+    assert counts["fp32 stores"] >= MERGE_SEQS, counts  # one a sequence (the partials' loop stores none)
+    assert counts["latent reads"] >= pieces * MERGE_SEQS * 2, counts  # 8 fp32 of a sequence's latent: two v4
+    assert counts["fma"] >= pieces * MERGE_SEQS * 8, counts
+    assert all(k.spill_bytes == 0 and k.stack_frame_bytes == 0 for k in rep.kernels)
 
 
 @needs_dsl

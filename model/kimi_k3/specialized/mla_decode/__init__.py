@@ -6,11 +6,11 @@
     ... # block_table [B, max_blocks] int32 (or int64), lengths [B] int64, w_uk [H, N, C] bf16, w_uv [H, V, C] bf16
     ... # -> out [B, H, V] fp32; row t of sequence b is kv_cache[block_table[b, t // P], t % P]
 
-v1: the absorptions stay in torch (q_lat = q_nope W_UK and out = latent W_UV^T with exact products and fp32 sums, as the
-reference computes them; the latent reaches the second as three bf16 parts that sum to it exactly, so one bf16 bmm reads
-W_UV as stored); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache
-in two launches (split-KV partials, then their log-sum-exp merge). The partials' per-tile math runs on tensor cores by
-default (MlaConfig.path "mma": 1.2-4.5x the cuBLAS standard on the H200, one op per graph, against the CUDA-core path's
+The query absorption stays in torch (q_lat = q_nope W_UK with exact products and fp32 sums, as the reference computes
+it); the kernel (kernel.py) computes the latent [B, H, C] from the fp32 query [q_lat | q_pe] and the cache in two
+launches (split-KV partials, then their log-sum-exp merge, which also absorbs the output: out = latent W_UV^T, exact
+products in fp32 FMAs, fp32 sums, W_UV read as stored). The partials' per-tile math runs on tensor cores by default
+(MlaConfig.path "mma": 1.2-4.5x the cuBLAS standard on the H200, one op per graph, against the CUDA-core path's
 0.6-2.7x); `config=MlaConfig(path="fma")` keeps it on CUDA cores in fp32, exact to ~1e-6 where the mma path's bf16 P
 gives ~5e-4 relative (kernel.py, NOTES.md).
 
@@ -37,7 +37,7 @@ from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
 from ...ops.mla_decode import check_paged
 from ..linear import _num_sms, available
-from .kernel import DSL, LATENT_PARTS, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
+from .kernel import DSL, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
 
 __all__ = ["MlaConfig", "absorbed_attention", "attention_core", "available", "check_args", "compile", "compile_keys",
            "config_for", "mla_decode_cute", "prepare", "split_plan"]
@@ -100,6 +100,10 @@ def check_args(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale,
         raise ValueError("kv_cache, block_table and lengths must be contiguous")
     if kv_cache.data_ptr() % 16:
         raise ValueError("kv_cache must be 16-byte aligned")
+    if w_uv.stride(2) != 1 or w_uv.stride(1) != c or w_uv.data_ptr() % 16 or (w_uv.stride(0) * 2) % 16 or \
+            w_uv.stride(0) >= _INT32_LIMIT:
+        raise ValueError(f"w_uv (strides {tuple(w_uv.stride())}) must have contiguous rows of C={c} from a 16-byte "
+                         "aligned base, heads a multiple of 16 bytes apart (kv_b_proj's view is)")
     if not all(t.is_cuda for t in tensors) or len({t.device for t in tensors}) != 1:
         raise ValueError("q_nope, q_pe, kv_cache, block_table, lengths, w_uk and w_uv must be CUDA tensors on one "
                          "device")
@@ -146,39 +150,35 @@ def mla_decode_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Te
 
 def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        lengths: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float,
-                       cfg: MlaConfig) -> torch.Tensor:
-    """The absorptions in torch around the two launches, for a checked call: out [B, H, V] fp32."""
+                       cfg: MlaConfig, out_scale: float = 1.0) -> torch.Tensor:
+    """The query absorption in torch, then the two launches, for a checked call: out [B, H, V] fp32 (times
+    out_scale: an fp8 cache's kv_scale)."""
     # the reference's absorption: bf16 products are exact in fp32 and cuBLAS sums them in fp32, with no fp32 copy of
     # W_UK made on every call (3 MB written and read again at 12 heads, and two launches)
     q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk, out_dtype=torch.float32).transpose(0, 1)  # [B, H, C]
     query = torch.cat([q_lat, q_pe], dim=-1).contiguous()  # [B, H, C + R] fp32 (cat promotes q_pe exactly)
     # the kernel reads int32 entries, vLLM's; an int64 table costs one conversion on the device (no-op for int32)
-    parts = attention_core(query, kv_cache, block_table.to(torch.int32), lengths, scale, cfg, w_uk.shape[-1])
-    # the latent's exact bf16 parts times W_UV in one bmm (exact products, fp32 sums), summed: the reference's fp32
-    # absorption up to summation order, reading W_UV once in bf16
-    b, h = query.shape[:2]
-    out = torch.bmm(parts.view(h, LATENT_PARTS * b, -1), w_uv.transpose(1, 2), out_dtype=torch.float32)
-    return out.view(h, LATENT_PARTS, b, -1).sum(1).transpose(0, 1)  # [B, H, V]
+    return attention_core(query, kv_cache, block_table.to(torch.int32), lengths, w_uv, scale, cfg, out_scale)
 
 
 def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
-                   scale: float, cfg: MlaConfig, latent_dim: int) -> torch.Tensor:
+                   w_uv: torch.Tensor, scale: float, cfg: MlaConfig, out_scale: float = 1.0) -> torch.Tensor:
     """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous, the
-    block table int32): the latent as its exact bf16 parts [H, LATENT_PARTS, B, C] (kernel.py's module doc; their
-    fp32 sum over dim 1 is the latent). For the benchmark's kernel-only timing."""
+    block table int32, W_UV as check_args admits it): out [B, H, V] fp32 = out_scale x latent W_UV^T. For the
+    benchmark's kernel-only timing."""
     b, h, _ = query.shape
-    c = latent_dim
+    c, v = w_uv.shape[2], w_uv.shape[1]
     num_pages, page_size, _ = kv_cache.shape
     blocks = block_table.shape[1]
     splits, chunk = split_plan(b, blocks * page_size, _num_sms(query.device.index), cfg)
     partials = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
     lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
-    latent_parts = torch.empty(h, LATENT_PARTS, b, c, dtype=torch.bfloat16, device=query.device)
+    out = torch.empty(b, h, v, dtype=torch.float32, device=query.device)
     _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
         query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(), partials.data_ptr(),
-        lse.data_ptr(), latent_parts.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
-        torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
-    return latent_parts
+        lse.data_ptr(), w_uv.data_ptr(), out.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
+        v, w_uv.stride(0), float(out_scale), torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
+    return out
 
 
 def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:

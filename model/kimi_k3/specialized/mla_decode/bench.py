@@ -2,7 +2,7 @@
 
 Per (B, L, H): the standard, and for each path (MlaConfig.path: "fma", "mma"; "e4m3": the mma path over the same
 cache quantized to e4m3 with a calibrated scale, through mla_decode_fp8_cute) the entry point end to end and its
-attention core alone. Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): a paged
+attention core alone (the two launches: partials, and the merge with the output absorption). Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): a paged
 cache of `--page-size` rows a page (default 64; 0: one page of L rows per sequence, the slot form) with each
 sequence's pages in a random order, every sequence at the full length L (`--lengths full`, the floor's case) or
 lengths drawn as the gate draws them (`--lengths random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times
@@ -111,7 +111,8 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
             continue
         graphs["cute", path, k, st] = capture(lambda entry=entry, call=call: entry(*call))
         graphs["core", path, k, st] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k, st]:
-                                              mk.attention_core(query, cache, table, lengths, core_scale, cfg, C))
+                                              mk.attention_core(query, cache, table, lengths, w_uv, core_scale, cfg,
+                                                                core_scale / scale))
     if check_only:
         return
     us = {}

@@ -5,13 +5,12 @@
 
 query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv the paged cache [pages, P, W]
 bf16 (P rows a page, a runtime argument; a slot per sequence is P = L with a one-column table), block_table [B,
-max_blocks] int32 and lengths [B] int64 read on the device; the latent out as LATENT_PARTS bf16 parts, [H, LATENT_PARTS,
-B, C], whose sum is the fp32 latent exactly (hi = bf16(x), mid = bf16(x - hi), lo = bf16(x - hi - mid): each residual is
-exact in fp32, and three 8-bit significands hold fp32's 24), so that the entry point's W_UV absorption is one bf16
-tensor-core bmm over 3B rows (products exact, fp32 sums) with no fp32 copy of W_UV. The absorptions (q_nope W_UK, latent
-W_UV^T) stay in torch in the entry point (v1). Two launches from one `@cute.jit` call, one stream, no host
-synchronisation and no data-dependent host logic (the split count depends on B and max_blocks x P only), so a call can
-be captured in a CUDA graph and replayed with other tables and lengths.
+max_blocks] int32 and lengths [B] int64 read on the device; the output absorbed in `merge`: out [B, H, V] fp32 =
+out_scale x latent W_UV^T, W_UV [H, V, C] bf16 (a view of kv_b_proj: its head stride a runtime argument, V too), each
+product exact inside an fp32 FMA and summed in ascending column order (the reference's fp32 absorption up to the
+order of its sums). The query absorption (q_nope W_UK) stays in torch in the entry point. Two launches from one
+`@cute.jit` call, one stream, no host synchronisation and no data-dependent host logic (the split count depends on B
+and max_blocks x P only), so a call can be captured in a CUDA graph and replayed with other tables and lengths.
 
 Rows are addressed one at a time, by the thread that moves them (`tile_row`, `page_of`, `cache_row`): each thread
 owns one row of every tile, reads its page from the block table (clamped into [0, pages), never trusted) and
@@ -69,11 +68,15 @@ into it; every MMA runs on f16 operands (mma.sync...f32.f16.f16.f32): the query'
 the scores are scaled back), P in f16. The cache's scale never reaches the kernel: the entry point folds it into
 `scale` and the output.
 
-Launch 2, `merge`. Grid (H, B), C / 4 threads, thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every
-split is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
-MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
-MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp.merge's arithmetic; each latent
-entry is stored as its LATENT_PARTS bf16 parts. Deterministic (no atomics; fixed orders everywhere).
+Launch 2, `merge`. Grid (H, ceil(B / MERGE_SEQS)), C / 4 threads. For each of the CTA's sequences in turn: thread i
+owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every split is empty) and the weights w_s = exp(lse_s - top)
+computed by all threads together into shared memory (at most MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s
+(divisor 1 if the sum is 0), splits in ascending order, MERGE_UNROLL of them in flight, a split's 4 columns in one
+16-byte load: mla_dcp.merge's arithmetic; the latent stays in shared memory (fp32). Then the absorption: thread v
+takes output columns v, v + C / 4, ... < V; per column, W_UV[h, v] is read in 16-byte pieces (8 columns of C, once
+for all the CTA's sequences: they share the head) and each sequence's sum runs over C in ascending order in two
+fp32 FMA chains (even and odd pieces, added at the end); times out_scale (an fp8 cache's kv_scale). Deterministic
+(no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
@@ -105,7 +108,7 @@ MAX_HEADS = 16
 MERGE_COLS = 4  # latent columns per thread of `merge`
 MAX_SPLITS = 1024  # splits a sequence may have: `merge` keeps their weights in shared memory (4 KB)
 MERGE_UNROLL = 8  # splits `merge` has in flight per thread
-LATENT_PARTS = 3  # bf16 parts `merge` writes a latent entry as: hi, mid, lo (module doc)
+MERGE_SEQS = 4  # sequences a `merge` CTA merges and absorbs (W_UV[h] read once for them from L2, then from L1)
 PATHS = ("fma", "mma")
 CACHES = ("bf16", "e4m3")  # the cache's element type
 MMA_K = 16  # k of mma.sync m16n8k16
@@ -312,9 +315,9 @@ if DSL.error is None:
 
         @cute.jit
         def __call__(self, pQ: cute.Pointer, pKV: cute.Pointer, pTable: cute.Pointer, pLens: cute.Pointer,
-                     pPart: cute.Pointer, pLse: cute.Pointer, pLat: cute.Pointer, batch: Int32, blocks: Int32,
-                     page_size: Int32, num_pages: Int32, splits: Int32, chunk: Int32, scale: Float32,
-                     stream: cuda.CUstream):
+                     pPart: cute.Pointer, pLse: cute.Pointer, pUV: cute.Pointer, pOut: cute.Pointer, batch: Int32,
+                     blocks: Int32, page_size: Int32, num_pages: Int32, splits: Int32, chunk: Int32, scale: Float32,
+                     v_dim: Int32, uv_head_stride: Int32, out_scale: Float32, stream: cuda.CUstream):
             H, C, W = self.h, self.c, self.w
             mQ = cute.make_tensor(pQ, cute.make_layout((batch, H * W), stride=(H * W, 1)))
             # page 0's rows [P, W]; `cache_row` moves to a row's page with 64-bit arithmetic
@@ -324,15 +327,14 @@ if DSL.error is None:
             mPart = cute.make_tensor(pPart, cute.make_layout((batch, splits, H, C),
                                                              stride=(splits * H * C, H * C, C, 1)))
             mLse = cute.make_tensor(pLse, cute.make_layout((batch, splits, H), stride=(splits * H, H, 1)))
-            # [H, LATENT_PARTS, B, C]: per head, the parts' rows stacked (the W_UV bmm's M = 3 B rows)
-            mLat = cute.make_tensor(pLat, cute.make_layout((H, LATENT_PARTS, batch, C),
-                                                           stride=(LATENT_PARTS * batch * C, batch * C, C, 1)))
+            mUV = cute.make_tensor(pUV, cute.make_layout((H, v_dim, C), stride=(uv_head_stride, C, 1)))
+            mOut = cute.make_tensor(pOut, cute.make_layout((batch, H, v_dim), stride=(H * v_dim, v_dim, 1)))
             partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
             partial(mQ, mKV, mTable, mLens, mPart, mLse, blocks * page_size, page_size, num_pages, chunk,
                     scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
-            self.merge(mPart, mLse, mLat, splits).launch(grid=[H, batch, 1], block=[C // MERGE_COLS, 1, 1],
-                                                         stream=stream)
+            self.merge(mPart, mLse, mUV, mOut, splits, batch, out_scale).launch(
+                grid=[H, (batch + MERGE_SEQS - 1) // MERGE_SEQS, 1], block=[C // MERGE_COLS, 1, 1], stream=stream)
 
         # --- pieces both `partial` paths share ------------------------------------------------------------------
 
@@ -803,66 +805,99 @@ if DSL.error is None:
             self.store_lse(mLse, sM, sL)
 
         @cute.kernel
-        def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mLat: cute.Tensor, splits: Int32):
+        def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mUV: cute.Tensor, mOut: cute.Tensor, splits: Int32,
+                  batch: Int32, out_scale: Float32):
             tidx, _, _ = cute.arch.thread_idx()
-            h, b, _ = cute.arch.block_idx()
-            threads = self.c // MERGE_COLS
+            h, group, _ = cute.arch.block_idx()
+            C = self.c
+            threads = C // MERGE_COLS
             smem = cutlass.memory.SmemAllocator()
             sW = smem.allocate_tensor(Float32, cute.make_layout((MAX_SPLITS,)), byte_alignment=16)
             sTop = smem.allocate_tensor(Float32, cute.make_layout((threads // 32,)), byte_alignment=16)
-            # top = max_s lse_s, the splits spread over the threads (a max is exact in any order); each thread keeps
-            # its splits' lse in sW, where it turns them into weights below (the same thread: no barrier between)
-            top = Float32(-math.inf)
-            for s in cutlass.range(tidx, splits, threads):
-                lse = mLse[b, s, h]
-                sW[s] = lse
-                top = cutlass.max(top, lse)
-            for off in (16, 8, 4, 2, 1):
-                top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
-            # the warp index from tidx, not warp_idx(): that is a full-warp shuffle, which lane 0 alone would wait
-            # in forever (the first GPU run of this merge hung there)
-            if tidx % 32 == 0:
-                sTop[tidx // 32] = top
-            cute.arch.sync_threads()
-            top = sTop[0]
-            for w in cutlass.range_constexpr(1, threads // 32):
-                top = cutlass.max(top, sTop[w])
-            top = cutlass.select_(top > Float32(-math.inf), top, Float32(0.0))
-            for s in cutlass.range(tidx, splits, threads):
-                sW[s] = cute.math.exp(sW[s] - top)
-            cute.arch.sync_threads()
-            # the weighted sum in ascending split order (deterministic, the emulation's order); unrolled so that
-            # several splits' loads are in flight at once: at batch 1 there are ~256 splits and 12 CTAs
+            sLat = smem.allocate_tensor(Float32, cute.make_layout((MERGE_SEQS, C), stride=(C, 1)), byte_alignment=16)
+            b0 = group * MERGE_SEQS
+            seqs = cutlass.min(batch - b0, Int32(MERGE_SEQS))
             c0 = tidx * MERGE_COLS
-            out = cute.make_rmem_tensor((MERGE_COLS,), Float32)
-            for j in cutlass.range_constexpr(MERGE_COLS):
-                out[j] = Float32(0.0)
-            total = Float32(0.0)
-            # a split's MERGE_COLS columns in one 16-byte load (the partial rows are C fp32 from a 16-byte base)
-            row_bytes = self.c * 4
-            first = mPart.iterator.toint() + (Int64(b) * Int64(splits) * Int64(self.h) + Int64(h)) * Int64(row_bytes)
-            for s in cutlass.range(splits, unroll=MERGE_UNROLL):
-                wgt = sW[s]
-                total = total + wgt
-                cols = cute.make_tensor(cute.make_ptr(Float32, first + Int64(s) * Int64(self.h * row_bytes) +
-                                                      Int64(c0 * 4), cute.AddressSpace.gmem, assumed_align=16),
-                                        cute.make_layout((MERGE_COLS,))).load()
+            row_bytes = C * 4
+            for i in cutlass.range(seqs):
+                b = b0 + i
+                # top = max_s lse_s, the splits spread over the threads (a max is exact in any order); each thread
+                # keeps its splits' lse in sW, where it turns them into weights below (the same thread: no barrier)
+                top = Float32(-math.inf)
+                for s in cutlass.range(tidx, splits, threads):
+                    lse = mLse[b, s, h]
+                    sW[s] = lse
+                    top = cutlass.max(top, lse)
+                for off in (16, 8, 4, 2, 1):
+                    top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
+                # the warp index from tidx, not warp_idx(): that is a full-warp shuffle, which lane 0 alone would
+                # wait in forever (the first GPU run of this merge hung there)
+                if tidx % 32 == 0:
+                    sTop[tidx // 32] = top
+                cute.arch.sync_threads()
+                top = sTop[0]
+                for w in cutlass.range_constexpr(1, threads // 32):
+                    top = cutlass.max(top, sTop[w])
+                top = cutlass.select_(top > Float32(-math.inf), top, Float32(0.0))
+                for s in cutlass.range(tidx, splits, threads):
+                    sW[s] = cute.math.exp(sW[s] - top)
+                cute.arch.sync_threads()
+                # the weighted sum in ascending split order (deterministic, the emulation's order); unrolled so that
+                # several splits' loads are in flight at once: at batch 1 there are ~256 splits and 12 CTAs
+                out = cute.make_rmem_tensor((MERGE_COLS,), Float32)
                 for j in cutlass.range_constexpr(MERGE_COLS):
-                    out[j] = out[j] + wgt * cols[j]
-            divisor = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
-            for j in cutlass.range_constexpr(MERGE_COLS):
-                rest = out[j] / divisor
-                for part in cutlass.range_constexpr(LATENT_PARTS):
-                    piece = rest.to(BFloat16)
-                    mLat[h, part, b, c0 + j] = piece
-                    rest = rest - piece.to(Float32)  # exact: rest and piece share their leading bits
+                    out[j] = Float32(0.0)
+                total = Float32(0.0)
+                # a split's MERGE_COLS columns in one 16-byte load (the partial rows are C fp32 from a 16-byte base)
+                first = mPart.iterator.toint() + (Int64(b) * Int64(splits) * Int64(self.h) + Int64(h)) * \
+                    Int64(row_bytes)
+                for s in cutlass.range(splits, unroll=MERGE_UNROLL):
+                    wgt = sW[s]
+                    total = total + wgt
+                    cols = cute.make_tensor(cute.make_ptr(Float32, first + Int64(s) * Int64(self.h * row_bytes) +
+                                                          Int64(c0 * 4), cute.AddressSpace.gmem, assumed_align=16),
+                                            cute.make_layout((MERGE_COLS,))).load()
+                    for j in cutlass.range_constexpr(MERGE_COLS):
+                        out[j] = out[j] + wgt * cols[j]
+                divisor = cutlass.select_(total > Float32(0.0), total, Float32(1.0))
+                for j in cutlass.range_constexpr(MERGE_COLS):
+                    sLat[i, c0 + j] = out[j] / divisor
+                # the next sequence rewrites sW and sTop; the absorption below reads every thread's sLat
+                cute.arch.sync_threads()
+            # out[b, h, v] = out_scale sum_c latent[b, c] W_UV[h, v, c]: W_UV's row read once for the CTA's
+            # sequences (16 bytes, 8 columns, a load), each sequence's sum in two FMA chains (even, odd pieces)
+            for v in cutlass.range(tidx, mUV.shape[1], threads):
+                # the row's address by hand (as cache_row): 16-byte aligned, which the runtime head stride hides
+                # from the layout (check_args: W_UV's base and head stride keep every row 16-byte aligned)
+                elements = Int64(h) * Int64(mUV.stride[0]) + Int64(v) * Int64(C)
+                row = cute.make_tensor(cute.make_ptr(BFloat16, mUV.iterator.toint() + elements * Int64(2),
+                                                     cute.AddressSpace.gmem, assumed_align=16), cute.make_layout((C,)))
+                acc = cute.make_rmem_tensor((MERGE_SEQS, 2), Float32)
+                for i in cutlass.range_constexpr(MERGE_SEQS):
+                    for chain in cutlass.range_constexpr(2):
+                        acc[i, chain] = Float32(0.0)
+                for pair in cutlass.range(C // 16, unroll=2):  # pieces 2 pair (chain 0) and 2 pair + 1 (chain 1)
+                    for chain in cutlass.range_constexpr(2):
+                        w8 = cute.local_tile(row, (8,), (2 * pair + chain,)).load().to(Float32)
+                        w = [w8[j] for j in range(8)]  # extracted here, outside the branches that use them
+                        for i in cutlass.range_constexpr(MERGE_SEQS):
+                            if i < seqs:  # the CTA's sequences only (one at batch 1): a uniform branch
+                                lat = cute.local_tile(sLat[i, None], (8,), (2 * pair + chain,)).load()
+                                a = acc[i, chain]
+                                for j in cutlass.range_constexpr(8):
+                                    a = a + lat[j] * w[j]
+                                acc[i, chain] = a
+                for i in cutlass.range_constexpr(MERGE_SEQS):
+                    if i < seqs:
+                        mOut[b0 + i, h, v] = (acc[i, 0] + acc[i, 1]) * out_scale
 
 
-def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, lat_ptr: int,
-                batch: int, blocks: int, page_size: int, num_pages: int, splits: int, chunk: int, scale: float,
-                stream: int, cache: str = "bf16"):
-    """The kernel's arguments for device addresses (the block table int32 [batch, blocks], the lengths int64), the
-    runtime dims, the split plan, the scale and a stream; the cache pointer's type is the config's `cache`."""
+def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, uv_ptr: int,
+                out_ptr: int, batch: int, blocks: int, page_size: int, num_pages: int, splits: int, chunk: int,
+                scale: float, v_dim: int, uv_head_stride: int, out_scale: float, stream: int, cache: str = "bf16"):
+    """The kernel's arguments for device addresses (the block table int32 [batch, blocks], the lengths int64, W_UV
+    bf16 [H, V, C] with rows of C contiguous and heads uv_head_stride elements apart, out fp32 [B, H, V]), the runtime
+    dims, the split plan, the scales and a stream; the cache pointer's type is the config's `cache`."""
     gmem = cute.AddressSpace.gmem
     return (_runtime_make_ptr(Float32, q_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float8E4M3FN if cache == "e4m3" else BFloat16, kv_ptr, gmem, assumed_align=16),
@@ -870,14 +905,15 @@ def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr
             _runtime_make_ptr(Int64, lens_ptr, gmem, assumed_align=8),
             _runtime_make_ptr(Float32, part_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, lse_ptr, gmem, assumed_align=4),
-            _runtime_make_ptr(BFloat16, lat_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, uv_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(Float32, out_ptr, gmem, assumed_align=4),
             Int32(batch), Int32(blocks), Int32(page_size), Int32(num_pages), Int32(splits), Int32(chunk),
-            Float32(scale), cuda.CUstream(stream))
+            Float32(scale), Int32(v_dim), Int32(uv_head_stride), Float32(out_scale), cuda.CUstream(stream))
 
 
 def fake_args(cache: str = "bf16"):
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args(0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, 0, cache)
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, 128, 2 * 128 * 512, 1.0, 0, cache)
 
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):

@@ -51,8 +51,8 @@ def mla_decode_fp8_cute(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torc
         return torch.empty(0, h, v, dtype=torch.float32, device=q_nope.device)
     cfg = config or config_for(h)
     cfg.check(h, c, r)
-    out = absorbed_attention(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale * kv_scale, cfg)
-    return out * kv_scale
+    return absorbed_attention(q_nope, q_pe, kv_cache, block_table, lengths, w_uk, w_uv, scale * kv_scale, cfg,
+                              out_scale=kv_scale)
 
 
 def compile_keys(contract) -> list[tuple[MlaConfig, int, int, int]]:
