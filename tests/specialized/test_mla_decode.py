@@ -598,7 +598,7 @@ def test_mma_path_ptx(key):
     assert counts["ldmatrix"] == 2 * steps + TILE // MMA_K  # B of two n-tiles each; P's two k-steps
     assert counts["ldmatrix.trans"] == n_tiles
     copies = TILE * w // VEC // cfg.threads  # a thread's 16-byte copies of a tile
-    query = -(-h * w // 4 // cfg.threads)  # its copies of the query (fp32)
+    query = -(-h * c // 4 // cfg.threads)  # its copies of q_lat (fp32; q_pe's R columns arrive by plain loads)
     assert counts["cp.async"] == cfg.stages * copies + query
     assert counts["commit"] == cfg.stages + 1 and counts["wait"] == 2
     assert counts["bar.sync"] == 1 + 3 + 1 and counts["local"] == 0

@@ -128,7 +128,7 @@ def test_compiles_with_exact_conversions_and_f16_mmas(key):
     cfg, h, c, r = key
     copies = (c + r) // 8 // (32 * cfg.warps // 32)  # a thread's copies a tile (the bf16 kernel's, 8 bytes each)
     assert got["mma f16"] == was["mma bf16"] > 0 and got["mma bf16"] == 0
-    query = -(-h * (c + r) // 4 // cfg.threads)  # a thread's 16-byte copies of the fp32 query
+    query = -(-h * c // 4 // cfg.threads)  # a thread's 16-byte copies of q_lat (fp32)
     assert got["8-byte copies"] == cfg.stages * copies and got["cvt e4m3"] == 4 * copies
     assert got["16-byte copies"] == query and was["16-byte copies"] == cfg.stages * copies + query
     assert got["bar.sync"] == was["bar.sync"] + 2 and got["local"] == 0

@@ -154,30 +154,34 @@ def absorbed_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch
     """The query absorption in torch, then the two launches, for a checked call: out [B, H, V] fp32 (times
     out_scale: an fp8 cache's kv_scale)."""
     # the reference's absorption: bf16 products are exact in fp32 and cuBLAS sums them in fp32, with no fp32 copy of
-    # W_UK made on every call (3 MB written and read again at 12 heads, and two launches)
-    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk, out_dtype=torch.float32).transpose(0, 1)  # [B, H, C]
-    query = torch.cat([q_lat, q_pe], dim=-1).contiguous()  # [B, H, C + R] fp32 (cat promotes q_pe exactly)
+    # W_UK made on every call (3 MB written and read again at 12 heads, and two launches); the kernel reads its
+    # [H, B, C] output and q_pe where they are (no concatenated query)
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w_uk, out_dtype=torch.float32)  # [H, B, C]
     # the kernel reads int32 entries, vLLM's; an int64 table costs one conversion on the device (no-op for int32)
-    return attention_core(query, kv_cache, block_table.to(torch.int32), lengths, w_uv, scale, cfg, out_scale)
+    return attention_core(q_lat, q_pe, kv_cache, block_table.to(torch.int32), lengths, w_uv, scale, cfg, out_scale)
 
 
-def attention_core(query: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
-                   w_uv: torch.Tensor, scale: float, cfg: MlaConfig, out_scale: float = 1.0) -> torch.Tensor:
-    """The two launches alone (no argument checks: mla_decode_cute's job; query fp32 [B, H, C + R] contiguous, the
-    block table int32, W_UV as check_args admits it): out [B, H, V] fp32 = out_scale x latent W_UV^T. For the
-    benchmark's kernel-only timing."""
-    b, h, _ = query.shape
-    c, v = w_uv.shape[2], w_uv.shape[1]
+def attention_core(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   lengths: torch.Tensor, w_uv: torch.Tensor, scale: float, cfg: MlaConfig,
+                   out_scale: float = 1.0) -> torch.Tensor:
+    """The two launches alone (no argument checks: mla_decode_cute's job; q_lat fp32 [H, B, C] contiguous, q_pe bf16
+    [B, H, R] (a copy is made only if its rows are not contiguous), the block table int32, W_UV as check_args admits
+    it): out [B, H, V] fp32 = out_scale x latent W_UV^T. For the benchmark's kernel-only timing."""
+    h, b, c = q_lat.shape
+    v = w_uv.shape[1]
+    if q_pe.stride(-1) != 1:
+        q_pe = q_pe.contiguous()
     num_pages, page_size, _ = kv_cache.shape
     blocks = block_table.shape[1]
-    splits, chunk = split_plan(b, blocks * page_size, _num_sms(query.device.index), cfg)
-    partials = torch.empty(b, splits, h, c, dtype=torch.float32, device=query.device)
-    lse = torch.empty(b, splits, h, dtype=torch.float32, device=query.device)
-    out = torch.empty(b, h, v, dtype=torch.float32, device=query.device)
-    _compiled(cfg, h, c, query.shape[-1] - c)(*launch_args(
-        query.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(), partials.data_ptr(),
-        lse.data_ptr(), w_uv.data_ptr(), out.data_ptr(), b, blocks, page_size, num_pages, splits, chunk, float(scale),
-        v, w_uv.stride(0), float(out_scale), torch.cuda.current_stream(query.device).cuda_stream, cfg.cache))
+    splits, chunk = split_plan(b, blocks * page_size, _num_sms(q_lat.device.index), cfg)
+    partials = torch.empty(b, splits, h, c, dtype=torch.float32, device=q_lat.device)
+    lse = torch.empty(b, splits, h, dtype=torch.float32, device=q_lat.device)
+    out = torch.empty(b, h, v, dtype=torch.float32, device=q_lat.device)
+    _compiled(cfg, h, c, q_pe.shape[-1])(*launch_args(
+        q_lat.data_ptr(), q_pe.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(),
+        partials.data_ptr(), lse.data_ptr(), w_uv.data_ptr(), out.data_ptr(), b, blocks, page_size, num_pages, splits,
+        chunk, float(scale), (q_pe.stride(0), q_pe.stride(1)), v, w_uv.stride(0), float(out_scale),
+        torch.cuda.current_stream(q_lat.device).cuda_stream, cfg.cache))
     return out
 
 

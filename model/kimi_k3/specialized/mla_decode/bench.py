@@ -2,12 +2,12 @@
 
 Per (B, L, H): the standard, and for each path (MlaConfig.path: "fma", "mma"; "e4m3": the mma path over the same
 cache quantized to e4m3 with a calibrated scale, through mla_decode_fp8_cute) the entry point end to end and its
-attention core alone (the two launches: partials, and the merge with the output absorption). Inputs are the op's problem's (gates/problems/mla_decode.py `make_case`, seed 0): a paged
-cache of `--page-size` rows a page (default 64; 0: one page of L rows per sequence, the slot form) with each
-sequence's pages in a random order, every sequence at the full length L (`--lengths full`, the floor's case) or
-lengths drawn as the gate draws them (`--lengths random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times
-each path at each value of the split heuristic's knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim
-at), `--stages` at each ring depth.
+attention core alone (the two launches: partials, and the merge with the output absorption). Inputs are the op's
+problem's (gates/problems/mla_decode.py `make_case`, seed 0): a paged cache of `--page-size` rows a page (default
+64; 0: one page of L rows per sequence, the slot form) with each sequence's pages in a random order, every sequence
+at the full length L (`--lengths full`, the floor's case) or lengths drawn as the gate draws them (`--lengths
+random`: in [1, L], one at 1 and one at L). `--ctas-per-sm` times each path at each value of the split heuristic's
+knob (MlaConfig.ctas_per_sm: how many waves of CTAs the splits aim at), `--stages` at each ring depth.
 
 Method. Per point one CUDA graph per implementation, replayed by kernels.timing.time_graphs with the L2 flushed
 before each replay (flush='l2'); the median is reported. The floor is the cache bytes the call reads (the valid
@@ -91,7 +91,7 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
     q_nope, q_pe, kv, table, lengths, w_uk, w_uv, scale = args
     label = f"B={b:3d} L={max_len:6d} H={h:2d} P={kv.shape[1]:5d}"
     rows = int(lengths.sum())
-    query = torch.cat([torch.einsum("bhn,hnc->bhc", q_nope.float(), w_uk.float()), q_pe.float()], -1).contiguous()
+    q_lat = torch.einsum("bhn,hnc->hbc", q_nope.float(), w_uk.float()).contiguous()  # the core's first input
     graphs, errs, row_bytes, cfgs = {"standard": capture(lambda: mla_decode_standard(*args))}, {}, {}, {}
     runs = [(path, k, st) for path in paths for k in ctas_per_sm for st in stages]
     keep = []  # every captured graph's inputs, alive until it has been replayed (a graph holds raw addresses)
@@ -111,8 +111,8 @@ def bench_point(b: int, max_len: int, h: int, iters: int, paths: list[str], full
             continue
         graphs["cute", path, k, st] = capture(lambda entry=entry, call=call: entry(*call))
         graphs["core", path, k, st] = capture(lambda cache=cache, core_scale=core_scale, cfg=cfgs[path, k, st]:
-                                              mk.attention_core(query, cache, table, lengths, w_uv, core_scale, cfg,
-                                                                core_scale / scale))
+                                              mk.attention_core(q_lat, q_pe, cache, table, lengths, w_uv, core_scale,
+                                                                cfg, core_scale / scale))
     if check_only:
         return
     us = {}

@@ -3,7 +3,8 @@
     latent[b, h] = softmax_t(scale * query[b, h] . row_b(t)) over t < length_b, times row_b(t)[:C]
     row_b(t) = kv[block_table[b, t // P], t % P]
 
-query [B, H, W] fp32 (W = C + R: [q_nope W_UK | q_pe], computed by the entry point), kv the paged cache [pages, P, W]
+query [B, H, W] (W = C + R: [q_nope W_UK | q_pe]) in its two pieces, q_lat fp32 [H, B, C] (the entry point's bmm)
+and q_pe bf16 [B, H, R] (any view with contiguous rows: the q projection's), kv the paged cache [pages, P, W]
 bf16 (P rows a page, a runtime argument; a slot per sequence is P = L with a one-column table), block_table [B,
 max_blocks] int32 and lengths [B] int64 read on the device; the output absorbed in `merge`: out [B, H, V] fp32 =
 out_scale x latent W_UV^T, W_UV [H, V, C] bf16 (a view of kv_b_proj: its head stride a runtime argument, V too), each
@@ -314,12 +315,18 @@ if DSL.error is None:
             self.operand = "f16" if fp8 else "bf16"
 
         @cute.jit
-        def __call__(self, pQ: cute.Pointer, pKV: cute.Pointer, pTable: cute.Pointer, pLens: cute.Pointer,
-                     pPart: cute.Pointer, pLse: cute.Pointer, pUV: cute.Pointer, pOut: cute.Pointer, batch: Int32,
-                     blocks: Int32, page_size: Int32, num_pages: Int32, splits: Int32, chunk: Int32, scale: Float32,
-                     v_dim: Int32, uv_head_stride: Int32, out_scale: Float32, stream: cuda.CUstream):
-            H, C, W = self.h, self.c, self.w
-            mQ = cute.make_tensor(pQ, cute.make_layout((batch, H * W), stride=(H * W, 1)))
+        def __call__(self, pQ: cute.Pointer, pQpe: cute.Pointer, pKV: cute.Pointer, pTable: cute.Pointer,
+                     pLens: cute.Pointer, pPart: cute.Pointer, pLse: cute.Pointer, pUV: cute.Pointer,
+                     pOut: cute.Pointer, batch: Int32, blocks: Int32, page_size: Int32, num_pages: Int32,
+                     splits: Int32, chunk: Int32, scale: Float32, qpe_batch_stride: Int32, qpe_head_stride: Int32,
+                     v_dim: Int32,
+                     uv_head_stride: Int32, out_scale: Float32, stream: cuda.CUstream):
+            H, C, R, W = self.h, self.c, self.r, self.w
+            # the query in its two pieces as the entry point has them: q_lat [H, B, C] fp32 (the bmm's output) and
+            # q_pe [B, H, R] bf16 (a view of the q projection: runtime strides, its rows contiguous)
+            mQ = cute.make_tensor(pQ, cute.make_layout((H, batch, C), stride=(batch * C, C, 1)))
+            mQpe = cute.make_tensor(pQpe, cute.make_layout((batch, H, R),
+                                                           stride=(qpe_batch_stride, qpe_head_stride, 1)))
             # page 0's rows [P, W]; `cache_row` moves to a row's page with 64-bit arithmetic
             mKV = cute.make_tensor(pKV, cute.make_layout((page_size, W), stride=(W, 1)))
             mTable = cute.make_tensor(pTable, cute.make_layout((batch, blocks), stride=(blocks, 1)))
@@ -330,13 +337,22 @@ if DSL.error is None:
             mUV = cute.make_tensor(pUV, cute.make_layout((H, v_dim, C), stride=(uv_head_stride, C, 1)))
             mOut = cute.make_tensor(pOut, cute.make_layout((batch, H, v_dim), stride=(H * v_dim, v_dim, 1)))
             partial = self.partial_mma if cutlass.const_expr(self.cfg.path == "mma") else self.partial
-            partial(mQ, mKV, mTable, mLens, mPart, mLse, blocks * page_size, page_size, num_pages, chunk,
+            partial(mQ, mKV, mTable, mLens, mPart, mLse, mQpe, blocks * page_size, page_size, num_pages, chunk,
                     scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
             self.merge(mPart, mLse, mUV, mOut, splits, batch, out_scale).launch(
                 grid=[H, (batch + MERGE_SEQS - 1) // MERGE_SEQS, 1], block=[C // MERGE_COLS, 1, 1], stream=stream)
 
         # --- pieces both `partial` paths share ------------------------------------------------------------------
+
+        @cute.jit
+        def query_at(self, mQ: cute.Tensor, mQpe: cute.Tensor, b: Int32, idx: Int32) -> Float32:
+            """Element idx (0 <= idx < H W) of sequence b's query [H, W] = [q_lat | q_pe] flattened: q_lat's (fp32)
+            below column C, q_pe's (bf16, exact in fp32) from C on. Both loads are issued (in bounds), one kept."""
+            head, col = idx // self.w, idx % self.w
+            lat = mQ[head, b, cutlass.min(col, Int32(self.c - 1))]
+            pe = mQpe[b, head, cutlass.max(col - self.c, Int32(0))].to(Float32)
+            return cutlass.select_(col < self.c, lat, pe)
 
         @cute.jit
         def split_rows(self, mLens: cute.Tensor, max_len: Int32, chunk: Int32):
@@ -464,8 +480,8 @@ if DSL.error is None:
 
         @cute.kernel
         def partial(self, mQ: cute.Tensor, mKV: cute.Tensor, mTable: cute.Tensor, mLens: cute.Tensor,
-                    mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, page_size: Int32, num_pages: Int32,
-                    chunk: Int32, scale: Float32):
+                    mPart: cute.Tensor, mLse: cute.Tensor, mQpe: cute.Tensor, max_len: Int32, page_size: Int32,
+                    num_pages: Int32, chunk: Int32, scale: Float32):
             c, H, W = self.cfg, self.h, self.w
             NT, NW = c.threads, c.warps
             RW = TILE // NW  # rows per warp in the score step
@@ -490,7 +506,7 @@ if DSL.error is None:
             for i in cutlass.range_constexpr(-(-H * W // NT)):
                 idx = tidx + i * NT
                 if idx < H * W:
-                    sQ[idx // W, idx % W] = mQ[b, idx]
+                    sQ[idx // W, idx % W] = self.query_at(mQ, mQpe, b, idx)
             self.init_state(sM, sL, sA)
             acc = cute.make_rmem_tensor((H, 2), Float32)
             for h in cutlass.range_constexpr(H):
@@ -561,7 +577,7 @@ if DSL.error is None:
         # --- launch 1 on tensor cores -------------------------------------------------------------------------
 
         @cute.jit
-        def query_scale(self, mQ: cute.Tensor, b: Int32, scratch: cute.Tensor) -> Float32:
+        def query_scale(self, mQ: cute.Tensor, mQpe: cute.Tensor, b: Int32, scratch: cute.Tensor) -> Float32:
             """The power of two the mma path multiplies its query by before rounding it to the operand type: 1 for
             bf16 (fp32's range); for f16 (largest finite 65504), 2^(13 - floor(log2 max|q|)) over the CTA's H x W
             query, so its largest magnitude lies in [2^13, 2^14) (1 for a zero query). A power of two scales exactly.
@@ -574,7 +590,7 @@ if DSL.error is None:
                 top = Float32(0.0)
                 for i in cutlass.range_constexpr(-(-H * W // NT)):
                     idx = tidx + i * NT
-                    x = mQ[b, cutlass.min(idx, H * W - 1)]
+                    x = self.query_at(mQ, mQpe, b, cutlass.min(idx, H * W - 1))
                     top = cutlass.max(top, cutlass.select_(idx < H * W, cutlass.max(x, -x), Float32(0.0)))
                 for off in (16, 8, 4, 2, 1):
                     top = cutlass.max(top, cute.arch.shuffle_sync_bfly(top, offset=off))
@@ -615,25 +631,36 @@ if DSL.error is None:
                     cute.local_tile(raw[row, None], (VEC,), (chunk,)).load().to(self.tile_type))
 
         @cute.jit
-        def stage_query(self, mQ: cute.Tensor, b: Int32, sQ: cute.Tensor):
-            """cp.async of sequence b's fp32 query [H, W] into sQ (rows of W + QUERY_PAD), 16 bytes a copy, the
-            threads side by side along each row (coalesced). One commit group."""
-            H, W, NT = self.h, self.w, self.cfg.threads
-            CH = W // 4  # 16-byte chunks a row
+        def stage_query(self, mQ: cute.Tensor, mQpe: cute.Tensor, b: Int32, sQ: cute.Tensor):
+            """Sequence b's query [H, W] into sQ (fp32 rows of W + QUERY_PAD): q_lat's C columns by cp.async, 16 bytes
+            a copy, the threads side by side along each row (coalesced; one commit group), q_pe's R by plain loads
+            converted to fp32 (exact; visible to all after the barrier that follows the group's wait)."""
+            H, C, R, NT = self.h, self.c, self.r, self.cfg.threads
+            CH = C // 4  # 16-byte chunks of a q_lat row
             g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), Float32,
                                       num_bits_per_copy=128)
+            tidx = cute.arch.thread_idx()[0]
             for i in cutlass.range_constexpr(-(-H * CH // NT)):
-                idx = cute.arch.thread_idx()[0] + i * NT
+                idx = tidx + i * NT
                 if idx < H * CH:
                     head, c4 = idx // CH, idx % CH
-                    cute.copy(g2s, cute.local_tile(mQ[b, None], (4,), (head * CH + c4,)),
-                              cute.local_tile(sQ[head, None], (4,), (c4,)))
+                    # the row's address by hand: 16-byte aligned (C fp32 a row, B C a head), which the runtime
+                    # batch in the layout's head stride hides from the DSL
+                    elements = Int64(head) * Int64(mQ.stride[0]) + Int64(b) * Int64(C)
+                    row = cute.make_tensor(cute.make_ptr(Float32, mQ.iterator.toint() + elements * Int64(4),
+                                                         cute.AddressSpace.gmem, assumed_align=16),
+                                           cute.make_layout((C,)))
+                    cute.copy(g2s, cute.local_tile(row, (4,), (c4,)), cute.local_tile(sQ[head, None], (4,), (c4,)))
             cute.arch.cp_async_commit_group()
+            for i in cutlass.range_constexpr(-(-H * R // NT)):
+                idx = tidx + i * NT
+                if idx < H * R:
+                    sQ[idx // R, C + idx % R] = mQpe[b, idx // R, idx % R].to(Float32)
 
         @cute.kernel
         def partial_mma(self, mQ: cute.Tensor, mKV: cute.Tensor, mTable: cute.Tensor, mLens: cute.Tensor,
-                        mPart: cute.Tensor, mLse: cute.Tensor, max_len: Int32, page_size: Int32, num_pages: Int32,
-                        chunk: Int32, scale: Float32):
+                        mPart: cute.Tensor, mLse: cute.Tensor, mQpe: cute.Tensor, max_len: Int32, page_size: Int32,
+                        num_pages: Int32, chunk: Int32, scale: Float32):
             """`partial` with the per-tile math on tensor cores (module doc, "mma path"). Lane (g, t) = (lane // 4,
             lane % 4) holds MMA rows (heads) g and g + 8 of every fragment."""
             c, H, C, W = self.cfg, self.h, self.c, self.w
@@ -680,7 +707,7 @@ if DSL.error is None:
 
             # the query's copies first, then the first S - 1 tiles': one commit group each, empty ones too, so that
             # "all but the newest S - 2 groups done" always means "this tile's rows have landed"
-            self.stage_query(mQ, b, sQ)
+            self.stage_query(mQ, mQpe, b, sQ)
             for st in cutlass.range_constexpr(S - 1):
                 if st < ntiles:
                     t = self.tile_row(start + st * TILE, stop)
@@ -690,7 +717,7 @@ if DSL.error is None:
             # the page of this thread's row in the next tile to copy (S - 1 ahead), always read one tile early: the
             # block table's load latency passes under the prologue or a tile's math instead of stalling the copies
             page_ahead = self.page_of(mTable, self.tile_row(start + (S - 1) * TILE, stop), page_size, num_pages)
-            qscale = self.query_scale(mQ, b, sS)
+            qscale = self.query_scale(mQ, mQpe, b, sS)
             score_scale = scale / qscale
             cute.arch.cp_async_wait_group(S - 1)  # the query's group
             cute.arch.sync_threads()
@@ -892,14 +919,17 @@ if DSL.error is None:
                         mOut[b0 + i, h, v] = (acc[i, 0] + acc[i, 1]) * out_scale
 
 
-def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int, uv_ptr: int,
-                out_ptr: int, batch: int, blocks: int, page_size: int, num_pages: int, splits: int, chunk: int,
-                scale: float, v_dim: int, uv_head_stride: int, out_scale: float, stream: int, cache: str = "bf16"):
-    """The kernel's arguments for device addresses (the block table int32 [batch, blocks], the lengths int64, W_UV
+def launch_args(q_ptr: int, qpe_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int,
+                uv_ptr: int, out_ptr: int, batch: int, blocks: int, page_size: int, num_pages: int, splits: int,
+                chunk: int, scale: float, qpe_strides: tuple[int, int], v_dim: int, uv_head_stride: int,
+                out_scale: float, stream: int, cache: str = "bf16"):
+    """The kernel's arguments for device addresses (q_lat fp32 [H, B, C] contiguous, q_pe bf16 [B, H, R] with rows
+    contiguous and (batch, head) strides qpe_strides, the block table int32 [batch, blocks], the lengths int64, W_UV
     bf16 [H, V, C] with rows of C contiguous and heads uv_head_stride elements apart, out fp32 [B, H, V]), the runtime
     dims, the split plan, the scales and a stream; the cache pointer's type is the config's `cache`."""
     gmem = cute.AddressSpace.gmem
     return (_runtime_make_ptr(Float32, q_ptr, gmem, assumed_align=16),
+            _runtime_make_ptr(BFloat16, qpe_ptr, gmem, assumed_align=2),
             _runtime_make_ptr(Float8E4M3FN if cache == "e4m3" else BFloat16, kv_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Int32, table_ptr, gmem, assumed_align=4),
             _runtime_make_ptr(Int64, lens_ptr, gmem, assumed_align=8),
@@ -908,12 +938,14 @@ def launch_args(q_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr
             _runtime_make_ptr(BFloat16, uv_ptr, gmem, assumed_align=16),
             _runtime_make_ptr(Float32, out_ptr, gmem, assumed_align=4),
             Int32(batch), Int32(blocks), Int32(page_size), Int32(num_pages), Int32(splits), Int32(chunk),
-            Float32(scale), Int32(v_dim), Int32(uv_head_stride), Float32(out_scale), cuda.CUstream(stream))
+            Float32(scale), Int32(qpe_strides[0]), Int32(qpe_strides[1]), Int32(v_dim), Int32(uv_head_stride),
+            Float32(out_scale), cuda.CUstream(stream))
 
 
 def fake_args(cache: str = "bf16"):
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
-    return launch_args(0, 0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, 128, 2 * 128 * 512, 1.0, 0, cache)
+    return launch_args(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, (12 * 192, 192), 128,
+                       2 * 128 * 512, 1.0, 0, cache)
 
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):
