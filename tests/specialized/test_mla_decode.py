@@ -40,6 +40,7 @@ from model.kimi_k3.specialized.mla_decode.kernel import (
     VEC,
     MlaConfig,
     c_fragment_position,
+    merge_vsplit,
     p_ldmatrix_row,
     q_fragment_position,
     score_ldmatrix_row,
@@ -401,6 +402,15 @@ def test_split_plan_covers_every_row_once(b, max_len):
     slots = cfg.ctas_per_sm * 132
     waves = -(-b * splits // slots)
     assert waves == 1 or b * splits >= 0.9 * waves * slots  # a second wave only when the waves are nearly full
+
+
+def test_merge_vsplit_spreads_the_absorption_over_the_gpu():
+    """At batch 1 a head's 128 output columns go to 8 CTAs (96 CTAs for 12 heads instead of 12, each streaming 16 KB
+    of W_UV instead of 128 KB); from about two CTAs an SM on, one CTA a (head, group) again; never more CTAs than
+    column blocks of 16."""
+    assert [merge_vsplit(b, 12, 128, 512) for b in (1, 4, 16, 64)] == [8, 8, 6, 2]
+    assert merge_vsplit(1, 6, 128, 512) == 8 and merge_vsplit(64, 6, 128, 512) == 3
+    assert merge_vsplit(256, 12, 128, 512) == 1 and merge_vsplit(1, 12, 8, 512) == 1
 
 
 def test_split_plan_values():

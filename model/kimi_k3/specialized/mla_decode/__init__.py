@@ -37,7 +37,7 @@ from kernels.cute import CompileCache, current_cute_arch, require_dsl
 
 from ...ops.mla_decode import check_paged
 from ..linear import _num_sms, available
-from .kernel import DSL, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, split_plan
+from .kernel import DSL, MAX_HEADS, MlaConfig, compile_kernel, compile_report, launch_args, merge_vsplit, split_plan
 
 __all__ = ["MlaConfig", "absorbed_attention", "attention_core", "available", "check_args", "compile", "compile_keys",
            "config_for", "mla_decode_cute", "prepare", "split_plan"]
@@ -181,7 +181,8 @@ def attention_core(q_lat: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tens
         q_lat.data_ptr(), q_pe.data_ptr(), kv_cache.data_ptr(), block_table.data_ptr(), lengths.data_ptr(),
         partials.data_ptr(), lse.data_ptr(), w_uv.data_ptr(), out.data_ptr(), b, blocks, page_size, num_pages, splits,
         chunk, float(scale), (q_pe.stride(0), q_pe.stride(1)), v, w_uv.stride(0), float(out_scale),
-        torch.cuda.current_stream(q_lat.device).cuda_stream, cfg.cache))
+        merge_vsplit(b, h, v, c, _num_sms(q_lat.device.index)), torch.cuda.current_stream(q_lat.device).cuda_stream,
+        cfg.cache))
     return out
 
 

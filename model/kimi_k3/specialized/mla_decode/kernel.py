@@ -69,15 +69,17 @@ into it; every MMA runs on f16 operands (mma.sync...f32.f16.f16.f32): the query'
 the scores are scaled back), P in f16. The cache's scale never reaches the kernel: the entry point folds it into
 `scale` and the output.
 
-Launch 2, `merge`. Grid (H, ceil(B / MERGE_SEQS)), C / 4 threads. For each of the CTA's sequences in turn: thread i
-owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every split is empty) and the weights w_s = exp(lse_s - top)
-computed by all threads together into shared memory (at most MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s
-(divisor 1 if the sum is 0), splits in ascending order, MERGE_UNROLL of them in flight, a split's 4 columns in one
-16-byte load: mla_dcp.merge's arithmetic; the latent stays in shared memory (fp32). Then the absorption: thread v
-takes output columns v, v + C / 4, ... < V; per column, W_UV[h, v] is read in 16-byte pieces (8 columns of C, once
-for all the CTA's sequences: they share the head) and each sequence's sum runs over C in ascending order in two
-fp32 FMA chains (even and odd pieces, added at the end); times out_scale (an fp8 cache's kv_scale). Deterministic
-(no atomics; fixed orders everywhere).
+Launch 2, `merge`. Grid (H, vsplit, ceil(B / MERGE_SEQS)), C / 4 threads (`merge_vsplit`: about two CTAs an SM).
+For each of the CTA's sequences in turn: thread i owns columns 4 i .. 4 i + 3: top = max_s lse_s (0 if every split
+is empty) and the weights w_s = exp(lse_s - top) computed by all threads together into shared memory (at most
+MAX_SPLITS), then latent = sum_s w_s o_s / sum_s w_s (divisor 1 if the sum is 0), splits in ascending order,
+MERGE_UNROLL of them in flight, a split's 4 columns in one 16-byte load: mla_dcp.merge's arithmetic; the latent
+stays in shared memory (fp32). The vsplit CTAs of a (head, group) each do this merge (the same sums) and then absorb
+their share of the output columns: blocks of C / 32 columns, every vsplit-th; thread (col, part) takes a column and
+every ABSORB_PARTS-th 16-byte piece of its W_UV row from `part` on (a column's 8 lanes read 128 consecutive bytes;
+all of a thread's pieces in flight at once; read once for all the CTA's sequences: they share the head), sums each
+sequence over its pieces in order, then the 8 parts by a butterfly; times out_scale (an fp8 cache's kv_scale).
+Deterministic (no atomics; fixed orders everywhere).
 
 Known gaps (NOTES.md): the fma path keeps one tile in flight per CTA and is bound by its CUDA-core FMAs; the mma
 path is bound by its per-tile latency (~2.8 us a tile a CTA, ~3.4 TB/s with every SM busy) and by a CTA's fixed
@@ -110,6 +112,7 @@ MERGE_COLS = 4  # latent columns per thread of `merge`
 MAX_SPLITS = 1024  # splits a sequence may have: `merge` keeps their weights in shared memory (4 KB)
 MERGE_UNROLL = 8  # splits `merge` has in flight per thread
 MERGE_SEQS = 4  # sequences a `merge` CTA merges and absorbs (W_UV[h] read once for them from L2, then from L1)
+ABSORB_PARTS = 8  # lanes of `merge` that share one output column's dot over C (128 consecutive bytes of W_UV's row)
 PATHS = ("fma", "mma")
 CACHES = ("bf16", "e4m3")  # the cache's element type
 MMA_K = 16  # k of mma.sync m16n8k16
@@ -246,6 +249,16 @@ SPLIT_OVERHEAD_TILES = 4  # a CTA's fixed cost (query staging and fragments, the
 MERGE_TILES_PER_SPLIT = 1 / 16  # `merge`'s cost per split of a sequence, in tiles (its loop over the partials)
 
 
+def merge_vsplit(batch: int, heads: int, v_dim: int, latent: int, num_sms: int = 132) -> int:
+    """How many CTAs share a (head, group of MERGE_SEQS sequences)'s output columns in `merge`: enough for about two
+    CTAs an SM (batch 1, 12 heads: 8, the 128 columns in blocks of 16), never more than the column blocks. Each of
+    them merges the group's splits itself (the same sums, from L2), so the absorption's W_UV reads spread over the
+    GPU instead of queueing on a CTA a head."""
+    blocks = -(-v_dim // (latent // MERGE_COLS // ABSORB_PARTS))
+    groups = -(-batch // MERGE_SEQS)
+    return max(1, min(blocks, -(-2 * num_sms // (heads * groups))))
+
+
 def split_plan(batch: int, max_len: int, num_sms: int = 132, cfg: MlaConfig = MlaConfig()) -> tuple[int, int]:
     """(splits, chunk): each sequence's rows are cut into `splits` chunks of `chunk` rows (a multiple of TILE), the
     last possibly shorter; chunk x splits >= max_len and every split starts below max_len. The count minimizes a
@@ -320,7 +333,7 @@ if DSL.error is None:
                      pOut: cute.Pointer, batch: Int32, blocks: Int32, page_size: Int32, num_pages: Int32,
                      splits: Int32, chunk: Int32, scale: Float32, qpe_batch_stride: Int32, qpe_head_stride: Int32,
                      v_dim: Int32,
-                     uv_head_stride: Int32, out_scale: Float32, stream: cuda.CUstream):
+                     uv_head_stride: Int32, out_scale: Float32, vsplit: Int32, stream: cuda.CUstream):
             H, C, R, W = self.h, self.c, self.r, self.w
             # the query in its two pieces as the entry point has them: q_lat [H, B, C] fp32 (the bmm's output) and
             # q_pe [B, H, R] bf16 (a view of the q projection: runtime strides, its rows contiguous)
@@ -340,8 +353,8 @@ if DSL.error is None:
             partial(mQ, mKV, mTable, mLens, mPart, mLse, mQpe, blocks * page_size, page_size, num_pages, chunk,
                     scale).launch(
                 grid=[splits, batch, 1], block=[self.cfg.threads, 1, 1], stream=stream)
-            self.merge(mPart, mLse, mUV, mOut, splits, batch, out_scale).launch(
-                grid=[H, (batch + MERGE_SEQS - 1) // MERGE_SEQS, 1], block=[C // MERGE_COLS, 1, 1], stream=stream)
+            self.merge(mPart, mLse, mUV, mOut, splits, batch, out_scale, vsplit).launch(
+                grid=[H, vsplit, (batch + MERGE_SEQS - 1) // MERGE_SEQS], block=[C // MERGE_COLS, 1, 1], stream=stream)
 
         # --- pieces both `partial` paths share ------------------------------------------------------------------
 
@@ -833,9 +846,9 @@ if DSL.error is None:
 
         @cute.kernel
         def merge(self, mPart: cute.Tensor, mLse: cute.Tensor, mUV: cute.Tensor, mOut: cute.Tensor, splits: Int32,
-                  batch: Int32, out_scale: Float32):
+                  batch: Int32, out_scale: Float32, vsplit: Int32):
             tidx, _, _ = cute.arch.thread_idx()
-            h, group, _ = cute.arch.block_idx()
+            h, vs, group = cute.arch.block_idx()
             C = self.c
             threads = C // MERGE_COLS
             smem = cutlass.memory.SmemAllocator()
@@ -891,38 +904,49 @@ if DSL.error is None:
                     sLat[i, c0 + j] = out[j] / divisor
                 # the next sequence rewrites sW and sTop; the absorption below reads every thread's sLat
                 cute.arch.sync_threads()
-            # out[b, h, v] = out_scale sum_c latent[b, c] W_UV[h, v, c]: W_UV's row read once for the CTA's
-            # sequences (16 bytes, 8 columns, a load), each sequence's sum in two FMA chains (even, odd pieces)
-            for v in cutlass.range(tidx, mUV.shape[1], threads):
+            # out[b, h, v] = out_scale sum_c latent[b, c] W_UV[h, v, c] for this CTA's columns (every vsplit-th
+            # block of `cols` of them): thread (col, part) takes column v0 + col and pieces part, part + PARTS, ... of
+            # its row (a column's PARTS lanes read 128 consecutive bytes, all of a thread's pieces in flight at
+            # once), each sequence summed over the thread's pieces in order, then over the parts by a butterfly
+            cols = threads // ABSORB_PARTS
+            col, part = tidx // ABSORB_PARTS, tidx % ABSORB_PARTS
+            v_dim = mUV.shape[1]
+            for v0 in cutlass.range(vs * cols, v_dim, vsplit * cols):
+                v = cutlass.min(v0 + col, v_dim - 1)  # past the last column: load a real row, store nothing
                 # the row's address by hand (as cache_row): 16-byte aligned, which the runtime head stride hides
                 # from the layout (check_args: W_UV's base and head stride keep every row 16-byte aligned)
                 elements = Int64(h) * Int64(mUV.stride[0]) + Int64(v) * Int64(C)
                 row = cute.make_tensor(cute.make_ptr(BFloat16, mUV.iterator.toint() + elements * Int64(2),
                                                      cute.AddressSpace.gmem, assumed_align=16), cute.make_layout((C,)))
-                acc = cute.make_rmem_tensor((MERGE_SEQS, 2), Float32)
+                pieces = [cute.local_tile(row, (8,), (part + ABSORB_PARTS * q,)).load()
+                          for q in range(C // 8 // ABSORB_PARTS)]
+                acc = cute.make_rmem_tensor((MERGE_SEQS,), Float32)
                 for i in cutlass.range_constexpr(MERGE_SEQS):
-                    for chain in cutlass.range_constexpr(2):
-                        acc[i, chain] = Float32(0.0)
-                for pair in cutlass.range(C // 16, unroll=2):  # pieces 2 pair (chain 0) and 2 pair + 1 (chain 1)
-                    for chain in cutlass.range_constexpr(2):
-                        w8 = cute.local_tile(row, (8,), (2 * pair + chain,)).load().to(Float32)
-                        w = [w8[j] for j in range(8)]  # extracted here, outside the branches that use them
-                        for i in cutlass.range_constexpr(MERGE_SEQS):
-                            if i < seqs:  # the CTA's sequences only (one at batch 1): a uniform branch
-                                lat = cute.local_tile(sLat[i, None], (8,), (2 * pair + chain,)).load()
-                                a = acc[i, chain]
-                                for j in cutlass.range_constexpr(8):
-                                    a = a + lat[j] * w[j]
-                                acc[i, chain] = a
+                    acc[i] = Float32(0.0)
+                for q in cutlass.range_constexpr(C // 8 // ABSORB_PARTS):
+                    w8 = pieces[q].to(Float32)
+                    w = [w8[j] for j in range(8)]  # extracted here, outside the branches that use them
+                    for i in cutlass.range_constexpr(MERGE_SEQS):
+                        if i < seqs:  # the CTA's sequences only (one at batch 1): a uniform branch
+                            lat = cute.local_tile(sLat[i, None], (8,), (part + ABSORB_PARTS * q,)).load()
+                            a = acc[i]
+                            for j in cutlass.range_constexpr(8):
+                                a = a + lat[j] * w[j]
+                            acc[i] = a
                 for i in cutlass.range_constexpr(MERGE_SEQS):
+                    a = acc[i]
+                    for off in (4, 2, 1):  # the column's parts: lanes 8 col .. 8 col + 7 of the warp
+                        a = a + cute.arch.shuffle_sync_bfly(a, offset=off)
                     if i < seqs:
-                        mOut[b0 + i, h, v] = (acc[i, 0] + acc[i, 1]) * out_scale
+                        if part == 0:
+                            if v0 + col < v_dim:
+                                mOut[b0 + i, h, v] = a * out_scale
 
 
 def launch_args(q_ptr: int, qpe_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr: int, part_ptr: int, lse_ptr: int,
                 uv_ptr: int, out_ptr: int, batch: int, blocks: int, page_size: int, num_pages: int, splits: int,
                 chunk: int, scale: float, qpe_strides: tuple[int, int], v_dim: int, uv_head_stride: int,
-                out_scale: float, stream: int, cache: str = "bf16"):
+                out_scale: float, vsplit: int, stream: int, cache: str = "bf16"):
     """The kernel's arguments for device addresses (q_lat fp32 [H, B, C] contiguous, q_pe bf16 [B, H, R] with rows
     contiguous and (batch, head) strides qpe_strides, the block table int32 [batch, blocks], the lengths int64, W_UV
     bf16 [H, V, C] with rows of C contiguous and heads uv_head_stride elements apart, out fp32 [B, H, V]), the runtime
@@ -939,13 +963,13 @@ def launch_args(q_ptr: int, qpe_ptr: int, kv_ptr: int, table_ptr: int, lens_ptr:
             _runtime_make_ptr(Float32, out_ptr, gmem, assumed_align=4),
             Int32(batch), Int32(blocks), Int32(page_size), Int32(num_pages), Int32(splits), Int32(chunk),
             Float32(scale), Int32(qpe_strides[0]), Int32(qpe_strides[1]), Int32(v_dim), Int32(uv_head_stride),
-            Float32(out_scale), cuda.CUstream(stream))
+            Float32(out_scale), Int32(vsplit), cuda.CUstream(stream))
 
 
 def fake_args(cache: str = "bf16"):
     """Null pointers with the kernel's argument types, for compiling without a GPU."""
     return launch_args(0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 16, 64, 16, 1, 1024, 192 ** -0.5, (12 * 192, 192), 128,
-                       2 * 128 * 512, 1.0, 0, cache)
+                       2 * 128 * 512, 1.0, 1, 0, cache)
 
 
 def compile_kernel(cfg: MlaConfig, heads: int, latent: int, rope: int, options: str = ""):
