@@ -2,8 +2,10 @@
 
 CPU: the warp's top-k selection (`warp_top_k`, the code the kernel traces) run on a numpy model of a warp against
 a sort by (key desc, id asc), at K3's 896 experts and at a TP rank's padded slice (NaN / inf garbage in the
-padding); the ordered-key map; the selecting CTAs' token mapping; the argument checks; the compile for sm_90a
-without spills, with the PTX instruction mix the design promises, of the router and of the local-candidates form.
+padding), at every lane width and top_k, with one lane holding every winner (the per-lane cache's refills), with
+exact ties within and across lanes, and fuzzed; the ordered-key map; the selecting CTAs' token mapping; the
+argument checks; the compile for sm_90a without spills, with the PTX instruction mix the design promises, of the
+router and of the local-candidates form.
 GPU: integer-valued inputs (every logit exact in fp32 in any summation order, keys equal -- often -- or at least
 MIN_GAP apart) against the math in float64 with ties to the lower id, exactly; `diagnose` names
 the wrong tokens and experts. Then the gate problem's inputs at the contract's benchmark points, strided x,
@@ -31,7 +33,7 @@ from model.kimi_k3.ops.registry import registry_problems
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.specialized.linear.kernel import LinearConfig
 from model.kimi_k3.specialized.moe_route import check_args, compile_keys, route_config
-from model.kimi_k3.specialized.moe_route.kernel import DROPPED, RouteConfig, warp_top_k
+from model.kimi_k3.specialized.moe_route.kernel import CACHE, DROPPED, RouteConfig, warp_top_k
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_route.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -49,9 +51,12 @@ def test_contract_names_this_kernel():
 # --- the selection on a numpy model of a warp ------------------------------------------------------------------
 
 class NumpyWarp:
-    """warp_top_k's primitives over arrays of 32 lanes."""
+    """warp_top_k's primitives over arrays of 32 lanes; counts the branches taken (the selection's refills)."""
 
     zero_id, zero_val, dropped = np.zeros(32, np.int64), np.zeros(32, np.float64), np.uint32(DROPPED)
+
+    def __init__(self):
+        self.branches_taken = 0
 
     @staticmethod
     def umax(v):
@@ -77,6 +82,21 @@ class NumpyWarp:
     def index(i):
         return np.full(32, i)
 
+    @staticmethod
+    def in_mask(mask, lane):
+        return ((mask >> lane.astype(np.uint64)) & np.uint64(1)) == 1
+
+    def when(self, cond, body, state):
+        assert (cond == cond[0]).all(), "a branch the lanes disagree on"  # the kernel's is warp-uniform
+        self.branches_taken += bool(cond[0])
+        return body(state) if cond[0] else state
+
+    @staticmethod
+    def loop(count, body, state):
+        for r in range(count):
+            state = body(r, state)
+        return state
+
 
 def ordered_u32(keys: np.ndarray) -> np.ndarray:
     """The kernel's ordered_key in numpy: fp32 bits, negatives inverted, positives with the sign bit set."""
@@ -84,17 +104,20 @@ def ordered_u32(keys: np.ndarray) -> np.ndarray:
     return np.where(bits >> 31 == 1, ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)
 
 
-def run_warp(keys: np.ndarray, top_k: int, experts: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def run_warp(keys: np.ndarray, top_k: int, experts: int | None = None,
+             warp: NumpyWarp | None = None) -> tuple[np.ndarray, np.ndarray]:
     """warp_top_k on keys [32 P] (lane l owns [l P, (l + 1) P)), of which the first `experts` (all by default)
     are real; the val of an expert is its id / 7 (any function of the id shows which one was carried). Returns
-    the ids and vals lanes 0..top_k-1 hold, after checking that the keys they hold are the chosen experts'."""
+    the ids and vals lanes 0..top_k-1 hold, after checking that the keys they hold are the chosen experts' and that
+    the other lanes hold the zeros."""
     per_lane = keys.size // 32
     owned = ordered_u32(keys).reshape(32, per_lane)
     vals = (np.arange(keys.size) / 7.0).reshape(32, per_lane)
     got_id, got_val, got_key = warp_top_k([owned[:, i] for i in range(per_lane)],
                                           [vals[:, i] for i in range(per_lane)], LANES, top_k,
-                                          keys.size if experts is None else experts, NumpyWarp)
+                                          keys.size if experts is None else experts, warp or NumpyWarp())
     np.testing.assert_array_equal(got_key[:top_k], ordered_u32(keys)[got_id[:top_k]])
+    assert not got_id[top_k:].any() and not got_val[top_k:].any() and (got_key[top_k:] == DROPPED).all()
     return got_id[:top_k], got_val[:top_k]
 
 
@@ -120,6 +143,101 @@ def test_warp_top_k_at_other_widths():
     for n in (32, 64, 256, 1024):
         keys = (rng.integers(0, 50, n) / 64.0).astype(np.float32)
         np.testing.assert_array_equal(run_warp(keys, min(16, n))[0], expected_top_k(keys, min(16, n)))
+
+
+def check_warp(keys: np.ndarray, top_k: int, experts: int | None = None, warp: NumpyWarp | None = None):
+    """run_warp against a sort of the real keys by (key desc, id asc): the ids in order and their vals."""
+    real = keys[:experts]
+    got_id, got_val = run_warp(keys, top_k, experts, warp)
+    want = expected_top_k(real, top_k)
+    np.testing.assert_array_equal(got_id, want, err_msg=f"top_k {top_k}, keys {real.tolist()}")
+    np.testing.assert_array_equal(got_val, want / 7.0)
+
+
+def refills(per_lane: int, top_k: int, pops: int) -> int:
+    """The refills of a lane that pops `pops` of its keys (in the top_k - 1 rounds that pop), where its cache
+    (CACHE keys) holds fewer than it has and the rounds can ask for: one each time it pops its last cached key,
+    after CACHE, 2 CACHE, ... pops, and after its last key (its last fill held fewer, then a refill from none)."""
+    if min(per_lane, top_k) <= CACHE:
+        return 0
+    return pops // CACHE + (pops == per_lane and per_lane % CACHE != 0)
+
+
+def winners_in_one_lane(per_lane: int, lane: int, rng, ties: bool) -> np.ndarray:
+    """Keys [32 P] whose P largest are all `lane`'s (random, or all equal with `ties`); the others fall in a
+    round robin over the other lanes (expert (l, i) below every (l', i') with i' < i), so that no other lane wins
+    twice in 31 rounds."""
+    lanes, positions = np.divmod(np.arange(32 * per_lane), per_lane)
+    keys = -(positions * 32.0 + lanes)
+    block = lanes == lane
+    keys[block] = 2.0 if ties else 1.0 + rng.permutation(per_lane) / per_lane
+    return keys.astype(np.float32)
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "equal"])
+@pytest.mark.parametrize("top_k", [CACHE + 1, 16, 32])
+@pytest.mark.parametrize("per_lane", [28, 8, 4, 2, 1])
+def test_all_winners_in_one_lane(per_lane, top_k, ties):
+    """The per-lane cache's worst case: one lane holds every winner (at 28 keys a lane it wins all top_k rounds,
+    or all 28 of its keys at top_k 32), so it pops its last cached key again and again and refills each time, the
+    last time from no keys left; its equal keys come out in id order across refills. top_k CACHE + 1: the one
+    round after the cache's last key."""
+    rng = np.random.default_rng(per_lane * top_k)
+    for lane in (0, 13, 31):
+        keys = winners_in_one_lane(per_lane, lane, rng, ties)
+        warp = NumpyWarp()
+        check_warp(keys, top_k, warp=warp)
+        assert warp.branches_taken == refills(per_lane, top_k, min(top_k - 1, per_lane))
+
+
+@pytest.mark.parametrize("top_k", [1, 16, 32])
+@pytest.mark.parametrize("per_lane", [28, 8, 4, 2, 1])
+def test_exact_ties_within_and_across_lanes(per_lane, top_k):
+    """Equal keys everywhere: two values only; each lane's keys all equal (three values over the lanes); the same
+    keys at the same positions of every lane; a lane whose keys after its cache's last one equal it (the refill
+    must give them in position order after it); equal winners on both sides of every lane boundary."""
+    n, rng = 32 * per_lane, np.random.default_rng(per_lane + top_k)
+    lanes, positions = np.divmod(np.arange(n), per_lane)
+    edge = np.zeros(n)  # lane 9: 9, 8, 7, ... down to its CACHE-th key, then that key's value again and again
+    edge[lanes == 9] = 9.0 - np.minimum(np.arange(per_lane), CACHE - 1)
+    boundary = np.where((positions == 0) | (positions == per_lane - 1), 1.0, rng.random(n) / 2)
+    cases = {"two_values": rng.integers(0, 2, n), "per_lane_constant": lanes % 3,
+             "same_in_every_lane": rng.integers(0, 3, per_lane)[positions], "cache_edge": edge,
+             "lane_boundaries": boundary}
+    for keys in cases.values():
+        check_warp(np.asarray(keys, np.float32), top_k)
+
+
+@pytest.mark.parametrize("top_k", [1, 16, 32])
+@pytest.mark.parametrize("per_lane", [28, 8, 4, 2, 1])
+def test_every_top_k_at_every_width(per_lane, top_k):
+    """top_k 1, 16 and 32 at every lane width the kernel compiles (28 at 896 experts; 8, 4, 2 at a TP rank's
+    224, 112, 56; 1 below 33 experts): the cache is then min(CACHE, P, top_k) deep, and refills exist only where
+    it holds fewer keys than a lane has and the rounds can ask for."""
+    rng = np.random.default_rng(per_lane * 100 + top_k)
+    for _ in range(4):
+        check_warp(rng.random(32 * per_lane).astype(np.float32), top_k)
+        check_warp((rng.integers(0, 8, 32 * per_lane) / 8.0).astype(np.float32), top_k)
+
+
+def test_fuzz_against_a_sort():
+    """Random widths (K3's and a TP rank's expert counts, or any of 1..1024, padded), top_k and key distributions
+    (distinct, few values, normal, all equal, the winners crowded into every m-th lane), NaN / inf / finite
+    garbage in the padding: the ids, vals and keys of a sort by (key desc, id asc), every time."""
+    rng = np.random.default_rng(18)
+    for _ in range(400):
+        experts = int(rng.choice([896, 224, 112, 56])) if rng.random() < 0.5 else int(rng.integers(1, 1025))
+        top_k = int(rng.integers(1, min(32, experts) + 1))
+        lane_of = np.arange(experts) // per_lane_of(experts)
+        real = [rng.random(experts), rng.integers(0, 4, experts) / 4.0, rng.standard_normal(experts),
+                np.full(experts, 0.5), rng.random(experts) + 2.0 * (lane_of % rng.integers(2, 33) == 0)
+                ][rng.integers(0, 5)]
+        garbage = [np.nan, np.inf, -np.inf, 0.0, 3.0][rng.integers(0, 5)]
+        check_warp(padded_keys(real.astype(np.float32), garbage), top_k, experts)
+
+
+def per_lane_of(experts: int) -> int:
+    return RouteConfig(LinearConfig(out_dtype="float32"), experts=experts, top_k=1).per_lane
 
 
 def padded_keys(real: np.ndarray, garbage: float) -> np.ndarray:
@@ -212,15 +330,25 @@ def test_compile_keys_span_the_envelope():
     assert {cfg.gemv.path for cfg, _, _ in keys} == {"gemv", "mma"}
 
 
+def rounds_mix(experts: int, top_k: int) -> tuple[int, int]:
+    """(redux.sync, vote.ballot) in one selection's PTX. Where a lane's cache can run out (P > CACHE and top_k >
+    CACHE) the rounds are a loop, so that the refill's code appears once: one redux and two ballots (the winner's,
+    and the lanes on their last cached key) in its body for rounds 0..k-2, one redux and one ballot in the last
+    round after it. Elsewhere they are unrolled: one of each per round."""
+    if min(per_lane_of(experts), top_k) > CACHE:
+        return 2, 3
+    return top_k, top_k
+
+
 needs_cutlass = pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL (nvidia-cutlass-dsl) not installed")
 
 
 @needs_cutlass
 @pytest.mark.parametrize("t", [1, 16, 64])
 def test_compiles_for_sm90a_without_gpu(t):
-    """No spills or stack; one redux + one ballot per round, a lane's 28 logits in 7 vector loads from L2, all
-    issued before the first sigmoid; the counters' two atomics and one acquire load; tensor cores from 9 tokens
-    on."""
+    """No spills or stack; the rounds a loop, not unrolled (rounds_mix); a lane's 28 logits in 7 vector loads
+    from L2, all issued before the first sigmoid; the counters' two atomics and one acquire load; tensor cores
+    from 9 tokens on."""
     from model.kimi_k3.specialized.moe_route import compile as compile_key
 
     report = compile_key((route_config(t, E, K, TOP_K), t, K), "sm_90a")
@@ -229,7 +357,7 @@ def test_compiles_for_sm90a_without_gpu(t):
         "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": r"\bld\.global\.cg\.v4\.b32",
         "atom": r"\batom\.global\.acq_rel\.add", "acquire": r"\bld\.acquire\.gpu", "mma": r"\bmma\.sync",
         "local": r"\.local"})
-    assert counts["redux"] == TOP_K and counts["ballot"] == TOP_K and counts["ld.cg"] == E // 32 // 4
+    assert (counts["redux"], counts["ballot"]) == rounds_mix(E, TOP_K) and counts["ld.cg"] == E // 32 // 4
     assert counts["atom"] == 2 and counts["acquire"] == 1 and counts["local"] == 0
     assert (counts["mma"] > 0) == (t > 8)
     last_load = max(m.start() for m in re.finditer(r"\bld\.global\.cg\.v4\.b32", report.ptx))
@@ -254,8 +382,9 @@ def test_the_probes_stages_compile_without_the_later_phases():
 @pytest.mark.parametrize("t", [1, 16, 64])
 @pytest.mark.parametrize("experts", LOCAL_EXPERTS.values())
 def test_local_form_compiles_for_sm90a_without_gpu(experts, t):
-    """A TP rank's candidates kernel: no spills or stack; per pass one redux + one ballot per round and a lane's
-    P logits in P / V vector loads of V floats from L2, the first pass's all issued before the first sigmoid."""
+    """A TP rank's candidates kernel: no spills or stack; per pass the rounds' reductions and ballots
+    (rounds_mix: a loop at 224 experts, unrolled at 112 and 56) and a lane's P logits in P / V vector loads of V
+    floats from L2, the first pass's all issued before the first sigmoid."""
     from model.kimi_k3.specialized.moe_route import compile as compile_key
 
     cfg = route_config(t, experts, K, TOP_K, 132, "candidates")
@@ -267,7 +396,8 @@ def test_local_form_compiles_for_sm90a_without_gpu(experts, t):
         "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": load,
         "atom": r"\batom\.global\.acq_rel\.add", "acquire": r"\bld\.acquire\.gpu", "mma": r"\bmma\.sync",
         "local": r"\.local"})
-    assert counts["redux"] == counts["ballot"] == TOP_K * passes
+    redux, ballots = rounds_mix(experts, TOP_K)
+    assert (counts["redux"], counts["ballot"]) == (redux * passes, ballots * passes)
     assert counts["ld.cg"] == cfg.per_lane // V * passes
     assert counts["atom"] == 2 and counts["acquire"] == 1 and counts["local"] == 0
     assert (counts["mma"] > 0) == (t > 8)

@@ -21,17 +21,38 @@ The selection of one token, one warp (`warp_top_k`, written over primitives so t
 on a numpy model of a warp). Lane l owns experts [l P, (l + 1) P), P = ceil(E / 32) rounded up to 1, 2 or a
 multiple of 4 (`RouteConfig.per_lane`: 28 for K3's 896, 8 / 4 / 2 for a TP rank's 224 / 112 / 56): it loads their
 logits (L2-coherent loads: the workspace was written by other SMs in this launch), computes s = sigmoid(logit)
-and the choice key s + bias in fp32, and maps each key to an unsigned integer that orders like the float. Each
-of k rounds: the warp's largest key by `redux.sync.max.u32`, the lowest lane holding it by a ballot (contiguous
-ownership makes the lowest lane the lowest expert id), that lane's lowest position holding it by a tree that
-prefers the lower position on equal keys; that lane drops the key, and lane r (round r) keeps the winner's id and
-un-biased score by two shuffles. So ties go to the lower expert id, and ids come out in decreasing key order, as
-`torch.topk` returns them. Lanes 0..k-1 then sum the k scores by a butterfly, renormalize, scale and store.
+and the choice key s + bias in fp32, and maps each key to an unsigned integer that orders like the float.
+
+Each lane then sorts its J = min(CACHE, P, k) best keys into a cache (J = 4 at K3's sizes): J passes of a tree
+argmax that prefers the lower position on equal keys, each taking its winner out of the lane's keys, all lanes
+at once, before the first round. The cache holds (key, expert id, un-biased score) per entry, in (key desc,
+position asc) order; an empty entry holds the key DROPPED. Each of k rounds reads heads only: the warp's largest
+head by `redux.sync.max.u32`, the lowest lane holding it by a ballot (contiguous ownership makes the lowest lane
+the lowest expert id, and a head is its lane's lowest position with that key); lane r (round r) keeps the
+winner's id and score by two shuffles, and the winner pops its head (a shift of its J entries, selects on one
+predicate). So ties go to the lower expert id, and ids come out in decreasing key order, as `torch.topk` returns
+them. A round's dependent chain: redux, compare, ballot, brev + clz, compare, select, where the old per-round
+re-scan added a removal and a 5-level tree over the lane's 28 keys after the winner (NOTES.md, session 18).
+
+Refills. A lane whose cache runs out while it has keys left must not show DROPPED: a winner that pops its last
+cached entry refills its cache in the same round from its remaining keys (J more tree passes, only that lane's
+keys and cache change). Whether the winner was on its last entry comes from a second ballot taken before the
+winner is known (lanes whose second entry is DROPPED), so the warp-uniform branch waits on one shift and mask
+after the winner, not on another vote. A refill from no keys left fills DROPPED entries, never chosen. Refills
+follow the order of the lane's keys, so a key equal to the last one popped, at a higher position, comes after
+it. On uniformly random keys 0.24 % of tokens need one at k = 16 (simulated); one lane holding all 16 winners
+needs three. Where no lane can need one (P <= CACHE or k <= CACHE) the rounds are unrolled; else they are a
+loop (`ops.loop`), so that the refill's code (~640 SASS instructions, 10 KB at P = 28) appears once, not in each
+of k - 1 rounds, where every round would jump over 10 KB of code not yet fetched. The tree scans runs of
+ceil(P / TREE_LEAVES) keys before pairing (runs of 4 at P = 28): one level deeper than a plain tree, but half as
+many values live at its widest, which keeps a refill, while the other lanes' caches are live too, within the 96
+registers the kernel had at T = 1 (a plain tree: 120); at P <= 8 it is the plain tree (runs of 4 at P = 8 made
+ptxas spill 24 B at T = 16). Lanes 0..k-1 then sum the k scores by a butterfly, renormalize, scale and store.
 
 Padding. Where 32 P > E, the logits workspace has 32 P columns, the GEMV writes the first E, and the positions
 >= E hold whatever the workspace held (NaN, inf): `warp_top_k` replaces their keys by DROPPED, below every real
-key, before the first round, and they read the bias of expert E - 1 (in bounds, then discarded). Since
-top_k <= E, every round finds a real key above DROPPED, so a padding position is never chosen.
+key, before filling the caches, and they read the bias of expert E - 1 (in bounds, then discarded). Since
+top_k <= E, every round finds a real head above DROPPED, so a padding position is never chosen.
 
 Outputs (`RouteConfig.output`). "weights": the router's ids [T, k] int64 and weights [T, k] fp32. "candidates":
 a TP rank's local top-k for model/kimi_k3/ops/moe_route_tp.py, [T, k, 3] fp32 (choice key, un-biased score,
@@ -67,6 +88,8 @@ STAGES = ("select", "arrive", "gemv")  # RouteConfig.stop_after
 OUTPUTS = ("weights", "candidates")  # RouteConfig.output
 CANDIDATE_FIELDS = FIELDS  # key, un-biased score, global expert id: moe_route_tp's all-gather format
 DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
+TREE_LEAVES = 8  # _tree_argmax's width: runs of 4 keys at P = 28 (module doc: registers)
+CACHE = 4  # keys a lane keeps sorted for the rounds (warp_top_k): >= 2, so that "one left" is a compare
 
 
 @dataclass(frozen=True)
@@ -126,10 +149,18 @@ class RouteConfig:
 
 
 def _tree_argmax(keys: list, vals: list, index, select):
-    """(largest key, its position, its val) over the lists, the lower position on equal keys: a balanced tree in
-    which the left operand of every comparison holds the lower positions, and the right one wins only if larger.
-    The val rides along the tree (log2 P selects deep), not looked up afterwards by position (P deep)."""
-    items = [(key, index(i), val) for i, (key, val) in enumerate(zip(keys, vals))]
+    """(largest key, its position, its val) over the lists, the lower position on equal keys: a balanced tree
+    over at most TREE_LEAVES leaves, each the best of a run of ceil(P / TREE_LEAVES) consecutive positions
+    scanned in order; the left operand of every comparison holds the lower positions, and the right one wins
+    only if larger. The val rides along (no lookup by position afterwards, P deep)."""
+    run = -(-len(keys) // TREE_LEAVES)
+    items = []
+    for start in range(0, len(keys), run):
+        best, pos, val = keys[start], index(start), vals[start]
+        for i in range(start + 1, min(start + run, len(keys))):
+            right = keys[i] > best
+            best, pos, val = select(right, keys[i], best), select(right, index(i), pos), select(right, vals[i], val)
+        items.append((best, pos, val))
     while len(items) > 1:
         paired = []
         for (ka, ia, va), (kb, ib, vb) in zip(items[0::2], items[1::2]):
@@ -139,36 +170,90 @@ def _tree_argmax(keys: list, vals: list, index, select):
     return items[0]
 
 
+def _fill_cache(keys: list, vals: list, lane, cache: tuple, ops, only=None):
+    """`cache` (three columns: ordered keys, expert ids, vals) with every entry replaced by the lane's best keys
+    in (key desc, position asc) order, and its keys with those replaced by `ops.dropped`: one tree pass per
+    entry, each taking its winner out before the next. With `only` (a refill), lanes where it is false keep
+    their cache and keys. Each entry is stored as its pass ends (ptxas then keeps a refill, which also holds the
+    other lanes' caches, within the rounds' registers: 96 at T = 1, against 111 when stored after all passes)."""
+    P = len(keys)
+    filled = ([], [], [])
+    for entry in zip(*cache):
+        key, pos, val = _tree_argmax(keys, vals, ops.index, ops.select)
+        for column, new, old in zip(filled, (key, lane * P + pos, val), entry):
+            column.append(new if only is None else ops.select(only, new, old))
+        if only is not None:
+            pos = ops.select(only, pos, ops.index(P))  # a position no key has: nothing taken out
+        keys = [ops.select(pos == ops.index(i), ops.dropped, k) for i, k in enumerate(keys)]
+    return filled, keys
+
+
 def warp_top_k(keys: list, vals: list, lane, top_k: int, experts: int, ops):
     """The warp's top_k of the first `experts` of 32 x len(keys) positions: lane l holds keys[i] of expert l P + i
     (P = len(keys)) as unsigned integers ordered like the choice keys, and vals[i], the value to report for it.
     Positions >= experts are padding: their keys, whatever they hold, become `ops.dropped` (below every real
-    key) before the first round, so with top_k <= experts none is ever chosen.
+    key) before the cache is filled, so with top_k <= experts none is ever chosen.
 
     Returns (id, val, key) for each lane: the id, val and ordered key of the lane-th largest key for lane < top_k,
-    ties to the lower id; the callers' zeros elsewhere (`ops.zero_id`, `ops.zero_val`, `ops.dropped`). `ops`
-    supplies the warp primitives:
-    umax (redux.sync.max.u32, the warp's largest), ballot (vote.ballot.sync), lowest (the lowest set bit's lane),
-    shuffle (shfl.sync.idx from a lane), select (selp) and index (a position as a 32-bit integer); the kernel
-    passes the DSL's, the tests numpy ones over arrays of 32 lanes.
+    ties to the lower id; the callers' zeros elsewhere (`ops.zero_id`, `ops.zero_val`, `ops.dropped`).
+
+    The per-lane cache (module doc). Invariant, every lane, every round: its cache followed by its remaining keys
+    sorted by (key desc, position asc) is its not yet chosen keys in that order, and its head is a real key
+    unless none remains (an empty entry holds a dropped key). So the largest head is the warp's largest key
+    left, the lowest lane holding it has the lowest id holding it, and that lane's head is its lowest position
+    holding it. A winner that pops its last cached key refills at once from its remaining keys (dropped entries
+    if none remain), in a branch the warp takes or skips as one.
+
+    `ops` supplies the warp primitives: umax (redux.sync.max.u32, the warp's largest), ballot (vote.ballot.sync),
+    lowest (the lowest set bit's lane), in_mask (a lane's bit of a ballot), shuffle (shfl.sync.idx from a lane),
+    select (selp), index (a position as a 32-bit integer), when (a function of the state, run only where a
+    warp-uniform condition holds) and loop (a function of (round, state) over rounds 0..n-1, not unrolled); the
+    kernel passes the DSL's, the tests numpy ones over arrays of 32 lanes.
     """
     P = len(keys)
+    depth = min(CACHE, P, top_k)
+    # a refill can be needed only if a lane may pop all `depth` entries (top_k - 1 pops) with keys left behind
+    refills = min(P, top_k) > depth
     if WARP * P > experts:
         keys = [ops.select(lane * P + ops.index(i) < experts, key, ops.dropped) for i, key in enumerate(keys)]
-    got_id, got_val, got_key = ops.zero_id, ops.zero_val, ops.dropped
-    best, pos, val = _tree_argmax(keys, vals, ops.index, ops.select)
-    for r in range(top_k):
-        top = ops.umax(best)
-        winner = ops.lowest(ops.ballot(best == top))
-        expert = lane * P + pos
-        got_id = ops.select(lane == r, ops.shuffle(expert, winner), got_id)
-        got_val = ops.select(lane == r, ops.shuffle(val, winner), got_val)
-        got_key = ops.select(lane == r, top, got_key)
-        if r + 1 < top_k:
+    empty = ([ops.dropped] * depth, [ops.zero_id] * depth, [ops.zero_val] * depth)
+    cache, keys = _fill_cache(keys, vals, lane, empty, ops)
+
+    def choose(r, state, pop: bool):
+        """Round r: the warp's largest head to lane r; with `pop`, the winner's head leaves its cache."""
+        keys, (heads, ids, head_vals), (got_id, got_val, got_key) = state
+        top = ops.umax(heads[0])
+        if pop and refills:  # (depth = CACHE >= 2 here)
+            # the lanes holding one cached key (or none): a ballot that does not wait for the winner
+            on_last = ops.ballot(heads[1] == ops.dropped)
+        winner = ops.lowest(ops.ballot(heads[0] == top))
+        ours = lane == r
+        got_id = ops.select(ours, ops.shuffle(ids[0], winner), got_id)
+        got_val = ops.select(ours, ops.shuffle(head_vals[0], winner), got_val)
+        got_key = ops.select(ours, top, got_key)
+        if pop:
             mine = lane == winner
-            keys = [ops.select(mine & (pos == ops.index(i)), ops.dropped, key) for i, key in enumerate(keys)]
-            best, pos, val = _tree_argmax(keys, vals, ops.index, ops.select)
-    return got_id, got_val, got_key
+            # shift left; the emptied last entry gets a dropped key (its id and val are never read)
+            heads = [ops.select(mine, after, key) for key, after in zip(heads, heads[1:] + [ops.dropped])]
+            ids = [ops.select(mine, after, i) for i, after in zip(ids, ids[1:])] + ids[-1:]
+            head_vals = [ops.select(mine, after, v) for v, after in zip(head_vals, head_vals[1:])] + head_vals[-1:]
+            if refills:
+                keys, (heads, ids, head_vals) = ops.when(
+                    ops.in_mask(on_last, winner), lambda s: refill(s, mine), (keys, (heads, ids, head_vals)))
+        return keys, (heads, ids, head_vals), (got_id, got_val, got_key)
+
+    def refill(state, mine):
+        keys, cache = state
+        cache, keys = _fill_cache(keys, vals, lane, cache, ops, only=mine)
+        return keys, cache
+
+    state = (keys, cache, (ops.zero_id, ops.zero_val, ops.dropped))
+    if refills:  # a loop, so that the refill's code (depth tree passes) is there once, not in every round
+        state = ops.loop(top_k - 1, lambda r, s: choose(r, s, pop=True), state)
+    else:
+        for r in range(top_k - 1):
+            state = choose(r, state, pop=True)
+    return choose(top_k - 1, state, pop=False)[2]
 
 
 def _f32_bits(v):
@@ -219,6 +304,40 @@ class _DslWarpOps:
     @staticmethod
     def index(i):
         return Int32(i)
+
+    @staticmethod
+    def in_mask(mask, lane):
+        return ((Int32(mask) >> lane) & Int32(1)) != Int32(0)
+
+    @staticmethod
+    def when(cond, body, state):
+        """scf.if: body(state) where cond holds, state unchanged elsewhere (cond is warp-uniform: a real branch)."""
+        leaves = _leaves(state)
+        out = cutlass.if_generate(cond, lambda: _leaves(body(state)), lambda: leaves, [],
+                                  [type(v) for v in leaves])
+        return _like(state, out)
+
+    @staticmethod
+    def loop(count, body, state):
+        """scf.for over rounds 0..count-1 with the state carried, kept a loop (not unrolled)."""
+        for r, carried, results in cutlass.for_generate(0, count, 1, _leaves(state),
+                                                         unroll=cutlass.LoopUnroll(count=1)):
+            cutlass.yield_out(_leaves(body(Int32(r), _like(state, carried))))
+        return _like(state, results)
+
+
+def _leaves(tree) -> list:
+    """The values of nested lists and tuples, depth first (the DSL's branches and loops carry flat lists)."""
+    return [leaf for part in tree for leaf in _leaves(part)] if isinstance(tree, (list, tuple)) else [tree]
+
+
+def _like(tree, leaves):
+    """_leaves' inverse: `leaves` put back into tree's shape."""
+    rest = iter(leaves)
+
+    def build(node):
+        return type(node)(build(part) for part in node) if isinstance(node, (list, tuple)) else next(rest)
+    return build(tree)
 
 
 if DSL.error is None:

@@ -2,11 +2,15 @@
 stopped after the arrival (every CTA's fence and ticket, the last ones' wait, no selection) and after the GEMV,
 of linear's own GEMV at [E, K] with fp32 out, and of the standard; then of a TP rank's local form
 (`moe_route_local_cute`) at E_local 112 and 56 (TP8, TP16) beside torch's `local_candidates`; 8 distinct gate
-weights per graph (together beyond the L2), at T = 1, 16, 64.   python -m model.kimi_k3.specialized.moe_route.probe
+weights per graph (together beyond the L2), at T = 1, 16, 64. `--top-k 1 4 16` adds the router at other k (the
+selection's cost a round: the difference over the rounds), `--tokens` other token counts.
+
+    python -m model.kimi_k3.specialized.moe_route.probe [--tokens 1 16 64] [--top-k 1 4 16]
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import replace
 
 import torch
@@ -23,11 +27,15 @@ LOCAL_EXPERTS = (112, 56)  # E / 8, E / 16
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--top-k", type=int, nargs="+", default=[], help="the router also at these k")
+    args = parser.parse_args()
     torch.manual_seed(0)
     weights = [torch.randn(E, K, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(SETS)]
     biases = [torch.randn(E, device="cuda") * 0.02 for _ in range(SETS)]
     sets = list(zip(weights, biases))
-    for t in (1, 16, 64):
+    for t in args.tokens:
         x = torch.randn(t, K, device="cuda", dtype=torch.bfloat16)
         logits = torch.empty(t, E, device="cuda", dtype=torch.float32)
         stages = {stage: replace(route_config(t, E, K, TOP_K), stop_after=stage) for stage in ("arrive", "gemv")}
@@ -38,6 +46,8 @@ def main() -> None:
             "linear's GEMV": [lambda w=w: linear_cute(x, w, out=logits) for w in weights],
             "standard": [lambda w=w, b=b: moe_route_standard(x, w, b, TOP_K, True, 2.5) for w, b in sets],
         }
+        for k in args.top_k:
+            runs[f"router k={k}"] = [lambda w=w, b=b, k=k: moe_route_cute(x, w, b, k, True, 2.5) for w, b in sets]
         for n in LOCAL_EXPERTS:  # the last rank's slice (any rank's costs the same)
             local = [(w[E - n:].contiguous(), b[E - n:].contiguous()) for w, b in sets]
             runs[f"local E={n}"] = [lambda w=w, b=b: moe_route_local_cute(x, w, b, TOP_K, E - n) for w, b in local]
