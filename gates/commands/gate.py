@@ -19,6 +19,8 @@ from gates.core.runner import Reporter, gate_all, new_options
 from gates.core.sources import REPO_ROOT, relative
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import signing_key
+from gates.tasks.check import unsaid_kernel_changes
+from kernels.arch import detect
 from kernels.contract import contract_files
 from model.kimi_k3.cli import output_directory
 from model.kimi_k3.errors import UsageError
@@ -40,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--bench-pairs", type=int, default=50, help="interleaved candidate/standard replay pairs per block")
     p.add_argument("--max-blocks", type=int, default=12,
                    help="timed blocks per benchmark point at most (fewer once the speedup is settled)")
+    p.add_argument("--contract-unchanged", action="store_true",
+                   help="gate an op whose kernel changed since its bundle while its contract did not (refused "
+                        "otherwise: `task check` still asks the contract to say what changed)")
     p.set_defaults(func=run)
 
 
@@ -99,6 +104,10 @@ def run(args) -> int:
     except ValidationError as e:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     output_directory(args.out, "--out")
+    contracts = Path(args.contracts).resolve()
+    if not args.contract_unchanged and contracts.name == "contracts" and contracts.is_dir():
+        if unsaid := unsaid_kernel_changes(contracts.parent, ops, detect().arch):
+            raise UsageError("; ".join(unsaid) + " (--contract-unchanged gates anyway)")
     key = signing_key()
     console = Console(stderr=True)
     n_ops = len(ops) if ops else len(contract_files(args.contracts))

@@ -30,6 +30,7 @@ from gates.scope.policy import EVIDENCE_INDEX, bundle_key, change_problem
 from gates.tasks.render import render
 from gates.tasks.schema import TASKS_DIR, Task, TaskError, read_task
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
+from kernels.sources import sha256_file
 
 SPECIALIZED = "model/kimi_k3/specialized/"
 # Kernel sources: changing one means changing its contract too (a kernel package's notes and results do not).
@@ -333,6 +334,37 @@ def check_contracts(branch: Branch, kernels: dict[str, Kernel], errors: dict[str
         elif owner.contract_path not in changed:
             out.append(Violation(path, "contract", f"kernel changed without its contract: change "
                                                    f"{owner.contract_path} with it (say what changed)"))
+    return out
+
+
+def current_digest(root: Path, path: str) -> str | None:
+    file = root / path
+    return sha256_file(file) if file.is_file() else None
+
+
+def unsaid_kernel_changes(root: Path, ops: list[str] | None, arch: str) -> list[str]:
+    """The contract rule, asked before a gate rather than after it: for each op (every contract when None) whose
+    committed bundle on `arch` recorded its contract as it is now while one of its kernel sources changed since.
+    A gate run then makes a bundle of a contract that no longer describes the kernel, and fixing the contract
+    afterwards stales that bundle (the bundle covers the contract): the GPU time is spent twice."""
+    kernels, _ = read_kernels(root)
+    out = []
+    for op, k in sorted(kernels.items()):
+        if ops is not None and op not in ops:
+            continue
+        try:
+            bundle = load_bundle(root / evidence_dir(op, arch))
+        except (OSError, ValueError):
+            continue  # no bundle yet (a first gate), or one `evidence verify` reports
+        recorded = {s.path: s.sha256 for s in bundle.sources}
+        if current_digest(root, k.contract_path) != recorded.get(k.contract_path):
+            continue
+        changed = sorted(p for p in k.covered | recorded.keys()
+                         if k.owns(p) and is_kernel_source(p) and current_digest(root, p) != recorded.get(p))
+        if changed:
+            out.append(f"{k.contract_path}: unchanged since {evidence_dir(op, arch)} was made, while "
+                       f"{', '.join(changed)} changed: say what changed in the contract before the gate (its "
+                       "bundle covers the contract; task check's contract rule)")
     return out
 
 

@@ -8,7 +8,9 @@ tree is HEAD's exactly. The task branch is then checked against the core branch,
 its contracts, its evidence) judge the kernel as the template on the core branch defines it.
 
 Each new branch has one commit. The core commit keeps the commits' sign-offs and disclosures; the task commit keeps
-every trailer (the Task:, each Contract-change: reason), and both list the commits they were made from.
+every trailer (each Contract-change: reason) but the Task: of another task (a branch that carried several tasks'
+kernels through one GPU session is split once per task, each split checked as its own task), and both list the
+commits they were made from.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from dataclasses import dataclass
 import git
 
 from gates.scope.policy import change_problem, first_match
-from gates.tasks.check import DISCLOSURE_KEYS, SIGN_OFF_KEY, Branch, CannotCheck, read_branch, task_at, task_name
+from gates.tasks.check import (
+    DISCLOSURE_KEYS,
+    SIGN_OFF_KEY,
+    TASK_KEY,
+    Branch,
+    CannotCheck,
+    read_branch,
+    task_at,
+    task_name,
+)
 
 CORE_TRAILERS = (SIGN_OFF_KEY, *DISCLOSURE_KEYS)
 
@@ -35,16 +46,17 @@ class Split:
     task_paths: tuple[str, ...]
 
 
-def message(subject: str, branch: Branch, keys: tuple[str, ...] | None) -> str:
+def message(subject: str, branch: Branch, keys: tuple[str, ...] | None, task: str | None = None) -> str:
     """A commit message: the subject, the source commits' subjects, their trailers (those named by `keys`, or
-    all), each once, in the order first given."""
+    all but a Task: naming another task than `task`), each once, in the order first given."""
     lines = [subject, "", "Made by `k3forge task split` from:"]
     lines += [f"- {c.short} {c.summary}" for c in branch.commits]
     trailers: list[str] = []
     for c in branch.commits:
         for key, value in c.trailers:
             line = f"{key}: {value.strip()}"
-            if (keys is None or key.lower() in keys) and line not in trailers:
+            other_task = key.lower() == TASK_KEY and value.strip() != task
+            if (key.lower() in keys if keys is not None else not other_task) and line not in trailers:
                 trailers.append(line)
     return "\n".join([*lines, "", *trailers]) if trailers else "\n".join(lines)
 
@@ -90,7 +102,7 @@ def split(repo: git.Repo, base: str, given_task: str | None = None, core_globs: 
         f"{source}: the core changes beside task {name}'s kernel (k3forge task split; reviewed as core code)",
         branch, CORE_TRAILERS))
     task_sha = repo.git.commit_tree(repo.commit(branch.head_sha).tree.hexsha, "-p", core_sha, "-m", message(
-        f"{source}: task {name}'s change (k3forge task split; on {source}-core)", branch, None))
+        f"{source}: task {name}'s change (k3forge task split; on {source}-core)", branch, None, name))
     core_branch, task_branch = f"{source}-core", f"{source}-task"
     repo.git.branch("-f", core_branch, core_sha)
     repo.git.branch("-f", task_branch, task_sha)

@@ -11,7 +11,7 @@ import pytest
 from gates.cli import main
 from gates.core.status import Status
 from gates.evidence.index import write_index
-from gates.tasks.check import check, read_branch, summary, task_at_base
+from gates.tasks.check import check, read_branch, summary, task_at_base, unsaid_kernel_changes
 from tests.tasks.conftest import (
     AGENT,
     CONTRACT,
@@ -89,6 +89,19 @@ def test_a_kernel_changed_without_its_contract(task_repo):
     task_repo.commit("kernel only", *TRAILERS)
     (found,) = violations(task_repo)
     assert found[:2] == (KERNEL, "contract") and f"change {CONTRACT} with it" in found[2]
+
+
+def test_a_gate_of_a_kernel_whose_contract_says_nothing_new_is_refused_before_it_runs(task_repo):
+    """The contract rule asked before the GPU time is spent: a kernel changed since its bundle, its contract not."""
+    task_repo.gate()
+    assert unsaid_kernel_changes(task_repo.root, ["attn_res"], "cpu") == []
+    task_repo.edit(KERNEL)
+    (problem,) = unsaid_kernel_changes(task_repo.root, None, "cpu")
+    assert problem.startswith(f"{CONTRACT}: unchanged since evidence/attn_res/cpu was made, while {KERNEL} changed")
+    assert unsaid_kernel_changes(task_repo.root, ["attn_res"], "sm_90") == []  # no bundle there: a first gate
+    assert unsaid_kernel_changes(task_repo.root, ["kda_decode"], "cpu") == []  # another op
+    task_repo.edit_contract()
+    assert unsaid_kernel_changes(task_repo.root, ["attn_res"], "cpu") == []
 
 
 def test_a_kernel_no_contract_names(task_repo):

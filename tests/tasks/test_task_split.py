@@ -50,6 +50,20 @@ def test_a_mixed_branch_splits_into_core_and_task(task_repo):
     assert check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch).violations == []
 
 
+def test_a_branch_of_several_tasks_splits_once_per_task(task_repo):
+    """One GPU session gated two tasks' kernels on one branch: each split keeps its own Task: trailer only, so the
+    task branch is judged as that task's and nothing else's."""
+    mixed_change(task_repo)
+    task_repo.write("gates/problems/mla_decode.py", "# another task's change\n")
+    task_repo.commit("mla_decode: its change", "Task: mla_decode", AGENT, OWNER)
+    made = split(task_repo.repo, "main", "attn_res_mix")
+    assert "gates/problems/mla_decode.py" in made.core_paths
+    message = task_repo.repo.commit("task-task").message
+    assert "Task: attn_res_mix" in message and "Task: mla_decode" not in message
+    branch = read_branch(task_repo.repo, "task-core", "task-task")
+    assert check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch).violations == []
+
+
 def test_the_cli_checks_the_task_branch_and_heads_the_summary_with_the_core_paths(task_repo, capsys, tmp_path):
     mixed_change(task_repo)
     summary = tmp_path / "summary.md"
