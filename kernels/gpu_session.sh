@@ -30,7 +30,9 @@
 # text; PROFILE_POINTS, PROFILE_PATHS choose); `profile-experts` the same over moe_experts' launches at TP8
 # (PROFILE_TOKENS, default "1 8 16"). `cache` brings back Triton's cache in parts (see device_install.sh).
 #   decode bundle (after a change to code it covers):  bash kernels/gpu_session.sh decode COMMIT, repeated
-#                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/)
+#                  back to back until $OUT/decode.tar comes back (`tar -xf` it here; commit evidence/decode/, and
+#                  decode/*.json with decode/logs/ as model/kimi_k3/bench/results/runN/)
+# A call brings back at most 8 files from $OUT (16 MiB each): what writes many travels as a tar.
 #
 # On a machine of two GPUs (kind nvidia-h200-x2; model/kimi_k3/NOTES_TP.md has the plan and what to expect):
 #   calls 1, 2 (carry .wheelhouse/a, then .wheelhouse/b):  source kernels/device_install.sh
@@ -142,6 +144,9 @@ run_decode() {
   done
   K3FORGE_COMMIT=$commit run_limited decode_bundle 120 python3 -m gates.cli evidence decode "$RUN"/decode/*.json \
     --out "$RUN/evidence/decode/sm_90"
+  # a call brings back at most 8 files: the benches' logs travel inside the tar (decode/logs/), so a collect in
+  # the same call still gets its evidence.tar and gate.log back (session 19's did not)
+  mkdir -p "$RUN/decode/logs" && mv "$OUT"/decode_*.log "$RUN/decode/logs/"
   tar -C "$RUN" -cf "$OUT/decode.tar" evidence/decode decode
 }
 
