@@ -48,14 +48,14 @@ class Split:
 
 def message(subject: str, branch: Branch, keys: tuple[str, ...] | None, task: str | None = None) -> str:
     """A commit message: the subject, the source commits' subjects, their trailers (those named by `keys`, or
-    all but a Task: naming another task than `task`), each once, in the order first given."""
+    all but, when `task` is given, a Task: naming another task), each once, in the order first given."""
     lines = [subject, "", "Made by `k3forge task split` from:"]
     lines += [f"- {c.short} {c.summary}" for c in branch.commits]
     trailers: list[str] = []
     for c in branch.commits:
         for key, value in c.trailers:
             line = f"{key}: {value.strip()}"
-            other_task = key.lower() == TASK_KEY and value.strip() != task
+            other_task = task is not None and key.lower() == TASK_KEY and value.strip() != task
             if (key.lower() in keys if keys is not None else not other_task) and line not in trailers:
                 trailers.append(line)
     return "\n".join([*lines, "", *trailers]) if trailers else "\n".join(lines)
