@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -24,6 +26,7 @@ class StepBatch:
     context_lens: tuple[int, ...]  # tokens already cached for each sequence before this step
     spec_tokens: int = 0  # > 0 marks a verification step
     _tensors: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
+    _pass: dict = field(default_factory=dict, init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (len(self.slots) == len(self.query_lens) == len(self.context_lens)):
@@ -70,6 +73,28 @@ class StepBatch:
         """Each token's position in its sequence [T] (the cached context counts)."""
         return self._on(device, "token_positions",
                         lambda: [c + i for c, n in zip(self.context_lens, self.query_lens) for i in range(n)])
+
+    @contextlib.contextmanager
+    def forward_pass(self) -> Iterator[None]:
+        """Open one forward pass over the batch: `per_pass` tensors are made once in it and shared by its layers."""
+        self._pass.clear()
+        self._pass[None] = True  # open
+        try:
+            yield
+        finally:
+            self._pass.clear()
+
+    def per_pass(self, name: str, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A tensor the same for every layer of a pass (an MLA block table, say), made by the pass's first layer
+        that asks: one set of index kernels a step, not one a layer. Kept for the open pass only, never across
+        passes: a CUDA graph captures the pass, so the tensor must be made by kernels inside it (one made in a
+        warm-up pass would be replayed stale when the batch's index tensors take the next step's values).
+        Outside a pass (a layer run alone) it is made at every call."""
+        if not self._pass:
+            return make()
+        if name not in self._pass:
+            self._pass[name] = make()
+        return self._pass[name]
 
     def _on(self, device: torch.device | str, name: str, values) -> torch.Tensor:
         """An int64 index tensor on `device`, made once per batch: a step captured in a CUDA graph after a warm-up

@@ -67,8 +67,8 @@ class KimiMLA(Weighted):
         if batch.kind in (StepKind.DECODE, StepKind.VERIFY):
             # One absorbed-attention row per token, over its sequence's pages; a verified block is causal: token t
             # of a sequence sees its context and the block up to itself.
-            lengths = positions + 1
-            kv, table = cache.kv_pages(self.layer), cache.block_table(slots)
+            lengths = batch.per_pass("mla_lengths", lambda: positions + 1)
+            kv, table = cache.kv_pages(self.layer), batch.per_pass("mla_block_table", lambda: cache.block_table(slots))
             if cache.kv_fp8:
                 attn = ops.call("mla_decode_fp8", q_nope, q_pe, kv, cache.kv_scale, table, lengths, w_uk, w_uv,
                                 self.scale)

@@ -112,8 +112,9 @@ class KimiK3Model(nn.Module):
         partial = self.vocab.embed_tokens(token_ids).to(self.act_dtype)
         blocks: list[torch.Tensor] = []
         ffn_out = None
-        for layer in self.layers:
-            partial, ffn_out = layer(partial, ffn_out, blocks, batch, cache, self.ops)
+        with batch.forward_pass():
+            for layer in self.layers:
+                partial, ffn_out = layer(partial, ffn_out, blocks, batch, cache, self.ops)
         partial = partial + ffn_out
         return self.output_res(blocks + [partial], self.ops)
 

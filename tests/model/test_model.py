@@ -94,3 +94,40 @@ def test_bf16_tracks_fp32(tiny_ckpt, tiny_model):
 def test_out_of_vocab_prompt_is_refused(tiny_model):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         Engine(tiny_model, max_len=8).generate([[1, 99999]], SamplingParams(1))
+
+
+def test_a_decode_step_makes_the_mla_block_table_once(tiny_model, monkeypatch):
+    """The MLA layers of one step share the block table and lengths the first of them made (their index kernels
+    run once a step, inside the pass a CUDA graph captures); the step's logits are what they were."""
+    cfg = tiny_model.cfg
+    assert sum(cfg.is_mla_layer(i) for i in range(cfg.num_hidden_layers)) >= 2
+    cache = fresh_cache(tiny_model)
+    slot = cache.allocate()
+    tokens = [3, 17, 250, 9]
+    tiny_model(torch.tensor(tokens[:3]), StepBatch((slot,), (3,), (0,)), cache)
+    tables = []
+    make_table = cache.block_table
+    monkeypatch.setattr(cache, "block_table", lambda slots: tables.append(make_table(slots)) or tables[-1])
+    batch = StepBatch((slot,), (1,), (3,))
+    hidden = tiny_model(torch.tensor(tokens[3:]), batch, cache)
+    assert len(tables) == 1
+    torch.testing.assert_close(tiny_model.logits(hidden)[0], logits_full(tiny_model, tokens)[-1], atol=1e-4,
+                               rtol=1e-4)
+
+
+def test_per_pass_tensors_live_for_their_pass_only():
+    """Made once within a pass, at every call outside one, and never carried into the next pass (a tensor made
+    in a warm-up pass would be replayed stale by a CUDA graph captured after it)."""
+    batch, made = StepBatch((0,), (1,), (4,)), []
+
+    def make():
+        made.append(torch.tensor([len(made)]))
+        return made[-1]
+
+    assert batch.per_pass("t", make) is not batch.per_pass("t", make)
+    with batch.forward_pass():
+        first = batch.per_pass("t", make)
+        assert batch.per_pass("t", make) is first
+    with batch.forward_pass():
+        assert batch.per_pass("t", make) is not first
+    assert len(made) == 4
