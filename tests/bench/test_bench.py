@@ -19,6 +19,7 @@ from model.kimi_k3.bench.run import (
     schedule,
     speculative_tokens_per_step,
 )
+from model.kimi_k3.cache import ModelCache
 from model.kimi_k3.config import preset
 
 CPU = torch.device("cpu")
@@ -131,6 +132,18 @@ def test_step_covers_every_layer_and_counts_accepted_tokens(cfg):
     assert row.layers == cfg.num_hidden_layers == len(schedule(cfg))
     assert row.tokens_per_step == pytest.approx(speculative_tokens_per_step(3, 6 / 7)) == pytest.approx(1 + 18 / 7)
     assert row.bytes > 0 and row.ms is None
+
+
+def test_a_step_makes_the_mla_block_table_once_as_the_model_does(cfg, monkeypatch):
+    """The step's layers share one StepBatch and one pass: its MLA layers read the table the first made (one
+    more is made when each MLA weight set's bytes are recorded, a layer run alone)."""
+    assert sum(kind == "mla" for kind in schedule(cfg)) >= 2
+    made = []
+    block_table = ModelCache.block_table
+    monkeypatch.setattr(ModelCache, "block_table", lambda self, slots: made.append(1) or block_table(self, slots))
+    bench_step(cfg, tp=1, batch=2, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"], device=CPU,
+               kda_sets=2, mla_sets=1)
+    assert len(made) == 2
 
 
 def test_bad_requests_are_clear_errors(cfg):

@@ -415,6 +415,11 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
         sets[kind] = [build_layer(cfg, lid, tp, batch, context, device, seed + 100 * len(sets) + j, spec_tokens)
                       for j, lid in enumerate(chosen)]
     head = build_head(cfg, tp, batch * (1 + spec_tokens), device, seed + 1)
+    # one StepBatch for every layer, as the model has: the tensors a step makes once for all its layers (the MLA
+    # block table) are then made once here too, in the pass each whole step opens (the layers' caches have one
+    # geometry, so any layer's table is every layer's)
+    step = sets["dense"][0].step
+    sets = {kind: [replace(bl, step=step) for bl in built] for kind, built in sets.items()}
     used = {kind: 0 for kind in wanted}
     order = []
     for kind in kinds:
@@ -434,8 +439,9 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
         step_bytes = sum(per_kind_bytes[k] for k in kinds) + head_bytes
 
         def whole_step(ops=ops) -> None:
-            for bl in order:
-                bl.run(ops)
+            with step.forward_pass():
+                for bl in order:
+                    bl.run(ops)
             head.run(ops)
 
         floor_ms = step_bytes / tgt_bandwidth(tgt) * 1e3
