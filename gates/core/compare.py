@@ -91,3 +91,28 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
     return result
 
 
+
+
+def check_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> TensorCheck:
+    """Equal element for element (NaN where the reference has NaN): for an output with one right answer, such as
+    a bf16 add that the model keeps as its residual stream, where any tolerance would admit a wrong stream."""
+    if got.shape != ref.shape or got.dtype != ref.dtype:
+        return TensorCheck(name=name, passed=False, problems=[
+            f"{name}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"])
+    g, r = got.detach().cpu().double(), ref.detach().cpu().double()
+    if g.numel() == 0:
+        return TensorCheck(name=name, passed=True, close_fraction=1.0)
+    differ = (g != r) & ~(g.isnan() & r.isnan())
+    wrong = int(differ.sum())
+    diff = (g - r).abs().where(differ, torch.zeros((), dtype=torch.float64)).nan_to_num(nan=float("inf"))
+    ref_norm = float(r.nan_to_num().norm())
+    result = TensorCheck(name=name, passed=not wrong, numel=g.numel(), close_fraction=1 - wrong / g.numel(),
+                         max_abs=float(diff.max()), mean_abs=float(diff.mean()),
+                         rel_l2=float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm()))
+    if wrong:
+        result.problems = [f"{name}: {wrong} of {g.numel()} elements differ from the reference, which is exact here"]
+        where = differ.reshape(-1).nonzero().reshape(-1)[:SHOW_MISMATCHES]
+        result.mismatches = [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, "
+                             f"expected {r[idx].item():.6g}"
+                             for idx in zip(*torch.unravel_index(where, g.shape))]
+    return result

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gates.core.compare import check_tensor, digest
+from gates.core.compare import check_exact, check_tensor, digest
 from kernels.contract import Tolerance
 
 TOL = Tolerance(atol=1e-3, rtol=0.0, max_rel_l2=1e-2, min_close_fraction=0.999)
@@ -91,3 +91,24 @@ def test_large_tensors_judged_on_the_gpu_as_on_the_cpu(monkeypatch):
     assert on_gpu.close_fraction == on_cpu.close_fraction
     assert on_gpu.max_units == pytest.approx(on_cpu.max_units, rel=1e-12)
     assert on_gpu.rel_l2 == pytest.approx(on_cpu.rel_l2, rel=1e-9)
+
+
+def test_exact_check_admits_no_rounding_step():
+    """An exact output (a bf16 add the model carries on): equal passes, NaN where the reference has NaN passes, one
+    element a few bf16 steps off (what a tolerance admits) fails naming how many and where, a shape or dtype change
+    fails first."""
+    ref = torch.linspace(-4, 4, 96).to(torch.bfloat16).reshape(8, 12)
+    assert check_exact("out[1]", ref.clone(), ref).passed
+    with_nan = ref.clone()
+    with_nan[2, 3] = float("nan")
+    assert check_exact("out[1]", with_nan.clone(), with_nan).passed
+    assert not check_exact("out[1]", with_nan, ref).passed
+    off = ref.clone()
+    off[5, 7] += 2**-5  # 4 bf16 steps at its 1.66
+    result = check_exact("out[1]", off, ref)
+    assert not result.passed and result.problems == [
+        "out[1]: 1 of 96 elements differ from the reference, which is exact here"]
+    assert result.mismatches[0].startswith("out[1][5, 7] = ")
+    assert check_tensor("out[1]", off, ref, Tolerance(atol=1e-2, rtol=1.6e-2, max_rel_l2=1e-2,
+                                                      min_close_fraction=0.99)).passed  # what a tolerance admits
+    assert "expected torch.bfloat16 (8, 12)" in check_exact("out[1]", ref.float(), ref).problems[0]
