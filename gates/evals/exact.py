@@ -41,11 +41,15 @@ def attn_res_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: to
 
 
 def attn_res_norm_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
-                        out_w: torch.Tensor, out_eps: float) -> torch.Tensor:
+                        out_w: torch.Tensor, out_eps: float, addend: torch.Tensor | None = None):
     """attn_res_exact's mix (rounded to the sources' dtype, as the op's reference rounds it), then the RMSNorm in
-    float64, rounded once. The norm hides none of the mix's rounding: attn_res's measurement holds for it."""
-    h = attn_res_exact(sources, norm_w, proj_w, eps).double()
-    return (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + out_eps) * out_w.double()).to(sources[0].dtype)
+    float64, rounded once. The norm hides none of the mix's rounding: attn_res's measurement holds for it. With an
+    addend, the partial sum is the reference's bf16 add (it has one right answer) and comes back beside the input."""
+    summed = None if addend is None else sources[-1] + addend
+    mixed = sources if summed is None else [*sources[:-1], summed]
+    h = attn_res_exact(mixed, norm_w, proj_w, eps).double()
+    y = (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + out_eps) * out_w.double()).to(sources[0].dtype)
+    return y if summed is None else (y, summed)
 
 
 EXACT: dict[str, Callable] = {"attn_res": attn_res_exact, "attn_res_norm": attn_res_norm_exact}

@@ -22,6 +22,12 @@ class AttnResWeights(Weighted):
     def forward(self, sources: list[torch.Tensor], ops) -> torch.Tensor:
         return ops.call("attn_res", sources, self.norm, self.proj, self.eps)
 
-    def normed(self, sources: list[torch.Tensor], norm: RMSNorm, ops) -> torch.Tensor:
-        """norm(self(sources)), as one op: a sublayer's input, where nothing else reads the mix."""
-        return ops.call("attn_res_norm", sources, self.norm, self.proj, self.eps, norm.weight, norm.eps)
+    def normed(self, sources: list[torch.Tensor], norm: RMSNorm, ops,
+               addend: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(self(sources)), the last source) as one op: a sublayer's input, where nothing else reads the mix.
+        With `addend`, the last source is sources[-1] + addend (the layer's running partial sum's add, in the same
+        op) and that sum is what comes back beside the input."""
+        args = (sources, self.norm, self.proj, self.eps, norm.weight, norm.eps)
+        if addend is None:
+            return ops.call("attn_res_norm", *args), sources[-1]
+        return ops.call("attn_res_norm", *args, addend)

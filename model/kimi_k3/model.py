@@ -59,19 +59,22 @@ class DecoderLayer(nn.Module):
         """One decoder layer under Block AttnRes (SPEC.md §2): the partial sum and the previous layer's FFN
         output in, (partial sum, this layer's FFN output) out; a block-writing layer appends to `blocks`."""
         i = self.layer
-        if ffn_prev is not None:
-            partial = partial + ffn_prev
         writes = i % self.block_size == 0
+        n_prev = -(-i // self.block_size)  # blocks completed before this layer
+        # partial += ffn_prev inside the mix's op where there is a mix (the op returns the sum)
+        if n_prev:
+            x, partial = self.attn_res.normed(blocks[:n_prev] + [partial], self.input_layernorm, ops, ffn_prev)
+        else:
+            partial = partial if ffn_prev is None else partial + ffn_prev
+            x = self.input_layernorm(partial, ops)
         if writes:
             blocks.append(partial)
-        n_prev = -(-i // self.block_size)  # blocks completed before this layer
-        if n_prev:
-            x = self.attn_res.normed(blocks[:n_prev] + [partial], self.input_layernorm, ops)
-        else:
-            x = self.input_layernorm(partial, ops)
         a = self.self_attn(x, batch, cache, ops)
-        partial = a if writes else partial + a
-        x2 = self.mlp_res.normed(blocks[:n_prev + writes] + [partial], self.post_attention_layernorm, ops)
+        if writes:  # a new block starts: the partial sum restarts at the attention's output
+            partial = a
+            x2, _ = self.mlp_res.normed(blocks[:n_prev + 1] + [partial], self.post_attention_layernorm, ops)
+        else:
+            x2, partial = self.mlp_res.normed(blocks[:n_prev] + [partial], self.post_attention_layernorm, ops, a)
         return partial, self.ffn(x2, ops)
 
 

@@ -47,6 +47,19 @@ def test_attn_res_norm_exact_normalizes_the_exact_mix_as_rounded():
     assert torch.equal(exact, attn_res_norm_exact(sources[::-1], norm_w, proj_w, eps, out_w, 1e-5))
 
 
+def test_attn_res_norm_exact_takes_the_partial_sums_add_as_the_reference_does():
+    """With an addend, the sum is the reference's bf16 add bit for bit (it has one right answer) and the exact mix
+    is that of the sources with the sum last."""
+    sources, norm_w, proj_w, eps = attn_res_inputs(torch.bfloat16)
+    out_w = torch.linspace(0.5, 1.5, sources[0].shape[-1]).to(torch.bfloat16)
+    addend = attn_res_inputs(torch.bfloat16, m=1)[0][0].flip(0)
+    y, summed = attn_res_norm_exact(sources, norm_w, proj_w, eps, out_w, 1e-5, addend)
+    ref_y, ref_summed = attn_res_norm(sources, norm_w, proj_w, eps, out_w, 1e-5, addend)
+    assert torch.equal(summed, ref_summed) and torch.equal(summed, sources[-1] + addend)
+    assert torch.equal(y, attn_res_norm_exact([*sources[:-1], summed], norm_w, proj_w, eps, out_w, 1e-5))
+    torch.testing.assert_close(y, ref_y, rtol=2**-6, atol=1e-2)
+
+
 def test_the_yardstick_is_exact_only_for_ops_whose_standard_rounds_as_the_reference():
     attn_res_contract = load_contract(CPU_EXAMPLE)
     kda = load_contract(Path("contracts/kda_decode.yaml"))

@@ -131,3 +131,24 @@ def test_per_pass_tensors_live_for_their_pass_only():
     with batch.forward_pass():
         assert batch.per_pass("t", make) is not first
     assert len(made) == 4
+
+
+def test_the_partial_sums_adds_run_inside_the_mix_op(tiny_model, monkeypatch):
+    """Every layer after the first hands its partial-sum add (partial + the previous FFN's output) to the
+    attention input's attn_res_norm, and partial + the attention's output to the MLP input's, except where the
+    layer starts a block (the partial restarts at the attention's output): so a kernel of the op may fuse both."""
+    cfg, calls = tiny_model.cfg, []
+    call = tiny_model.ops.call
+
+    def record(name, *args, **kwargs):
+        if name == "attn_res_norm":
+            calls.append(len(args) > 6 and args[6] is not None)
+        return call(name, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model.ops, "call", record)
+    cache = fresh_cache(tiny_model)
+    tiny_model(torch.tensor([3, 17]), StepBatch((cache.allocate(),), (2,), (0,)), cache)
+    expected = []
+    for i in range(1, cfg.num_hidden_layers):
+        expected += [True, i % cfg.attn_res_block_size != 0]
+    assert calls == [False] + expected  # layer 0: no mix before its attention, a fresh block before its MLP

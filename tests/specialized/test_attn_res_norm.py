@@ -3,10 +3,11 @@ model/kimi_k3/specialized/attn_res_norm/).
 
 CPU: the contract names the entry point, the argument checks (one line each, naming what is wrong), the compile for
 sm_90a without spills with the loads, stores and barriers the design promises (attn_res's, plus the norm weight's
-loads and one barrier). GPU: the gate problem's inputs at the contract's benchmark points, every distribution at
-m = 1..9 and T = 1..64 and a verify step's 512 tokens against the composition (attn_res's kernel, then the
-reference norm) within one bf16 rounding of the norm's output, repeated launches bit for bit, T = 0, and a CUDA
-graph replay.
+loads and one barrier; with the addend, its loads and the sum's stores, and the last source not loaded again).
+GPU: the gate problem's inputs at the contract's benchmark points, every distribution at m = 1..9 and T = 1..64,
+with and without the addend, and a verify step's 512 tokens against the composition (attn_res's kernel, then the
+reference norm) within one bf16 rounding of the norm's output, the partial sum bit for bit, repeated launches bit
+for bit, T = 0, and a CUDA graph replay.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from gates.problems import bench_point, load_problem
 from kernels.contract import load_contract
 from kernels.cute import cutlass_available
-from kernels.trees import clone
+from kernels.trees import clone, leaves
 from model.kimi_k3.ops.attn_res_norm import attn_res_norm
 from model.kimi_k3.ops.registry import import_entry_point, registry_problems
 from model.kimi_k3.specialized.attn_res import config_for
@@ -58,16 +59,43 @@ def test_entry_point_refuses_before_launching(case, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda s: s[0].float(), "sources, norm_w, proj_w, out_w, addend must be bf16"),
+    (lambda s: s[0][:2], "addend must have the sources' shape (3, 7168), got (2, 7168)"),
+    (lambda s: torch.zeros(3, 2 * D, dtype=torch.bfloat16)[:, ::2], "addend must be contiguous"),
+    (lambda s: 1.0, "addend must be a tensor or None"),
+    (lambda s: s[0].clone(), "sources, norm_w, proj_w, out_w, addend must be CUDA tensors"),
+])
 @pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+def test_entry_point_refuses_a_bad_addend(make, message):
+    sources, norm_w, proj_w = inputs(2, 3)
+    with pytest.raises(ValueError) as err:
+        attn_res_norm_cute(sources, norm_w, proj_w, EPS, norm_weight(1), EPS, make(sources))
+    assert message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL not installed")
+@pytest.mark.parametrize("addend", [False, True])
 @pytest.mark.parametrize("m", [1, 2, 9])
-def test_compiles_for_sm90a_without_spills(m):
+def test_compiles_for_sm90a_without_spills(m, addend):
     """attn_res's loads (every source's chunks, the two score weights, the sources again for the mix) plus the norm
-    weight's chunks; only the normalized mix stored; three barriers (scores, softmax inputs, the norm's sum)."""
+    weight's chunks; the normalized mix stored; three barriers (scores, softmax inputs, the norm's sum). With the
+    addend: its chunks loaded, the sum's stored, and the last source not loaded again for the mix (the sum stays
+    in registers): as many loads as without."""
     from model.kimi_k3.specialized.attn_res_norm import compile
 
     c = config_for(D).chunks_per_thread
-    traffic = memory_traffic(compile((config_for(D), m, D), "sm_90a"), m)
-    assert traffic == {"ld16": c * (2 * m + 3), "st16": c, "bar": 3, "local": 0}
+    traffic = memory_traffic(compile((config_for(D), m, D, addend), "sm_90a"), m)
+    assert traffic == {"ld16": c * (2 * m + 3), "st16": c * (1 + addend), "bar": 3, "local": 0}
+
+
+def test_compile_keys_cover_both_forms():
+    from model.kimi_k3.specialized.attn_res_norm import compile_keys
+
+    keys = compile_keys(CONTRACT)
+    assert {(m, addend) for _, m, _, addend in keys} == {(m, a) for m in CONTRACT.shapes["sources"]
+                                                          for a in (False, True)}
 
 
 # --- GPU ---------------------------------------------------------------------------------------------------------
@@ -93,28 +121,41 @@ def check_close(got: torch.Tensor, sources, norm_w, proj_w, out_w) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dist", ["normal", "heavy_tailed"])
 @pytest.mark.parametrize("point", CONTRACT.benchmark.points,
-                         ids=lambda p: f"batch{p.batch}-sources{p.shape['sources']}")
+                         ids=lambda p: f"batch{p.batch}-sources{p.shape['sources']}-terms{p.shape['partial_terms']}")
 def test_gate_problem_inputs(point, dist):
     problem = load_problem("attn_res_norm")
     case = problem.generate_input(bench_point(CONTRACT, problem, point), 0, dist)
-    got = import_entry_point(CONTRACT.implementation)(*clone(case.args, "cuda"))
-    ref = problem.reference(*clone(case.args, "cuda"))
-    result = problem.check("out", got, ref, CONTRACT.tolerance)
-    assert result.passed, result.problems
+    got = dict(leaves(import_entry_point(CONTRACT.implementation)(*clone(case.args, "cuda")), "out"))
+    ref = list(leaves(problem.reference(*clone(case.args, "cuda")), "out"))
+    assert sorted(got) == sorted(name for name, _ in ref)
+    for name, want in ref:
+        result = problem.check(name, got[name], want, CONTRACT.tolerance)
+        assert result.passed, result.problems
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("added", [False, True])
 @pytest.mark.parametrize("dist", ["normal", "heavy_tailed", "large", "mixed"])
 @pytest.mark.parametrize("m", [1, 2, 5, 9])
 @pytest.mark.parametrize("t", [1, 7, 64])
-def test_matches_reference(t, m, dist):
+def test_matches_reference(t, m, dist, added):
     kernel = _kernel()
     sources, norm_w, proj_w = inputs(m, t, dist, seed=31 * t + m, device="cuda")
     out_w = norm_weight(t + m, device="cuda")
-    got = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
-    assert got.dtype == torch.bfloat16 and got.shape == (t, D)
-    check_close(got, sources, norm_w, proj_w, out_w)
-    assert torch.equal(got, kernel(sources, norm_w, proj_w, EPS, out_w, EPS))  # deterministic
+    if not added:
+        got = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
+        assert got.dtype == torch.bfloat16 and got.shape == (t, D)
+        check_close(got, sources, norm_w, proj_w, out_w)
+        assert torch.equal(got, kernel(sources, norm_w, proj_w, EPS, out_w, EPS))  # deterministic
+        return
+    addend = inputs(1, t, dist, seed=7 * t + m, device="cuda")[0][0]
+    got, summed = kernel(sources, norm_w, proj_w, EPS, out_w, EPS, addend)
+    want_sum = sources[-1] + addend
+    assert torch.equal(summed, want_sum)  # torch's bf16 add, bit for bit
+    check_close(got, [*sources[:-1], want_sum], norm_w, proj_w, out_w)
+    again = kernel(sources, norm_w, proj_w, EPS, out_w, EPS, addend)
+    assert torch.equal(got, again[0]) and torch.equal(summed, again[1])  # deterministic
+    assert summed.data_ptr() not in {s.data_ptr() for s in (*sources, addend)}  # a fresh output
 
 
 @pytest.mark.gpu
@@ -145,18 +186,23 @@ def test_verify_step_tokens_and_zero_tokens():
 
 
 @pytest.mark.gpu
-def test_graph_replay_reads_the_sources_at_replay_time():
+@pytest.mark.parametrize("added", [False, True])
+def test_graph_replay_reads_the_sources_at_replay_time(added):
     kernel = _kernel()
     sources, norm_w, proj_w = inputs(4, 3, seed=9, device="cuda")
     out_w = norm_weight(10, device="cuda")
-    kernel(sources, norm_w, proj_w, EPS, out_w, EPS)  # compiled outside the capture
+    extra = [inputs(1, 3, seed=11, device="cuda")[0][0]] if added else []
+    kernel(sources, norm_w, proj_w, EPS, out_w, EPS, *extra)  # compiled outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = kernel(sources, norm_w, proj_w, EPS, out_w, EPS)
-    fresh, _, _ = inputs(4, 3, seed=10, device="cuda")
-    for s, f in zip(sources, fresh):
+        out = kernel(sources, norm_w, proj_w, EPS, out_w, EPS, *extra)
+    fresh, _, _ = inputs(5, 3, seed=10, device="cuda")
+    for s, f in zip([*sources, *extra], fresh):
         s.copy_(f)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, kernel(sources, norm_w, proj_w, EPS, out_w, EPS))
-    check_close(out, sources, norm_w, proj_w, out_w)
+    again = kernel(sources, norm_w, proj_w, EPS, out_w, EPS, *extra)
+    for replayed, direct in zip(leaves(out, "out"), leaves(again, "out")):
+        assert torch.equal(replayed[1], direct[1])
+    mixed = [*sources[:-1], sources[-1] + extra[0]] if added else sources
+    check_close(out[0] if added else out, mixed, norm_w, proj_w, out_w)

@@ -20,7 +20,7 @@ from kernels.cute import CompileCache, current_cute_arch, kernel_available, requ
 from .kernel import DSL, MAX_SOURCES, AttnResConfig, compile_kernel, compile_report, launch_args
 
 __all__ = ["AttnResConfig", "attn_res_cute", "available", "check_args", "compile", "compile_keys", "config_for",
-           "prepare"]
+           "launch"]
 
 _CACHE = CompileCache("attn_res", module=f"{__name__}.kernel")
 
@@ -36,10 +36,10 @@ def config_for(hidden: int) -> AttnResConfig:
     return AttnResConfig.for_shape(hidden)
 
 
-def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor,
-               out_w: torch.Tensor | None = None) -> tuple[int, int, int]:
-    """Validate a call (with `out_w`, the fused norm's weight: attn_res_norm's); return (m, T, D). Raises ValueError,
-    device last, so that every other check runs on CPU tensors."""
+def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor, out_w: torch.Tensor | None = None,
+               addend: torch.Tensor | None = None) -> tuple[int, int, int]:
+    """Validate a call (with `out_w`, the fused norm's weight, and `addend`, the partial sum's: attn_res_norm's);
+    return (m, T, D). Raises ValueError, device last, so that every other check runs on CPU tensors."""
     if not isinstance(sources, (list, tuple)) or not all(isinstance(s, torch.Tensor) for s in sources):
         raise ValueError("sources must be a list of tensors")
     if not 1 <= len(sources) <= MAX_SOURCES:
@@ -48,7 +48,11 @@ def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor,
     names = ", ".join(weights)
     if not all(isinstance(w, torch.Tensor) for w in weights.values()):
         raise ValueError(f"{names} must be tensors")
-    tensors = [*sources, *weights.values()]
+    if addend is not None:
+        if not isinstance(addend, torch.Tensor):
+            raise ValueError("addend must be a tensor or None")
+        names += ", addend"
+    tensors = [*sources, *weights.values(), *([] if addend is None else [addend])]
     if any(t.dtype != torch.bfloat16 for t in tensors):
         raise ValueError(f"sources, {names} must be bf16, got {sorted({str(t.dtype) for t in tensors})}")
     shape = sources[0].shape
@@ -60,6 +64,8 @@ def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor,
                          f"{tuple(proj_w.shape)}")
     if out_w is not None and (out_w.dim() != 1 or out_w.numel() != d):
         raise ValueError(f"out_w must be [D] with D = {d}, got {tuple(out_w.shape)}")
+    if addend is not None and addend.shape != shape:
+        raise ValueError(f"addend must have the sources' shape {tuple(shape)}, got {tuple(addend.shape)}")
     if not all(x.is_contiguous() for x in tensors):
         raise ValueError(f"sources, {names} must be contiguous")
     config_for(d).check(len(sources), d)
@@ -72,31 +78,35 @@ def check_args(sources, norm_w: torch.Tensor, proj_w: torch.Tensor,
     return len(sources), t, d
 
 
-def _compiled(cfg: AttnResConfig, m: int, d: int):
-    return _CACHE.get((cfg, m, d, current_cute_arch()), lambda: compile_kernel(cfg, m, d))
-
-
-def prepare(m: int, d: int) -> AttnResConfig:
-    """Compile (once per process) the kernel a call of m sources of D runs, without launching it; return its
-    config: for warming up outside CUDA-graph capture and timed regions."""
-    cfg = config_for(d)
-    _compiled(cfg, m, d)
-    return cfg
+def launch(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
+           config: AttnResConfig | None, out_norm: tuple[torch.Tensor, float] | None = None,
+           addend: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The launch both entry points make, for arguments check_args accepted: (out, the rounded partial sum or None).
+    `out_norm` = (out_w, out_eps) runs the normalized kernel (attn_res_norm's), `addend` its partial sum's add."""
+    out = torch.empty_like(sources[0])
+    summed = None if addend is None else torch.empty_like(addend)
+    (t, d), m = out.shape, len(sources)
+    if t > 0:
+        cfg = config or config_for(d)
+        cfg.check(m, d)
+        normed, added = out_norm is not None, addend is not None
+        kernel = _CACHE.get((cfg, m, d, normed, added, current_cute_arch()),
+                            lambda: compile_kernel(cfg, m, d, normed, added))
+        stream = torch.cuda.current_stream(out.device).cuda_stream
+        extra = {} if not normed else {"out_norm": (out_norm[0].data_ptr(), float(out_norm[1]))}
+        if added:
+            extra["added"] = (addend.data_ptr(), summed.data_ptr())
+        kernel(*launch_args(tuple(s.data_ptr() for s in sources), norm_w.data_ptr(), proj_w.data_ptr(),
+                            out.data_ptr(), t, float(eps), stream, **extra))
+    return out, summed
 
 
 def attn_res_cute(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
                   *, config: AttnResConfig | None = None) -> torch.Tensor:
     """The reference's mix in one launch: [T, D] bf16 (kernel.py's module doc has the method)."""
     require_dsl(DSL.error)
-    m, t, d = check_args(sources, norm_w, proj_w)
-    out = torch.empty(t, d, dtype=torch.bfloat16, device=sources[0].device)
-    if t > 0:
-        cfg = config or config_for(d)
-        cfg.check(m, d)
-        _compiled(cfg, m, d)(*launch_args(tuple(s.data_ptr() for s in sources), norm_w.data_ptr(),
-                                          proj_w.data_ptr(), out.data_ptr(), t, float(eps),
-                                          torch.cuda.current_stream(out.device).cuda_stream))
-    return out
+    check_args(sources, norm_w, proj_w)
+    return launch(sources, norm_w, proj_w, eps, config)[0]
 
 
 def compile_keys(contract) -> list[tuple[AttnResConfig, int, int]]:

@@ -30,6 +30,13 @@ rounding is kept), sums their squares in fp32, and after a third barrier every t
 rsqrt(sum / D + eps') and the norm weight, in the reference's order ((h * rstd) * w), and stores them as bf16. One
 launch and one barrier instead of a second kernel (~2 µs between dependent kernels in a decode step's graph).
 
+The partial sum's add (`AttnResNormKernel` with `addend`): a decoder layer adds to its running partial sum (the
+previous FFN's output before the attention sublayer, the attention's output before the MLP) and then mixes the new
+partial as the last source; the sum is needed again (the next add, a block). So the kernel may take the addend and
+sum it into the last source itself, in fp32 rounded once to bf16 (torch's bf16 add exactly), store that sum as a
+second output, and mix it: one launch instead of the add's. Step 3 takes the last source from the sum the thread
+keeps in registers (4 a chunk, packed bf16), not from the two tensors again.
+
 Arguments. The m sources arrive as a tuple of m pointers (each source its own tensor: the model keeps the block
 sums and the running partial apart), rows of D contiguous elements, row stride D (the entry point checks it).
 """
@@ -130,10 +137,13 @@ if DSL.error is None:
                     smem_sums[warp, i] = v
 
         @cute.jit
-        def mix(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, eps: Float32, token, smem) -> list:
+        def mix(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, eps: Float32, token, smem,
+                mAddend: cute.Tensor | None = None, mSum: cute.Tensor | None = None) -> list:
             """Steps 1-3 of the module doc for one token: the thread's chunks of the mix, fp32 (C register tensors of
-            VEC), before any rounding. Traced inline into each kernel that calls it; its shared memory comes from the
-            kernel's one allocator `smem` (a second allocator would start at the same address)."""
+            VEC), before any rounding. With `mAddend`, the last source is mSources[-1] + mAddend rounded to bf16,
+            stored to `mSum` (the module doc's partial sum's add). Traced inline into each kernel that calls it; its
+            shared memory comes from the kernel's one allocator `smem` (a second allocator would start at the same
+            address)."""
             M, C, D = self.m, self.cfg.chunks_per_thread, self.d
             warps = self.threads // WARP
             tidx, _, _ = cute.arch.thread_idx()
@@ -144,9 +154,15 @@ if DSL.error is None:
             # every load first (the sources' as packed bf16, then the weights'), so that all are in flight together
             x = [[cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load() for j in range(C)]
                  for i in range(M)]
+            added = ([] if cutlass.const_expr(mAddend is None)
+                     else [cute.local_tile(mAddend[token, None], (VEC,), (chunks[j],)).load() for j in range(C)])
             norm = [cute.local_tile(mNorm, (VEC,), (chunks[j],)).load().to(Float32) for j in range(C)]
             proj = [cute.local_tile(mProj, (VEC,), (chunks[j],)).load().to(Float32) for j in range(C)]
             w = [[norm[j][e] * proj[j][e] for e in range(VEC)] for j in range(C)]
+            if cutlass.const_expr(mAddend is not None):
+                for j in cutlass.range_constexpr(C):
+                    x[M - 1][j] = (x[M - 1][j].to(Float32) + added[j].to(Float32)).to(BFloat16)
+                    cute.local_tile(mSum[token, None], (VEC,), (chunks[j],)).store(x[M - 1][j])
             # 1. the thread's partial sum of squares and dot with w, per source, in chunk order (each source widened
             # to fp32 only here: all m sources in fp32 would not fit the register file at m = 9)
             partial = []
@@ -187,7 +203,10 @@ if DSL.error is None:
             for j in cutlass.range_constexpr(C):
                 mix = cute.make_rmem_tensor((VEC,), Float32)
                 for i in cutlass.range_constexpr(M):
-                    xf = cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load().to(Float32)
+                    if cutlass.const_expr(i == M - 1 and mAddend is not None):
+                        xf = x[i][j].to(Float32)  # the rounded sum, kept in registers
+                    else:
+                        xf = cute.local_tile(mSources[i][token, None], (VEC,), (chunks[j],)).load().to(Float32)
                     for e in cutlass.range_constexpr(VEC):
                         if cutlass.const_expr(i == 0):
                             mix[e] = alpha[0] * xf[e]
@@ -198,11 +217,18 @@ if DSL.error is None:
 
     class AttnResNormKernel(AttnResKernel):
         """out[T, D] = rms_norm(the AttnRes mix, out_w, out_eps): the mix as AttnResKernel computes it, rounded to
-        bf16, normalized by the same CTA (module doc)."""
+        bf16, normalized by the same CTA (module doc). With `addend` (baked in), the last source is first summed
+        with the addend [T, D] and the rounded sum stored to a second output (the partial sum's add, module doc);
+        without it the addend and sum pointers are not read."""
+
+        def __init__(self, cfg: AttnResConfig, sources: int, hidden: int, addend: bool = False):
+            super().__init__(cfg, sources, hidden)
+            self.addend = addend
 
         @cute.jit
         def __call__(self, pSources: tuple, pNorm: cute.Pointer, pProj: cute.Pointer, pOutW: cute.Pointer,
-                     pOut: cute.Pointer, tokens: Int32, eps: Float32, out_eps: Float32, stream: cuda.CUstream):
+                     pOut: cute.Pointer, pAddend: cute.Pointer, pSum: cute.Pointer, tokens: Int32, eps: Float32,
+                     out_eps: Float32, stream: cuda.CUstream):
             D = self.d
             rows = cute.make_layout((tokens, D), stride=(D, 1))
             mSources = [cute.make_tensor(pSources[i], rows) for i in range(self.m)]
@@ -210,12 +236,15 @@ if DSL.error is None:
             mProj = cute.make_tensor(pProj, cute.make_layout((D,)))
             mOutW = cute.make_tensor(pOutW, cute.make_layout((D,)))
             mOut = cute.make_tensor(pOut, rows)
-            self.kernel(mSources, mNorm, mProj, mOutW, mOut, eps, out_eps).launch(
+            mAddend = cute.make_tensor(pAddend, rows) if cutlass.const_expr(self.addend) else None
+            mSum = cute.make_tensor(pSum, rows) if cutlass.const_expr(self.addend) else None
+            self.kernel(mSources, mNorm, mProj, mOutW, mOut, mAddend, mSum, eps, out_eps).launch(
                 grid=[tokens, 1, 1], block=[self.threads, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, mSources: list, mNorm: cute.Tensor, mProj: cute.Tensor, mOutW: cute.Tensor,
-                   mOut: cute.Tensor, eps: Float32, out_eps: Float32):
+                   mOut: cute.Tensor, mAddend: cute.Tensor | None, mSum: cute.Tensor | None, eps: Float32,
+                   out_eps: Float32):
             C, D = self.cfg.chunks_per_thread, self.d
             warps = self.threads // WARP
             token, _, _ = cute.arch.block_idx()
@@ -223,7 +252,7 @@ if DSL.error is None:
             smem = cutlass.memory.SmemAllocator()
             sNorm = smem.allocate_tensor(Float32, cute.make_layout((warps, 1), stride=(1, 1)), byte_alignment=16)
             out_w = [cute.local_tile(mOutW, (VEC,), (chunk,)).load().to(Float32) for chunk in chunks]  # in flight early
-            mix = self.mix(mSources, mNorm, mProj, eps, token, smem)
+            mix = self.mix(mSources, mNorm, mProj, eps, token, smem, mAddend, mSum)
             h = [mix[j].load().to(BFloat16).to(Float32) for j in range(C)]  # attn_res's bf16 output, exactly
             ss = Float32(0.0)
             for j in cutlass.range_constexpr(C):
@@ -243,10 +272,11 @@ if DSL.error is None:
 
 
 def launch_args(source_ptrs: tuple[int, ...], norm_ptr: int, proj_ptr: int, out_ptr: int, tokens: int, eps: float,
-                stream: int, out_norm: tuple[int, float] | None = None):
+                stream: int, out_norm: tuple[int, float] | None = None, added: tuple[int, int] = (0, 0)):
     """The kernel's arguments for device addresses (every source, norm_w, proj_w and out 16-byte aligned), the token
     count, eps and a CUDA stream handle; `out_norm` = (the fused norm weight's address, its eps) for
-    AttnResNormKernel."""
+    AttnResNormKernel, and `added` = (the addend's address, the sum's) where it was built with `addend` (null
+    otherwise: not read)."""
     gmem = cute.AddressSpace.gmem
 
     def ptr(address: int):
@@ -256,31 +286,35 @@ def launch_args(source_ptrs: tuple[int, ...], norm_ptr: int, proj_ptr: int, out_
     if out_norm is None:
         return sources, ptr(norm_ptr), ptr(proj_ptr), ptr(out_ptr), Int32(tokens), Float32(eps), cuda.CUstream(stream)
     out_w_ptr, out_eps = out_norm
-    return (sources, ptr(norm_ptr), ptr(proj_ptr), ptr(out_w_ptr), ptr(out_ptr), Int32(tokens), Float32(eps),
-            Float32(out_eps), cuda.CUstream(stream))
+    return (sources, ptr(norm_ptr), ptr(proj_ptr), ptr(out_w_ptr), ptr(out_ptr), *(ptr(a) for a in added),
+            Int32(tokens), Float32(eps), Float32(out_eps), cuda.CUstream(stream))
 
 
-def _kernel_and_fake_args(cfg: AttnResConfig, sources: int, hidden: int, normed: bool):
-    """The kernel object (AttnResNormKernel where `normed`) and null pointers with its argument types, for
-    compiling without a GPU."""
+def _kernel_and_fake_args(cfg: AttnResConfig, sources: int, hidden: int, normed: bool, addend: bool):
+    """The kernel object (AttnResNormKernel where `normed`, with the partial sum's add where `addend`) and null
+    pointers with its argument types, for compiling without a GPU."""
+    if addend and not normed:
+        raise ValueError("the addend is the normalized kernel's (attn_res_norm): normed=False takes none")
     if normed:
-        return (AttnResNormKernel(cfg, sources, hidden),
+        return (AttnResNormKernel(cfg, sources, hidden, addend),
                 launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0, out_norm=(0, 1e-5)))
     return AttnResKernel(cfg, sources, hidden), launch_args((0,) * sources, 0, 0, 0, 1, 1e-5, 0)
 
 
-def compile_kernel(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, options: str = ""):
-    """cute.compile the kernel for (cfg, m, D), the mix or (`normed`) the normalized mix, for the arch the DSL
-    targets in this process."""
+def compile_kernel(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, addend: bool = False,
+                   options: str = ""):
+    """cute.compile the kernel for (cfg, m, D), the mix or (`normed`) the normalized mix, with or without the
+    partial sum's `addend`, for the arch the DSL targets in this process."""
     require_dsl(DSL.error)
-    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed)
+    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed, addend)
     return cute.compile(kernel, *args, options=options)
 
 
-def compile_report(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, arch: str = "sm_90a", **kw):
+def compile_report(cfg: AttnResConfig, sources: int, hidden: int, normed: bool = False, addend: bool = False,
+                   arch: str = "sm_90a", **kw):
     """Compile without a GPU and return kernels.cute.CompileReport (registers, spills, shared memory)."""
     from kernels.cute import compile_for_arch
 
     require_dsl(DSL.error)
-    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed)
+    kernel, args = _kernel_and_fake_args(cfg, sources, hidden, normed, addend)
     return compile_for_arch(kernel, *args, arch=arch, **kw)
