@@ -45,10 +45,23 @@ class TensorCheck(BaseModel):
     mismatches: list[str] = Field(default_factory=list, description="the elements with the largest errors")
 
 
-def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> TensorCheck:
+def _mismatched_kind(name: str, got: torch.Tensor, ref: torch.Tensor) -> TensorCheck | None:
+    """The failed check of a tensor of another shape or dtype than the reference's, or None: every check's first."""
     if got.shape != ref.shape or got.dtype != ref.dtype:
         return TensorCheck(name=name, passed=False, problems=[
             f"{name}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"])
+    return None
+
+
+def _mismatches(name: str, g: torch.Tensor, r: torch.Tensor, flat: torch.Tensor) -> list[str]:
+    """`name[i, j] = got, expected ref` for the elements at flat indices `flat` of g and r (one shape)."""
+    return [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, expected {r[idx].item():.6g}"
+            for idx in zip(*torch.unravel_index(flat, g.shape))]
+
+
+def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> TensorCheck:
+    if (kind := _mismatched_kind(name, got, ref)) is not None:
+        return kind
     device = "cuda" if got.numel() >= GPU_ELEMENTS and torch.cuda.is_available() else "cpu"
     g, r = got.detach().to(device).double(), ref.detach().to(device).double()
     if g.numel() == 0:
@@ -83,22 +96,17 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
         problems.append(f"{name}: relative norm error {result.rel_l2:.3g} > {tol.max_rel_l2:g}")
     if problems:
         worst = units.reshape(-1).topk(min(SHOW_MISMATCHES, units.numel())).indices
-        result.mismatches = [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, "
-                             f"expected {r[idx].item():.6g}"
-                             for idx in zip(*torch.unravel_index(worst, units.shape))]
+        result.mismatches = _mismatches(name, g, r, worst)
     result.passed = not problems
     result.problems = problems
     return result
 
 
-
-
 def check_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> TensorCheck:
     """Equal element for element (NaN where the reference has NaN): for an output with one right answer, such as
     a bf16 add that the model keeps as its residual stream, where any tolerance would admit a wrong stream."""
-    if got.shape != ref.shape or got.dtype != ref.dtype:
-        return TensorCheck(name=name, passed=False, problems=[
-            f"{name}: got {got.dtype} {tuple(got.shape)}, expected {ref.dtype} {tuple(ref.shape)}"])
+    if (kind := _mismatched_kind(name, got, ref)) is not None:
+        return kind
     g, r = got.detach().cpu().double(), ref.detach().cpu().double()
     if g.numel() == 0:
         return TensorCheck(name=name, passed=True, close_fraction=1.0)
@@ -112,7 +120,5 @@ def check_exact(name: str, got: torch.Tensor, ref: torch.Tensor) -> TensorCheck:
     if wrong:
         result.problems = [f"{name}: {wrong} of {g.numel()} elements differ from the reference, which is exact here"]
         where = differ.reshape(-1).nonzero().reshape(-1)[:SHOW_MISMATCHES]
-        result.mismatches = [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, "
-                             f"expected {r[idx].item():.6g}"
-                             for idx in zip(*torch.unravel_index(where, g.shape))]
+        result.mismatches = _mismatches(name, g, r, where)
     return result
