@@ -76,7 +76,8 @@ class LatentMoE(Weighted):
         w13 = tuple(getattr(self, f"w13_{t}") for t in self.suffixes)
         w2 = tuple(getattr(self, f"w2_{t}") for t in self.suffixes)
         y = ops.call("moe_experts", z, ids, weights, w13, w2, self.beta, self.beta_lin)
-        y = ops.call("rms_norm", self.tp.all_reduce(y), self.latent_norm, self.eps).to(x.dtype)  # partials summed first
+        # the experts' fp32 partials summed first; the norm rounds once, to what the up projection reads
+        y = ops.call("rms_norm", self.tp.all_reduce(y), self.latent_norm, self.eps, x.dtype)
         if side is not None:
             main.wait_stream(side)
             shared.record_stream(main)  # made on the side stream, freed after the main stream's use of it

@@ -465,3 +465,28 @@ def test_rms_norm_standard_gpu(d, t, dtype):
         return [xx, ww], lambda: R.rms_norm_standard(xx, ww, K3_EPS)
 
     _check_graph(make, f"rms_norm graph D={d} T={t}", tol=0.0)
+
+
+def test_rms_norm_out_dtype_rounds_the_fp32_result_once():
+    """The reference with out_dtype equals its fp32 result cast afterwards, bit for bit (the MoE latent norm's
+    cast, moved into the op)."""
+    x, w = make_rms_case(16, K3_LATENT, seed=5, device="cpu", dtype=torch.float32)
+    w = w.to(torch.bfloat16)
+    assert torch.equal(rms_norm(x, w, K3_EPS, torch.bfloat16), rms_norm(x, w, K3_EPS).to(torch.bfloat16))
+
+
+@gpu
+@pytest.mark.parametrize("t", [1, 64])
+def test_rms_norm_standard_out_dtype_gpu(t):
+    """FLA with out_dtype bf16 on an fp32 input: what its fp32 output cast to bf16 is, bit for bit, and within one
+    bf16 ulp of the reference (the rstd's last bit, as without out_dtype)."""
+    ok, why = R.standard_available()
+    if not ok:
+        pytest.fail(f"FLA RMSNorm unavailable: {why}")
+    x, w = make_rms_case(t, K3_LATENT, seed=t, dtype=torch.float32)
+    w = w.to(torch.bfloat16)
+    out = R.rms_norm_standard(x, w, K3_EPS, torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, R.rms_norm_standard(x, w, K3_EPS).to(torch.bfloat16))
+    ref = rms_norm(x, w, K3_EPS, torch.bfloat16)
+    assert bool(((out.double() - ref.double()).abs() <= 2.0**-7 * ref.double().abs() + 1e-30).all())

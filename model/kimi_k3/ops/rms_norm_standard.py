@@ -48,8 +48,10 @@ def standard_label() -> str:
     return "FLA fused Triton RMSNorm (fla.modules.norm.layernorm.layer_norm_fwd, is_rms_norm=True)"
 
 
-def rms_norm_standard(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Same signature and semantics as `module.rms_norm` -> x's shape and dtype."""
+def rms_norm_standard(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Same signature and semantics as the reference (ops/rms_norm.py) -> x's shape, x's dtype or `out_dtype`
+    (FLA stores the fp32 product in it: one rounding, as the reference's cast of its fp32 result)."""
     ok, why = standard_available()
     if not ok:
         raise RuntimeError(f"rms_norm_standard unavailable: {why}")
@@ -62,5 +64,5 @@ def rms_norm_standard(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     w = weight.reshape(-1)
     if not w.is_contiguous():
         w = w.contiguous()
-    y, _mean, _rstd, _res = _FLA(x2, w, None, eps=eps, is_rms_norm=True)
+    y, _mean, _rstd, _res = _FLA(x2, w, None, eps=eps, out_dtype=out_dtype, is_rms_norm=True)
     return y.view(shape)
