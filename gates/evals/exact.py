@@ -26,6 +26,7 @@ import torch
 from kernels.contract import Contract
 from model.kimi_k3.dispatch import Dispatcher, Target
 from model.kimi_k3.model import KimiK3Model
+from model.kimi_k3.ops.attn_res_norm import with_partial_sum
 from model.kimi_k3.ops.registry import Specialized
 
 from .paths import DecodePath, dispatched_path
@@ -45,8 +46,7 @@ def attn_res_norm_exact(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_
     """attn_res_exact's mix (rounded to the sources' dtype, as the op's reference rounds it), then the RMSNorm in
     float64, rounded once. The norm hides none of the mix's rounding: attn_res's measurement holds for it. With an
     addend, the partial sum is the reference's bf16 add (it has one right answer) and comes back beside the input."""
-    summed = None if addend is None else sources[-1] + addend
-    mixed = sources if summed is None else [*sources[:-1], summed]
+    mixed, summed = with_partial_sum(sources, addend)
     h = attn_res_exact(mixed, norm_w, proj_w, eps).double()
     y = (h * torch.rsqrt((h * h).mean(-1, keepdim=True) + out_eps) * out_w.double()).to(sources[0].dtype)
     return y if summed is None else (y, summed)

@@ -478,8 +478,9 @@ def test_rms_norm_out_dtype_rounds_the_fp32_result_once():
 @gpu
 @pytest.mark.parametrize("t", [1, 64])
 def test_rms_norm_standard_out_dtype_gpu(t):
-    """FLA with out_dtype bf16 on an fp32 input: what its fp32 output cast to bf16 is, bit for bit, and within one
-    bf16 ulp of the reference (the rstd's last bit, as without out_dtype)."""
+    """FLA with out_dtype bf16 on an fp32 input: within one bf16 ulp of its fp32 output cast to bf16 and of the
+    reference. Not bit for bit: Triton autotunes the row kernel per argument dtype, so the bf16-output launch may run
+    another num_warps, another reduction order, another last bit of rstd (seen at 64 tokens on the H200)."""
     ok, why = R.standard_available()
     if not ok:
         pytest.fail(f"FLA RMSNorm unavailable: {why}")
@@ -487,6 +488,5 @@ def test_rms_norm_standard_out_dtype_gpu(t):
     w = w.to(torch.bfloat16)
     out = R.rms_norm_standard(x, w, K3_EPS, torch.bfloat16)
     assert out.dtype == torch.bfloat16
-    assert torch.equal(out, R.rms_norm_standard(x, w, K3_EPS).to(torch.bfloat16))
-    ref = rms_norm(x, w, K3_EPS, torch.bfloat16)
-    assert bool(((out.double() - ref.double()).abs() <= 2.0**-7 * ref.double().abs() + 1e-30).all())
+    for other in (R.rms_norm_standard(x, w, K3_EPS).to(torch.bfloat16), rms_norm(x, w, K3_EPS, torch.bfloat16)):
+        assert bool(((out.double() - other.double()).abs() <= 2.0**-7 * other.double().abs() + 1e-30).all())

@@ -21,14 +21,22 @@ from .op import Cost, Op, nbytes
 from .rms_norm import rms_norm
 
 
+def with_partial_sum(sources: list[torch.Tensor], addend: torch.Tensor | None):
+    """(the sources the op mixes, the sum or None): the last source plus `addend` in the sources' dtype (a torch
+    add, the layer's own), where there is one; every implementation of the op starts from this."""
+    if addend is None:
+        return sources, None
+    summed = sources[-1] + addend
+    return [*sources[:-1], summed], summed
+
+
 def attn_res_norm(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
                   out_w: torch.Tensor, out_eps: float, addend: torch.Tensor | None = None):
     """rms_norm(attn_res(sources, norm_w, proj_w, eps), out_w, out_eps); with `addend`, the last source summed with
     it first, and (that, the sum) returned."""
-    if addend is None:
-        return rms_norm(attn_res(sources, norm_w, proj_w, eps), out_w, out_eps)
-    summed = sources[-1] + addend
-    return rms_norm(attn_res([*sources[:-1], summed], norm_w, proj_w, eps), out_w, out_eps), summed
+    mixed, summed = with_partial_sum(sources, addend)
+    y = rms_norm(attn_res(mixed, norm_w, proj_w, eps), out_w, out_eps)
+    return y if summed is None else (y, summed)
 
 
 def attn_res_norm_standard(sources: list[torch.Tensor], norm_w: torch.Tensor, proj_w: torch.Tensor, eps: float,
@@ -38,10 +46,9 @@ def attn_res_norm_standard(sources: list[torch.Tensor], norm_w: torch.Tensor, pr
     from .attn_res_standard import attn_res_standard
     from .rms_norm_standard import rms_norm_standard
 
-    if addend is None:
-        return rms_norm_standard(attn_res_standard(sources, norm_w, proj_w, eps), out_w, out_eps)
-    summed = sources[-1] + addend
-    return rms_norm_standard(attn_res_standard([*sources[:-1], summed], norm_w, proj_w, eps), out_w, out_eps), summed
+    mixed, summed = with_partial_sum(sources, addend)
+    y = rms_norm_standard(attn_res_standard(mixed, norm_w, proj_w, eps), out_w, out_eps)
+    return y if summed is None else (y, summed)
 
 
 def signature(sources, norm_w, proj_w, eps, out_w, out_eps, addend=None):
