@@ -87,9 +87,9 @@ def test_moe_equals_per_token_loop(tiny_model):
 
 
 @pytest.mark.gpu
-def test_shared_experts_on_their_side_stream_change_nothing_eager_or_captured(tiny_model, monkeypatch):
-    """The MoE block with its shared experts on the side stream equals it with them inline, bit for bit, run eagerly
-    and replayed from a CUDA graph (the fork and the join are captured)."""
+def test_moe_branches_on_their_side_streams_change_nothing_eager_or_captured(tiny_model, monkeypatch):
+    """The MoE block with its shared experts and its router on side streams equals it with every branch inline, bit
+    for bit, run eagerly and replayed from a CUDA graph (the forks and the joins are captured)."""
     from kernels.timing import capture_graph
     from model.kimi_k3 import moe as moe_module
 
@@ -97,10 +97,10 @@ def test_shared_experts_on_their_side_stream_change_nothing_eager_or_captured(ti
     ops = copy.deepcopy(tiny_model.ops)
     ops.begin_step(StepBatch((0, 1, 2), (1, 1, 1), (4, 4, 4)))
     x = torch.randn(3, tiny_model.cfg.hidden_size, generator=torch.Generator().manual_seed(5)).cuda()
-    monkeypatch.setattr(moe_module, "side_stream", lambda device: None)
+    monkeypatch.setattr(moe_module, "side_streams", lambda device: None)
     inline = moe(x, ops)
     monkeypatch.undo()
-    assert moe_module.side_stream(x.device) is not None
+    assert moe_module.side_streams(x.device) is not None
     torch.testing.assert_close(moe(x, ops), inline, atol=0, rtol=0)
     held = {}
     graph = capture_graph(lambda: held.update(out=moe(x, ops)))
