@@ -68,6 +68,25 @@ def test_gradients_reach_every_trained_parameter_and_loads_are_counted(dense_mod
     dense_model.zero_grad(set_to_none=True)
 
 
+def test_warm_up_visits_every_length_and_changes_no_state(dense_model, tasks, monkeypatch, tmp_path):
+    """The passes before a run times its steps (FLA compiles and autotunes per length) leave the parameters, their
+    gradients and the router's loads as they were."""
+    from model.kimi_k3.train import loop
+
+    run = loop.Run(out=tmp_path, seed=0, device=torch.device("cpu"), minutes=1.0,
+                   recipe=Recipe(tokens_per_step=128, lengths=(64, 128, 64)))
+    seen, forward = [], loop._forward
+    monkeypatch.setattr(loop, "_forward", lambda model, ids, ops, r: seen.append(ids.shape[1]) or forward(model, ids,
+                                                                                                           ops, r))
+    trainable(dense_model)  # as train() does before the warm-up
+    before = {n: p.detach().clone() for n, p in dense_model.named_parameters()}
+    ops = TrainOps()
+    loop._warm_up(dense_model, tasks, ops, run)
+    assert seen == [64, 128]
+    assert all(torch.equal(p, before[n]) and p.grad is None for n, p in dense_model.named_parameters())
+    assert ops.take_loads() == []
+
+
 def test_export_is_a_k3_checkpoint_with_mxfp4_experts(dense_model, tmp_path):
     cfg = mini_config()
     export.write(dense_model, cfg, tmp_path, {"seed": 3})
@@ -105,6 +124,19 @@ def test_train_command_writes_a_checkpoint(tmp_path, capsys):
     assert set(record["heldout"]["mxfp4_experts"]) >= {"recall@64", "json", "copy", "arithmetic", "pick_tv",
                                                        "recency@64", "window@64"}
     assert record["command"].endswith("--heldout-rows 1") and load_model(out).cfg.experts_quantized
+
+
+def test_a_timed_run_warms_up_first_and_stops_on_time(tmp_path, monkeypatch):
+    """Without --steps the run warms up (each length once), then trains until its minutes are spent."""
+    from model.kimi_k3.train import loop
+
+    warmed = []
+    monkeypatch.setattr(loop, "_warm_up", lambda *args: warmed.append(args[-1].recipe.lengths))
+    out = tmp_path / "mini"
+    assert main(["--out", str(out), "--device", "cpu", "--minutes", "0.01", "--tokens-per-step", "64", "--lengths",
+                 "64", "--heldout-rows", "1"]) == 0
+    record = json.loads((out / export.RECORD_FILE).read_text())
+    assert warmed == [(64,)] and record["steps"] >= 1
 
 
 @pytest.mark.parametrize("argv, message", [(["--lengths", "a"], "--lengths"), (["--lengths", "16"], "at least 64"),

@@ -3,9 +3,10 @@ warmup then cosine decay, gradient clipping, aux-loss-free expert balancing thro
 (DeepSeek-V3's rule: each step a bias moves by `bias_rate` toward the experts chosen less than average); then
 MXFP4 quantization of the experts, the checkpoint, and held-out scores of the quantized model.
 
-The step count fixes the learning-rate schedule. Without `steps` the run times its first steps and plans as many
-as fit in `minutes`; the record gives the count, and `--steps N` repeats the run (GPU kernels with atomics, such
-as index_add_'s backward, make repeated runs close rather than bitwise equal).
+The step count fixes the learning-rate schedule. Without `steps` the run first warms up (a forward and backward
+pass at every training length, which changes no state), then times its first steps and plans as many as fit in
+`minutes`; the record gives the count, and `--steps N` repeats the run (GPU kernels with atomics, such as
+index_add_'s backward, make repeated runs close rather than bitwise equal).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from .forward import TrainOps, logits, trainable
 TIMED_STEPS = (3, 10)  # steps timed to plan the run when no step count is given (the first ones warm up)
 CURVE_POINTS = 40  # the loss curve's summary: mean loss over this many equal stretches of the run
 HELDOUT_SEED_OFFSET = 1_000_003  # held-out samples draw from another stream than training's
+WARM_UP_SEED_OFFSET = 2_000_003  # and the warm-up's batches from a third
 
 
 @dataclass
@@ -62,6 +64,23 @@ def _forward(model: KimiK3Model, ids: torch.Tensor, ops: TrainOps, run: Run) -> 
         return logits(model, ids, ops, run.recipe.kda_chunk)
 
 
+def _warm_up(model: KimiK3Model, tasks: Tasks, ops: TrainOps, run: Run) -> None:
+    """A forward and backward pass at each training length, so that the steps timed to plan the run are steady ones:
+    the first pass at a length compiles and autotunes FLA's kernels for it (minutes on a fresh machine), and a plan
+    timed over compiling steps comes out far too short (session 20's run 3 planned 168 steps into 10.5 minutes).
+    Its batches come from a generator of their own; gradients and expert loads are dropped, so the training stream,
+    the parameters, the optimizer and the router's biases are what they would be without it."""
+    r, rng = run.recipe, random.Random(run.seed + WARM_UP_SEED_OFFSET)
+    recall_fraction, fractions = r.mix(0)
+    for length in sorted(set(r.lengths)):
+        ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction,
+                                       run.device, **fractions)
+        out = _forward(model, ids, ops, run)
+        (F.cross_entropy(out.flatten(0, 1), nxt.flatten(), reduction="none") * weight.flatten()).sum().backward()
+    model.zero_grad(set_to_none=True)
+    ops.take_loads()
+
+
 def train(run: Run) -> dict:
     """Train, write the checkpoint into run.out, and return its record."""
     torch.manual_seed(run.seed)
@@ -78,6 +97,8 @@ def train(run: Run) -> dict:
     tasks, rng, ops = Tasks(build_tokenizer(cfg), cfg), random.Random(run.seed), TrainOps()
     losses: list[float] = []
     start, timed_from, plan = time.perf_counter(), 0.0, run.steps
+    if plan is None:
+        _warm_up(model, tasks, ops, run)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("loss {task.fields[loss]:.3f}"), transient=False)
     with progress:
