@@ -64,6 +64,14 @@ def _forward(model: KimiK3Model, ids: torch.Tensor, ops: TrainOps, run: Run) -> 
         return logits(model, ids, ops, run.recipe.kda_chunk)
 
 
+def _loss(model: KimiK3Model, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ops: TrainOps,
+          run: Run) -> torch.Tensor:
+    """The step's loss: cross-entropy on the answers, each token weighted as the batch says."""
+    ids, nxt, weight = batch
+    out = _forward(model, ids, ops, run)
+    return (F.cross_entropy(out.flatten(0, 1), nxt.flatten(), reduction="none") * weight.flatten()).sum()
+
+
 def _warm_up(model: KimiK3Model, tasks: Tasks, ops: TrainOps, run: Run) -> None:
     """A forward and backward pass at each training length, so that the steps timed to plan the run are steady ones:
     the first pass at a length compiles and autotunes FLA's kernels for it (minutes on a fresh machine), and a plan
@@ -73,10 +81,9 @@ def _warm_up(model: KimiK3Model, tasks: Tasks, ops: TrainOps, run: Run) -> None:
     r, rng = run.recipe, random.Random(run.seed + WARM_UP_SEED_OFFSET)
     recall_fraction, fractions = r.mix(0)
     for length in sorted(set(r.lengths)):
-        ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction,
-                                       run.device, **fractions)
-        out = _forward(model, ids, ops, run)
-        (F.cross_entropy(out.flatten(0, 1), nxt.flatten(), reduction="none") * weight.flatten()).sum().backward()
+        batch = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction, run.device,
+                            **fractions)
+        _loss(model, batch, ops, run).backward()
     model.zero_grad(set_to_none=True)
     ops.take_loads()
 
@@ -109,12 +116,11 @@ def train(run: Run) -> dict:
                 break
             length = rng.choice(r.lengths)
             recall_fraction, fractions = r.mix(step)
-            ids, nxt, weight = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction,
-                                           run.device, **fractions)
+            batch = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction, run.device,
+                                **fractions)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, plan or r.warmup_steps, r)
-            out = _forward(model, ids, ops, run)
-            loss = (F.cross_entropy(out.flatten(0, 1), nxt.flatten(), reduction="none") * weight.flatten()).sum()
+            loss = _loss(model, batch, ops, run)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for g in groups.values() for p in g], r.grad_clip)
