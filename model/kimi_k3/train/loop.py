@@ -64,6 +64,14 @@ def _forward(model: KimiK3Model, ids: torch.Tensor, ops: TrainOps, run: Run) -> 
         return logits(model, ids, ops, run.recipe.kda_chunk)
 
 
+def _draw(tasks: Tasks, rng: random.Random, length: int, step: int, run: Run):
+    """A step's batch (ids, next ids, answer weights): rows of `length` tokens filling the recipe's tokens per step,
+    in the mix of tasks the recipe sets for `step`."""
+    r = run.recipe
+    recall_fraction, fractions = r.mix(step)
+    return tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction, run.device, **fractions)
+
+
 def _loss(model: KimiK3Model, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ops: TrainOps,
           run: Run) -> torch.Tensor:
     """The step's loss: cross-entropy on the answers, each token weighted as the batch says."""
@@ -78,12 +86,9 @@ def _warm_up(model: KimiK3Model, tasks: Tasks, ops: TrainOps, run: Run) -> None:
     timed over compiling steps comes out far too short (session 20's run 3 planned 168 steps into 10.5 minutes).
     Its batches come from a generator of their own; gradients and expert loads are dropped, so the training stream,
     the parameters, the optimizer and the router's biases are what they would be without it."""
-    r, rng = run.recipe, random.Random(run.seed + WARM_UP_SEED_OFFSET)
-    recall_fraction, fractions = r.mix(0)
-    for length in sorted(set(r.lengths)):
-        batch = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction, run.device,
-                            **fractions)
-        _loss(model, batch, ops, run).backward()
+    rng = random.Random(run.seed + WARM_UP_SEED_OFFSET)
+    for length in sorted(set(run.recipe.lengths)):
+        _loss(model, _draw(tasks, rng, length, 0, run), ops, run).backward()
     model.zero_grad(set_to_none=True)
     ops.take_loads()
 
@@ -114,10 +119,7 @@ def train(run: Run) -> dict:
         while plan is None or step < plan:
             if time.perf_counter() - start > run.minutes * 60:
                 break
-            length = rng.choice(r.lengths)
-            recall_fraction, fractions = r.mix(step)
-            batch = tasks.batch(rng, max(1, r.tokens_per_step // length), length, recall_fraction, run.device,
-                                **fractions)
+            batch = _draw(tasks, rng, rng.choice(r.lengths), step, run)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, plan or r.warmup_steps, r)
             loss = _loss(model, batch, ops, run)
