@@ -21,7 +21,8 @@ def parse(argv: list[str]) -> Run:
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write (new or empty)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data stream")
     p.add_argument("--minutes", type=float, default=4.0, help="training time limit (the checkpoint comes after)")
-    p.add_argument("--steps", type=int, help="planned steps (the schedule); default: as many as fit in --minutes")
+    p.add_argument("--steps", type=int, help="planned steps (the schedule); default: as many as fit in --minutes, "
+                   "timed after a warm-up pass at each training length")
     p.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (fp32)")
     p.add_argument("--tokens-per-step", type=int, help=f"default {Recipe.tokens_per_step}")
     p.add_argument("--lengths", help=f"training lengths, comma-separated (default {Recipe.lengths})")
