@@ -77,6 +77,7 @@ run_tests() {
     "adversarial 150 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"
     "benchgate 90 tests/gates/checks/test_benchmarks.py"
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU
+    "l2 60 tests/gates/core/test_l2.py"  # the L2 set-aside the benchmarks read and release
     "model 120 tests/model --ignore=tests/model/test_dispatch.py"  # the layers' GPU tests (MoE side streams in a graph)
     "accuracy 420 tests/adversarial/test_accuracy_bites.py"
     "dispatch 90 tests/model/test_dispatch.py"

@@ -16,7 +16,9 @@ each block's last pair of outputs, candidate against standard on the same redraw
 set is checked are drawn from the gate's secret seed (`block_plan`), so code counting its calls on the device
 cannot know which replay is looked at. After timing every input set's outputs are checked against the reference.
 A time under the roofline floor is an error (nothing runs faster than memory and math allow); a speedup over 10× is
-flagged for the reviewer, not celebrated.
+flagged for the reviewer, not celebrated. L2 that the candidate's process set aside for persisting accesses is an
+error too: the gate releases it before anything is timed, but in serving every other kernel would have that much
+less L2, and lines kept there would outlive the flush.
 """
 
 from __future__ import annotations
@@ -399,6 +401,16 @@ def yardstick(label: str, beside_us: float, alone_us: float | None) -> tuple[str
     return None, None
 
 
+def l2_set_aside(label: str, nbytes: int) -> str | None:
+    """The error for a candidate whose process set aside `nbytes` of the L2 for persisting accesses, or None."""
+    if not nbytes:
+        return None
+    return (f"{label}: the candidate's process set aside {nbytes / 2**20:.1f} MiB of the L2 for persisting accesses "
+            "(cudaLimitPersistingL2CacheSize), a device-wide setting that no kernel owns: lines it keeps there "
+            "outlive the gate's flush and a decode step's other layers, and every other kernel has that much less L2 "
+            "(the gate released it before timing)")
+
+
 def run(ctx: GateContext) -> GateResult:
     c, opts, m = ctx.contract, ctx.options, ctx.machine
     if reason := inapplicable(c, m.arch):
@@ -448,6 +460,7 @@ def run(ctx: GateContext) -> GateResult:
                                      f"the candidate's tolerance and within {STANDARD_SLACK:g}x it ({first(found)})")
                 row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction)
                 row["pipeline"] = started["pipeline"]
+                impossible += [error] if (error := l2_set_aside(point.label, started["l2_set_aside"])) else []
                 row["standard_alone_us"] = alone.get(point.label)
                 error, flag = yardstick(point.label, row["standard"]["median_us"], alone.get(point.label))
                 impossible += [error] if error else []
@@ -481,8 +494,8 @@ def run(ctx: GateContext) -> GateResult:
     speedups = speedup_summary(rows)
     if impossible:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason="; ".join(impossible), flags=flags,
-                          summary="faster than the roofline allows, or a yardstick slowed beside the candidate: the "
-                                  "measurement cannot be trusted", details=details)
+                          summary="faster than the roofline allows, a yardstick slowed beside the candidate, or the "
+                                  "L2 reconfigured by it: the measurement cannot be trusted", details=details)
     if findings:
         return GateResult(gate=NAME, title=TITLE, status=Status.FAILED_NUMERICS, flags=flags, details=details,
                           reason="; ".join(details["recheck_failures"]),

@@ -7,7 +7,8 @@ secret seed and sent to the candidate's process as tensors. Each input runs `run
 first right after the reference ran in that process (its freed result lying in memory), then after memory the
 size of every output was filled with NaN. The first run's outputs and in-place state must pass the graded
 tolerance (gates.core.compare); every later run must be bitwise identical to it; no run may change its other
-inputs, return anything but plain tensors, share memory between outputs and inputs, or raise. A stateful op
+inputs, write outside the tensors it was given (each lies between canary zones: gates.core.worker.Guards), return
+anything but plain tensors, share memory between outputs and inputs, or raise. A stateful op
 also runs `steps` consecutive decode steps carrying its state, one of them repeating the previous step's
 input (a result cached on the input would be stale).
 """
@@ -57,6 +58,7 @@ CHECKS = {
     "state": "state updated in place within tolerance",
     "mutation": "other inputs left untouched",
     "aliasing": "outputs share no memory with inputs",
+    "bounds": "no write outside the tensors the call was given (canary zones on both sides of each)",
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
@@ -151,6 +153,8 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
             continue
         for message in run["problems"]:
             findings.add("plain", f"{at}: {message}")
+        for message in run["overruns"]:
+            findings.add("bounds", f"{at}: {message}")
         if r == 0:
             first = compare_named(problem, run["outputs"], expected.outputs, contract.tolerance, "tolerance", at,
                                   findings)
@@ -295,6 +299,8 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
         if "raised" in run:
             findings.add("raised", f"{where}: {run['raised']}")
             break
+        for message in run["overruns"]:
+            findings.add("bounds", f"{where}: {message}")
         kind = "repeat" if s == opts.steps // 2 else "trajectory"
         checks = compare_named(problem, run["outputs"], exp, tol, kind, where, findings)
         worst = max([worst] + [ch.rel_l2 for ch in checks])
@@ -339,6 +345,8 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             break
         for message in run["problems"]:
             findings.add("plain", f"{where}: {message}")
+        for message in run["overruns"]:
+            findings.add("bounds", f"{where}: {message}")
         got = run["outputs"] + run["states"]
         if got and isinstance(got[0][1], torch.Tensor):  # the first and the last call on each input: tensors
             compare_named(problem, run["outputs"], expected[i].outputs, ctx.contract.tolerance, "late", where,

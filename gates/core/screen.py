@@ -15,8 +15,10 @@ The rest is listed for review, never failed: other monkeypatching, reading `sys.
 environment and process inspection (`os.environ`, `sys.argv`, `psutil`, `/proc`), dynamic imports
 (`importlib`, `__import__`), code built at run time (`exec`, `eval`), file writes elsewhere, starting a thread
 or a process (work that can run while the gate times the standard, or outside the timed stream), and asking
-whether the call is being captured into a CUDA graph (`torch.cuda.is_current_stream_capturing`). Kernels legitimately
-read an environment variable or a tuned config; a reviewer judges those.
+whether the call is being captured into a CUDA graph (`torch.cuda.is_current_stream_capturing`), and asking the L2
+to keep lines across calls (a persisting set-aside or access policy window, evict_last hints: data kept there
+outlives the benchmarks' flush). Kernels legitimately read an environment variable or a tuned config, or hint that
+data reused within one call stay; a reviewer judges those.
 """
 
 from __future__ import annotations
@@ -63,12 +65,17 @@ CAPTURE_CALLS = frozenset({"torch.cuda.is_current_stream_capturing", "torch.cuda
 WRITE_METHODS = frozenset({"write_text", "write_bytes", "unlink", "touch", "rmdir", "symlink_to", "hardlink_to"})
 REPO_PATH = re.compile(r"(^|/)(gates|contracts|evidence|kernels|model|tests|agent_tasks)/|__pycache__|\.pyc$")
 HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
+# Keeping lines in the L2 across calls: the set-aside for persisting accesses and the access policy windows that use it
+# (CUDA runtime and driver names), eviction-priority hints (PTX `L2::evict_last`, the CuTe DSL's and Triton's
+# spellings of it), and the device-wide limits they are set with.
+L2_RESIDENCY = re.compile(r"persisting_?l2|access_?policy_?window|evict_?last|(cuda_?device|cu_?ctx)_?set_?limit",
+                          re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Finding:
     rule: str  # monkeypatch, frames, introspection, environment, dynamic_import, file_write, harness, concurrency,
-    # capture
+    # capture, l2_residency
     cheat: bool  # can only be cheating: fails the gate
     where: str  # path:line
     what: str
@@ -228,7 +235,21 @@ class _Reader(ast.NodeVisitor):
             self.add(node, "file_write", False, f"{name}: writes, moves or deletes a file")
 
     # ---- attribute reads and strings
+    def _l2_residency(self, node: ast.AST, name: str) -> None:
+        where = f"{self.rel}:{getattr(node, 'lineno', 0)}"
+        if any(f.rule == "l2_residency" and f.where == where for f in self.findings):
+            return  # one finding a line
+        self.add(node, "l2_residency", False, f"names {name}: a means to keep lines in the L2 across calls, where a "
+                 "decode step's other layers would have evicted them (the benchmarks release any set-aside before "
+                 "timing and fail a candidate that made one)")
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if L2_RESIDENCY.search(node.id):
+            self._l2_residency(node, node.id)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        if L2_RESIDENCY.search(node.attr):
+            self._l2_residency(node, node.attr)
         if node.attr in FRAME_ATTRS:
             self.add(node, "frames", True, f"reads .{node.attr}: walks into frames it was not given")
         elif node.attr in CODE_ATTRS and isinstance(node.ctx, ast.Load):
@@ -250,6 +271,8 @@ class _Reader(ast.NodeVisitor):
                      "judge can behave differently while judged")
         elif node.value.startswith("/proc"):
             self.add(node, "environment", False, f"names {node.value!r}: inspects processes")
+        elif L2_RESIDENCY.search(node.value):
+            self._l2_residency(node, repr(node.value))
 
 
 def screen_file(path: Path, root: Path = REPO_ROOT) -> list[Finding]:

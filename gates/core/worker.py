@@ -26,10 +26,11 @@ from typing import Any, Callable
 import torch
 
 from gates.core.compare import digest as _tensor_digest
+from gates.core.l2 import L2_CALLS, cuda_runtime, persisting_l2_bytes, release_persisting_l2
 from gates.core.sources import in_repository, repository_path
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
-from kernels.trees import clone, copy_into, leaves, same_layout, state_leaves
+from kernels.trees import clone, copy_into, leaves, map_tensors, same_layout, state_leaves
 from model.kimi_k3.ops.registry import import_entry_point
 
 _perf_counter = time.perf_counter
@@ -54,12 +55,14 @@ GUARDED = {
     "torch.save": (torch, "save"),
     "torch.randint": (torch, "randint"),  # redraw_'s factors: patched to a constant, every replay would repeat
 }
+if cuda_runtime is not None:  # what the benchmarks read and release the L2 set-aside with
+    GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in L2_CALLS})
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
 # The code that serves a request in this process: the worker, what it copies, digests and times with, and the loader
 # of entry points. Its functions, classes and tables are fingerprinted when this module loads, before any candidate
 # import; so are the reference's and standard's modules, loaded before the candidate (load(trusted=True)).
-OWN_MODULES = ("gates.core.worker", "kernels.trees", "gates.core.compare", "kernels.timing",
+OWN_MODULES = ("gates.core.worker", "kernels.trees", "gates.core.compare", "kernels.timing", "gates.core.l2",
                "model.kimi_k3.ops.registry")
 
 
@@ -218,13 +221,63 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
     del held
 
 
-def persistent_buffers(pool: list, pristine: Any) -> Any:
-    """The buffers in `pool` laid out as `pristine`, made on first need: a serving engine keeps one set per shape
-    (a cache of another context length is another allocation), and cases of one envelope point may differ so."""
+GUARD_BYTES = 4096  # the least canary zone on each side of an argument tensor (a multiple of any alignment asked)
+CANARY = 0xA5  # every byte of a zone
+
+
+class Guards:
+    """Argument tensors placed each inside a buffer of its own, between two zones of CANARY bytes, each zone at
+    least GUARD_BYTES and one slice of the tensor's leading dimension (a cache's slot, a batch row), so that an
+    index one past either end lands in a zone: a kernel that writes outside the tensors it was given (a padding
+    row's state stored one slot past the cache, a tile's tail past a buffer) changes a canary instead of memory the
+    gate never looks at. The views keep the tensors' shapes, strides and dtypes (copy_into and same_layout see no
+    difference) and are as aligned as a fresh allocation (a zone is a whole number of GUARD_BYTES)."""
+
+    def __init__(self) -> None:
+        self.zones: dict[int, tuple[torch.Tensor, int, int]] = {}  # id(view) -> (buffer, start, end) in bytes
+
+    def place(self, obj: Any) -> Any:
+        """A copy of `obj` with every tensor placed between canary zones."""
+        return map_tensors(obj, self._place)
+
+    def _place(self, t: torch.Tensor) -> torch.Tensor:
+        copy = _ORIGINAL["torch.Tensor.clone"](t.detach())
+        item, extent = copy.element_size(), copy.untyped_storage().nbytes()  # a fresh copy spans its storage
+        slice_bytes = copy.stride(0) * item if copy.dim() else 0
+        zone = -(-max(GUARD_BYTES, slice_bytes) // GUARD_BYTES) * GUARD_BYTES
+        buffer = torch.full((zone + extent + zone,), CANARY, dtype=torch.uint8, device=copy.device)
+        view = torch.empty(0, dtype=copy.dtype, device=copy.device).set_(
+            buffer.untyped_storage(), zone // item, copy.shape, copy.stride())
+        _ORIGINAL["torch.Tensor.copy_"](view, copy)
+        self.zones[id(view)] = (buffer, zone, zone + extent)
+        return view
+
+    def overruns(self, args: tuple, names: list[str]) -> list[str]:
+        """Where a call wrote outside the argument tensors (changed canaries, before or after which tensor); the
+        zones are then made whole again, so each call answers for itself."""
+        found = []
+        for i, a in enumerate(args):
+            for name, t in leaves(a, names[i]):
+                if (placed := self.zones.get(id(t))) is None:
+                    continue
+                buffer, start, end = placed
+                for side, zone in (("before", buffer[:start]), ("after", buffer[end:])):
+                    changed = int((zone != CANARY).sum())
+                    if changed:
+                        found.append(f"{changed} byte(s) {side} {name} changed: a write outside the tensors the "
+                                     "call was given")
+                        zone.fill_(CANARY)
+        return found
+
+
+def persistent_buffers(pool: list, pristine: Any, guards: Guards) -> Any:
+    """The buffers in `pool` laid out as `pristine`, made on first need (between canary zones, `guards`): a serving
+    engine keeps one set per shape (a cache of another context length is another allocation), and cases of one
+    envelope point may differ so."""
     for buffers in pool:
         if same_layout(buffers, pristine):
             return buffers
-    pool.append(clone(pristine))
+    pool.append(guards.place(pristine))
     return pool[-1]
 
 
@@ -237,10 +290,11 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     ref = load(reference, trusted=True)
     fn = load(candidate)
     pool: list = []
+    guards = Guards()
     results = []
     for case in cases:
         pristine = clone(case.args, device)
-        buffers = persistent_buffers(pool, pristine)
+        buffers = persistent_buffers(pool, pristine, guards)
         keep: list = []
         per_run = []
         for r in range(runs):
@@ -250,6 +304,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
             else:
                 poison(output_specs, device)
             per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
+            per_run[-1]["overruns"] = guards.overruns(buffers, names)
         results.append(per_run)
         del keep
     return {"cases": results}
@@ -259,7 +314,8 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
                    steps: list) -> dict:
     """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
     fn = load(candidate)
-    args = clone(initial, device)
+    guards = Guards()
+    args = guards.place(clone(initial, device))
     keep: list = []
     outputs = []
     for step in steps:
@@ -267,6 +323,7 @@ def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tu
             if i not in state:
                 copy_into(args[i], a)
         result = call(fn, args, (), names, device, keep, with_inputs=False)
+        result["overruns"] = guards.overruns(args, names)
         outputs.append(result)
         if "raised" in result:
             break
@@ -284,16 +341,19 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
     fn = load(candidate)
     pristine = [clone(case.args, device) for case in cases]
     pool: list = []
+    guards = Guards()
     keep: list = []
     results = []
     for k in range(calls):
         case = cases[k % len(cases)]
-        buffers = persistent_buffers(pool, pristine[k % len(cases)])
+        buffers = persistent_buffers(pool, pristine[k % len(cases)], guards)
         copy_into(buffers, pristine[k % len(cases)])
         full = k < len(cases) or k >= calls - len(cases)
         result = call(fn, buffers, case.state, names, device, keep, full=full, with_inputs=False)
+        result["overruns"] = guards.overruns(buffers, names)
         keep.clear()
-        results.append({key: result[key] for key in ("raised", "outputs", "states", "problems") if key in result})
+        results.append({key: result[key] for key in ("raised", "outputs", "states", "problems", "overruns")
+                        if key in result})
         if "raised" in result:
             break
     return {"calls": results}
@@ -338,6 +398,8 @@ class BenchSession:
     one-call replays and of one input set (`check_set`, the gate's secret choice) of the in-pipeline replays, for the
     gate to compare: a candidate fast because it skipped work returns outputs that do not follow their inputs.
     Finally every input set is replayed once more, as drawn, and the outputs returned for the gate to check.
+    No L2 is set aside for persisting accesses while anything is timed: lines kept there would outlive the flush
+    (what the implementations set aside is reported as `l2_set_aside`, and the gate fails a candidate for it).
 
     In-pipeline time, the headline (gates/PRACTICES.md): each implementation is also captured once over all N
     input sets in one graph, as a decode step runs one layer after another with the other layers' weights
@@ -351,6 +413,7 @@ class BenchSession:
     """
 
     def __init__(self, impls: dict[str, str], names: list[str], state: tuple[int, ...], sets: list):
+        release_persisting_l2()
         # the standard (trusted, watched from then on) is imported before the candidate; the order of impls stays
         loaded = {name: load(entry, trusted=True) for name, entry in impls.items() if name != "candidate"}
         self.fns = {name: loaded.get(name) or load(entry) for name, entry in impls.items()}
@@ -380,6 +443,11 @@ class BenchSession:
         # cold_sets: what precedes a timed replay reads twice the L2 instead of writing it, so the dirty lines of
         # the flush or of the input copies are written back before the replay, not during it
         self.evict = self.flush if flush else functools.partial(torch.amax, torch.empty_like(self.flush.buf))
+        # The L2 any code set aside for persisting accesses while the implementations ran (their import, warm-up and
+        # capture; only graphs replay from here): reported, then released, so every timed replay starts from an L2
+        # that the flush empties, as a decode step's other layers would (gates.core.l2)
+        self.l2_set_aside = persisting_l2_bytes()
+        release_persisting_l2()
         self.replays = 0  # one-call pairs so far: the redraw seed of the next pair
         self.piped = 0  # pipeline pairs so far (their seeds start at PIPELINE_SEEDS)
 
@@ -478,7 +546,7 @@ def bench_start(**session) -> dict:
     global _bench
     _bench = None
     _bench = BenchSession(**session)
-    return {"pipeline": _bench.pipeline}
+    return {"pipeline": _bench.pipeline, "l2_set_aside": _bench.l2_set_aside}
 
 
 def bench_block(*, pairs: int, check_set: int = 0) -> dict:

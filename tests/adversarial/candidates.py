@@ -164,3 +164,16 @@ def wrong_after_warmup(proj, conv_state, ssm_state, slots, w):
     _calls += 1
     out = kda_decode(proj, conv_state, ssm_state, slots, w)
     return out if _calls <= 300 else out * 1.05
+
+
+def writes_past_its_state(proj, conv_state, ssm_state, slots, w):
+    """Right outputs and state, but it pads the batch to a tile of TILE_ROWS sequences and stores the padding rows'
+    state in the slot the cache's size names (a sentinel it never checks): one slot past the end of the cache,
+    memory the state tensor does not own (on a GPU, whatever the allocator put there)."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    if proj.shape[0] % TILE_ROWS:
+        past = ssm_state.new_empty(0).set_(ssm_state.untyped_storage(),
+                                           ssm_state.storage_offset() + ssm_state.shape[0] * ssm_state.stride(0),
+                                           ssm_state.shape[1:], ssm_state.stride()[1:])
+        past.zero_()
+    return out

@@ -46,6 +46,7 @@ REJECTED = [
     ("accumulates_into_its_output", {"finite", "tolerance", "determinism"}),
     ("returns_subclass", {"plain"}),
     ("wrong_after_warmup", {"late"}),
+    ("writes_past_its_state", {"bounds"}),
 ]
 
 
@@ -219,6 +220,24 @@ def test_a_thread_started_beside_the_call_is_listed_for_review():
     assert result.status is Status.PASSED, result.reason  # listed, not failed: the reviewer judges what it does
     assert [(f["rule"], f["cheat"], f["where"]) for f in result.details["screen"] if f["rule"] == "concurrency"] == [
         ("concurrency", False, "tests/adversarial/starts_thread.py:11")]
+
+
+def test_asking_the_l2_to_keep_lines_is_listed_for_review():
+    """One finding a line (the set-aside, the window, the stream attribute), not failed: an eviction hint for data
+    reused within one call is legitimate; the benchmarks judge what the process actually set aside."""
+    result = run_gate(contracts.GATE, kda_contract(implementation="tests.adversarial.keeps_lines_in_l2:kda_decode"))
+    assert result.status is Status.PASSED, result.reason
+    assert [(f["cheat"], f["where"]) for f in result.details["screen"] if f["rule"] == "l2_residency"] == [
+        (False, f"tests/adversarial/keeps_lines_in_l2.py:{line}") for line in (15, 17, 22)]
+
+
+@pytest.mark.gpu
+def test_a_candidate_that_sets_aside_l2_for_its_state_fails_the_benchmarks():
+    """Its outputs are right; its process set aside L2 for persisting accesses (released before timing)."""
+    contract = kda_contract(implementation="tests.adversarial.keeps_lines_in_l2:kda_decode",
+                            benchmark={"points": [{"batch": 1}], "required_speedup": 0.1})
+    result = run_gate(benchmarks.GATE, contract)
+    assert result.status is Status.ERROR and "persisting accesses" in result.reason, result.reason
 
 
 # --------------------------------------------------------------- issue 23: freshness follows what runs

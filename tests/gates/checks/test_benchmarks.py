@@ -356,3 +356,9 @@ def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline
         assert sum(kind == "bench_block" for kind, _ in requests) == 2 * benchmarks.YARDSTICK_BLOCKS
     else:
         assert alone == {} and len(flags) == 1 and "could not be timed alone" in flags[0]
+
+
+def test_l2_set_aside_by_the_candidate_is_an_error():
+    assert benchmarks.l2_set_aside("batch 1", 0) is None
+    error = benchmarks.l2_set_aside("batch 1", 12 << 20)
+    assert error.startswith("batch 1: ") and "12.0 MiB" in error and "persisting accesses" in error

@@ -25,5 +25,46 @@ def test_calls_cycling_through_cases_of_different_shapes():
 
 def test_one_buffer_set_per_layout():
     pool: list = []
-    a, b, c = (worker.persistent_buffers(pool, case.args) for case in _cases())
+    guards = worker.Guards()
+    a, b, c = (worker.persistent_buffers(pool, case.args, guards) for case in _cases())
     assert a is c and a is not b and len(pool) == 2
+
+
+def test_guarded_tensors_keep_their_layout_and_contents_and_report_writes_outside_them():
+    guards = worker.Guards()
+    state = torch.randn(3, 5, 8)[:, :, ::2]  # a strided view: its copy is dense, with its own strides
+    args = (state, {"w": torch.arange(6, dtype=torch.int32)}, 1.5)
+    placed = guards.place(args)
+    assert torch.equal(placed[0], state) and torch.equal(placed[1]["w"], args[1]["w"]) and placed[2] == 1.5
+    buffer, start, _ = guards.zones[id(placed[0])]
+    assert placed[0].data_ptr() == buffer.data_ptr() + start and start % worker.GUARD_BYTES == 0
+    assert placed[0].is_contiguous()
+    names = ["state", "w", "scale"]
+    assert guards.overruns(placed, names) == []
+    placed[0].mul_(2)  # inside: not an overrun
+    assert guards.overruns(placed, names) == []
+    beyond = placed[0].new_empty(0).set_(placed[0].untyped_storage(), placed[0].storage_offset() + placed[0].numel(),
+                                         (2,), (1,))
+    beyond.fill_(1.0)  # the two elements just past the end
+    before = placed[1]["w"].new_empty(0).set_(placed[1]["w"].untyped_storage(),
+                                             placed[1]["w"].storage_offset() - 1, (1,), (1,))
+    before.fill_(7)
+    found = guards.overruns(placed, names)
+    assert len(found) == 2 and found[0].startswith("8 byte(s) after state") and "before w['w']" in found[1]
+    assert guards.overruns(placed, names) == []  # the zones are whole again: the next call answers for itself
+
+
+def test_a_zone_is_at_least_one_slice_of_the_leading_dimension():
+    """A cache slot is 64 KiB: a write to the slot one past the end lands inside the zone after the cache."""
+    guards = worker.Guards()
+    cache = guards.place(torch.zeros(4, 128, 128))
+    buffer, start, end = guards.zones[id(cache)]
+    assert start >= cache.stride(0) * cache.element_size() and buffer.numel() - end == start
+
+
+def test_the_l2_calls_the_benchmarks_rely_on_are_guarded():
+    """A candidate that replaced cudaDeviceGetLimit could report no set-aside: the worker reports the replacement,
+    and the screen fails code that assigns to it."""
+    from gates.core.l2 import L2_CALLS
+
+    assert {f"cuda.bindings.runtime.{name}" for name in L2_CALLS} <= set(worker.GUARDED)
