@@ -7,7 +7,8 @@ secret seed and sent to the candidate's process as tensors. Each input runs `run
 first right after the reference ran in that process (its freed result lying in memory), then after memory the
 size of every output was filled with NaN. The first run's outputs and in-place state must pass the graded
 tolerance (gates.core.compare); every later run must be bitwise identical to it; no run may change its other
-inputs, write outside the tensors it was given (each lies between canary zones: gates.core.worker.Guards), return
+inputs, write outside the tensors it was given (each lies between canary zones: gates.core.worker.Guards), change
+the process's global state (default dtype, grad mode, matmul precision, RNG streams: worker.process_state), return
 anything but plain tensors, share memory between outputs and inputs, or raise. A stateful op
 also runs `steps` consecutive decode steps carrying its state, one of them repeating the previous step's
 input (a result cached on the input would be stale).
@@ -59,6 +60,7 @@ CHECKS = {
     "mutation": "other inputs left untouched",
     "aliasing": "outputs share no memory with inputs",
     "bounds": "no write outside the tensors the call was given (canary zones on both sides of each)",
+    "process": "leaves the process as it found it (default dtype and device, grad mode, matmul precision, RNG streams)",
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
@@ -155,6 +157,8 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
             findings.add("plain", f"{at}: {message}")
         for message in run["overruns"]:
             findings.add("bounds", f"{at}: {message}")
+        for message in run["side_effects"]:
+            findings.add("process", f"{at}: {message}")
         if r == 0:
             first = compare_named(problem, run["outputs"], expected.outputs, contract.tolerance, "tolerance", at,
                                   findings)
@@ -301,6 +305,8 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             break
         for message in run["overruns"]:
             findings.add("bounds", f"{where}: {message}")
+        for message in run["side_effects"]:
+            findings.add("process", f"{where}: {message}")
         kind = "repeat" if s == opts.steps // 2 else "trajectory"
         checks = compare_named(problem, run["outputs"], exp, tol, kind, where, findings)
         worst = max([worst] + [ch.rel_l2 for ch in checks])
@@ -347,6 +353,8 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             findings.add("plain", f"{where}: {message}")
         for message in run["overruns"]:
             findings.add("bounds", f"{where}: {message}")
+        for message in run["side_effects"]:
+            findings.add("process", f"{where}: {message}")
         got = run["outputs"] + run["states"]
         if got and isinstance(got[0][1], torch.Tensor):  # the first and the last call on each input: tensors
             compare_named(problem, run["outputs"], expected[i].outputs, ctx.contract.tolerance, "late", where,

@@ -178,6 +178,36 @@ def _digest(name: str, t: Any, device: str, problems: list[str]) -> str | None:
     return _tensor_digest(t) if _accepted(name, t, device, problems) else None
 
 
+def process_state(device: str) -> dict[str, Any]:
+    """What one call could change for every later op of the process (serving runs the whole model in it): the
+    defaults new tensors and autograd take, the matmul precision every later GEMM runs at, and the RNG streams
+    sampling draws from (a kernel that draws or reseeds moves every later sample)."""
+    matmul = torch.backends.cuda.matmul
+    state = {
+        "the default dtype": torch.get_default_dtype(),
+        "the default device": str(torch.get_default_device()),
+        "grad mode": torch.is_grad_enabled(),
+        "inference mode": torch.is_inference_mode_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "the float32 matmul precision": (torch.get_float32_matmul_precision(),
+                                         getattr(matmul, "fp32_precision", None),
+                                         getattr(torch.backends.cudnn, "fp32_precision", None)),
+        "reduced-precision matmul reductions": (matmul.allow_bf16_reduced_precision_reduction,
+                                                matmul.allow_fp16_reduced_precision_reduction),
+        "the intra-op thread count": torch.get_num_threads(),
+        "the CPU RNG state": _tensor_digest(torch.get_rng_state()),
+    }
+    if device == "cuda":
+        state["the CUDA RNG state"] = _tensor_digest(torch.cuda.get_rng_state())
+    return state
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """process_state() differences, one line each."""
+    return [f"changed {what} (drew from it or reseeded it)" if "RNG" in what else
+            f"changed {what} ({before[what]!r} -> {after[what]!r})" for what in before if after[what] != before[what]]
+
+
 def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], device: str, keep: list,
          full: bool = True, with_inputs: bool = True) -> dict:
     """One call of the candidate on `args` (its buffers, updated in place): its raw outputs and side effects.
@@ -187,11 +217,13 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
     this run's result memory.
     """
     inputs = [(n, *_storage(t)) for i, a in enumerate(args) for n, t in leaves(a, names[i])]
+    before = process_state(device)
     try:
         out = fn(*args)
         _sync(device)
     except Exception as e:  # the candidate's own failure: a result, not a harness error
         return {"raised": f"{type(e).__name__}: {e}"}
+    after = process_state(device)
     keep.append(out)
     problems: list[str] = []
     record = plain_copy if full else _digest
@@ -200,6 +232,7 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
         "states": [(n, v) for n, t in state_leaves(args, state, names)
                    if (v := record(n, t, device, problems)) is not None],
         "problems": problems,
+        "side_effects": changes(before, after),
         "input_storage": inputs,
         "output_storage": [(n, *_storage(t)) for n, t in leaves(out, "out")],
     }
@@ -352,8 +385,8 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
         result = call(fn, buffers, case.state, names, device, keep, full=full, with_inputs=False)
         result["overruns"] = guards.overruns(buffers, names)
         keep.clear()
-        results.append({key: result[key] for key in ("raised", "outputs", "states", "problems", "overruns")
-                        if key in result})
+        results.append({key: result[key] for key in ("raised", "outputs", "states", "problems", "side_effects",
+                                                     "overruns") if key in result})
         if "raised" in result:
             break
     return {"calls": results}

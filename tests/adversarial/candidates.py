@@ -177,3 +177,17 @@ def writes_past_its_state(proj, conv_state, ssm_state, slots, w):
                                            ssm_state.shape[1:], ssm_state.stride()[1:])
         past.zero_()
     return out
+
+
+def reseeds_the_rng(proj, conv_state, ssm_state, slots, w):
+    """Right outputs and state; it seeds torch's global RNG on every call (for a reproducible stochastic rounding
+    it never applies): in a serving process every later sample then repeats the same draws."""
+    torch.manual_seed(0)
+    return kda_decode(proj, conv_state, ssm_state, slots, w)
+
+
+def lowers_matmul_precision(proj, conv_state, ssm_state, slots, w):
+    """Right outputs and state; it turns on TF32 for every float32 matmul of the process ("high" precision) to
+    speed up its own: every later float32 GEMM of the model runs at 10 mantissa bits."""
+    torch.set_float32_matmul_precision("high")
+    return kda_decode(proj, conv_state, ssm_state, slots, w)

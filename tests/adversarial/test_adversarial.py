@@ -47,6 +47,8 @@ REJECTED = [
     ("returns_subclass", {"plain"}),
     ("wrong_after_warmup", {"late"}),
     ("writes_past_its_state", {"bounds"}),
+    ("reseeds_the_rng", {"process"}),
+    ("lowers_matmul_precision", {"process"}),
 ]
 
 
