@@ -47,12 +47,18 @@ def _runtime():
     return cuda_runtime
 
 
-def _l2_call(name: str, *args):
-    """The runtime call `name` (one of L2_CALLS) as bound at import: its value, or RuntimeError naming its error."""
-    err, *value = _L2[name](*args)
+def _checked(name: str, reply: tuple):
+    """A runtime call's (error, value...) reply: its value, or RuntimeError naming the call and its error."""
+    err, *value = reply
     if err != _runtime().cudaError_t.cudaSuccess:
         raise RuntimeError(f"{name}: {err.name}")
     return value[0] if value else None
+
+
+def _l2_call(name: str, *args):
+    """The runtime call `name` (one of L2_CALLS) as bound at import, checked."""
+    _runtime()
+    return _checked(name, _L2[name](*args))
 
 
 def persisting_l2_bytes() -> int:
@@ -98,10 +104,8 @@ def _window(buf: torch.Tensor, persisting: bool) -> None:
     w.hitRatio = 1.0
     w.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
     w.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
-    err, = rt.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
-                                     rt.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, value)
-    if err != rt.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"cudaStreamSetAttribute: {err.name}")
+    _checked("cudaStreamSetAttribute", rt.cudaStreamSetAttribute(
+        torch.cuda.current_stream().cuda_stream, rt.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, value))
 
 
 def _timed_read(buf, out) -> float:
@@ -121,9 +125,7 @@ def probe(iters: int) -> dict:
     limit = cuda_runtime.cudaLimit.cudaLimitPersistingL2CacheSize
 
     def persist():
-        err, = cuda_runtime.cudaDeviceSetLimit(limit, buf.numel() * buf.element_size())
-        if err != cuda_runtime.cudaError_t.cudaSuccess:
-            raise RuntimeError(f"cudaDeviceSetLimit: {err.name}")
+        _checked("cudaDeviceSetLimit", cuda_runtime.cudaDeviceSetLimit(limit, buf.numel() * buf.element_size()))
         _window(buf, True)
         read(buf, out)
 
