@@ -15,6 +15,9 @@ each block's last pair of outputs, candidate against standard on the same redraw
 (`spot_problems`), of the one-call replays and of one in-pipeline input set; how many pairs a block has and which
 set is checked are drawn from the gate's secret seed (`block_plan`), so code counting its calls on the device
 cannot know which replay is looked at. After timing every input set's outputs are checked against the reference.
+Besides the contract's points, `drawn_points` points the contract admits are drawn from the secret seed and timed
+the same way; there the candidate must be at least as fast as the standard (`between_points_bound`): a kernel
+tuned only at the listed points is slow in the gate, not first in serving.
 A time under the roofline floor is an error (nothing runs faster than memory and math allow); a speedup over 10× is
 flagged for the reviewer, not celebrated. L2 that the candidate's process set aside for persisting accesses is an
 error too: the gate releases it before anything is timed, but in serving every other kernel would have that much
@@ -46,7 +49,7 @@ from gates.core.estimate import Estimate, enough, paired_speedup
 from gates.core.registry import Gate, GateContext, GateOptions, arg_names
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status
-from gates.problems import Point, ProblemError, bench_point, seed_for
+from gates.problems import Point, ProblemError, bench_point, drawn_points, seed_for
 from kernels.contract import Contract
 from kernels.roofline import floor
 from kernels.validation import problem_lines
@@ -89,12 +92,36 @@ def timing(samples: list[float]) -> dict:
 
 
 def speedup_summary(rows: list[dict]) -> str:
-    """`batch 1: 2.79×, batch 4: 3.69×, batch 1 (heads 6 · ...): 2.73×`: the first point's shape goes unsaid."""
+    """`batch 1: 2.79×, batch 4: 3.69×, batch 1 (heads 6 · ...): 2.73×, batch 3 (drawn): 2.9×`: the first point's
+    shape goes unsaid."""
     parts = []
     for r in rows:
-        shape = "" if r["series"] == rows[0]["series"] else f" ({r['series']})"
-        parts.append(f"batch {r['batch']}{shape}: {r['speedup']:.2f}×")
+        tags = ([] if r["series"] == rows[0]["series"] else [r["series"]]) + (["drawn"] if r.get("drawn") else [])
+        said = f" ({', '.join(tags)})" if tags else ""
+        parts.append(f"batch {r['batch']}{said}: {r['speedup']:.2f}×")
     return ", ".join(parts)
+
+
+def between_points_bound(contract: Contract) -> float:
+    """The speedup a candidate owes at a drawn point (drawn_points): none slower than the standard where the contract
+    admits it (narrow the envelope instead), or the contract's lowest bar at its own points where that is lower
+    (a contract asking 0.5× at its points is not judged harder between them)."""
+    return min(1.0, *(contract.benchmark.requirement(bp)[0] for bp in contract.benchmark.points))
+
+
+def points_to_time(contract: Contract, problem, opts: GateOptions) -> list[tuple[Point, float, float | None, bool]]:
+    """(point, required speedup, required fraction of the roofline, drawn) for each point the gate times: the
+    contract's benchmark points with their bars, then `opts.drawn_points` drawn from the secret seed, each held to
+    between_points_bound."""
+    listed = [(bench_point(contract, problem, bp), *contract.benchmark.requirement(bp), False)
+              for bp in contract.benchmark.points]
+    drawn = drawn_points(contract, problem, seed_for(opts.seed, NAME, "drawn"), opts.drawn_points)
+    return listed + [(point, between_points_bound(contract), None, True) for point in drawn]
+
+
+def slower_between(label: str, speedup: float, bound: float) -> str:
+    return (f"{label}, drawn between the contract's points: {speedup:.2f}× over the standard, the gate asks at least "
+            f"{bound:g}× wherever the contract admits (make the kernel fast there or narrow the envelope)")
 
 
 def block_estimates(blocks: list[dict], floor_us: float | None,
@@ -290,6 +317,7 @@ class RecordedRow(BaseModel):
     pipeline: Literal["flushed", "cold_sets"] | None = None
     # the standard's in-pipeline median timed alone (standard_alone); absent before that check, None where it failed
     standard_alone_us: PositiveFloat | None = None
+    drawn: bool = False  # a point drawn between the contract's (drawn_points); absent before they were
 
     @model_validator(mode="after")
     def _follows_from_its_samples(self) -> "RecordedRow":
@@ -423,7 +451,8 @@ def run(ctx: GateContext) -> GateResult:
     try:
         problem = ctx.problem()
         names = arg_names(problem.reference)
-        points = [bench_point(c, problem, bp) for bp in c.benchmark.points]
+        timed = points_to_time(c, problem, opts)
+        points, between = [point for point, *_ in timed], between_points_bound(c)
 
         def draw(point: Point) -> list:
             return [problem.generate_input(point, seed_for(opts.seed, NAME, point.label, k), "normal")
@@ -432,13 +461,12 @@ def run(ctx: GateContext) -> GateResult:
         alone, alone_flags = standard_alone(ctx, points, draw, names)
         flags += alone_flags
         with Sandbox() as box:
-            for bp, point in zip(c.benchmark.points, points):
-                ctx.progress(f"benchmarks: {point.label}")
+            for point, required, min_fraction, drawn in timed:
+                ctx.progress(f"benchmarks: {point.label}{' (drawn)' if drawn else ''}")
                 sets = draw(point)
                 expected = [reference_run(problem, s, names, ctx.device) for s in sets]
                 cost = problem.cost(point)
                 floor_us = floor(cost.bytes, cost.flops, m).floor_us if peaks else None
-                required, min_fraction = c.benchmark.requirement(bp)
                 started = box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
                                       names=names, state=sets[0].state, sets=[s.args for s in sets],
                                       timeout_s=START_TIMEOUT_S)
@@ -459,6 +487,9 @@ def run(ctx: GateContext) -> GateResult:
                         flags.append(f"{point.label}: the standard rounds differently from the reference, outside "
                                      f"the candidate's tolerance and within {STANDARD_SLACK:g}x it ({first(found)})")
                 row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction)
+                if drawn:
+                    row["drawn"] = True
+                    point_slower = [slower_between(point.label, row["speedup"], required)] if point_slower else []
                 row["pipeline"] = started["pipeline"]
                 impossible += [error] if (error := l2_set_aside(point.label, started["l2_set_aside"])) else []
                 row["standard_alone_us"] = alone.get(point.label)
@@ -489,7 +520,9 @@ def run(ctx: GateContext) -> GateResult:
                          f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize; "
                          f"the standard also timed alone first ({YARDSTICK_BLOCKS} blocks in a process that never "
                          f"imports the candidate), flagged when it is {YARDSTICK_FLAG:g}× slower beside the "
-                         f"candidate, an ERROR at {YARDSTICK_ERROR:g}×",
+                         f"candidate, an ERROR at {YARDSTICK_ERROR:g}×; besides the contract's points, "
+                         f"{opts.drawn_points} points it admits drawn from the secret seed and timed the same way, "
+                         f"where the candidate must be at least {between:g}× the standard",
                "recheck_failures": [m for ms in findings.examples.values() for m in ms], "loaded": sorted(box.loaded)}
     speedups = speedup_summary(rows)
     if impossible:

@@ -1,6 +1,7 @@
 """`k3forge bench`: the benchmark gate alone, for a kernel engineer's loop: every contracted op (or --ops)
-against its standard at the contract's benchmark points, side by side in one run, with 95 % intervals and the
-fraction of the roofline. Writes no evidence (`k3forge gate` does); `--json` keeps the rows.
+against its standard at the contract's benchmark points (and `--drawn-points` more that it admits), side by side
+in one run, with 95 % intervals and the fraction of the roofline. Writes no evidence (`k3forge gate` does);
+`--json` keeps the rows.
 
 Exit codes: 0 every op was timed and met its contract, 1 one was slower or failed, 2 a usage or contract
 problem, or nothing was timed (no CUDA GPU here, or none of the ops can run on it).
@@ -38,6 +39,8 @@ def register(sub) -> None:
     p.add_argument("--contracts", type=Path, default=REPO_ROOT / "contracts", help="contracts directory")
     p.add_argument("--bench-pairs", type=int, default=50, help="interleaved candidate/standard replay pairs per block")
     p.add_argument("--max-blocks", type=int, default=12, help="timed blocks per benchmark point at most")
+    p.add_argument("--drawn-points", type=int, default=2,
+                   help="points the contract admits besides its benchmark points, drawn at random and timed too")
     p.add_argument("--json", type=Path, help="also write every result (rows, flags, reasons) to this file")
     p.set_defaults(func=run)
     add_decode_benches(p.add_subparsers(dest="what", metavar="{layer,step}",
@@ -46,7 +49,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     try:
-        options = new_options(bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
+        options = new_options(bench_pairs=args.bench_pairs, max_blocks=args.max_blocks,
+                              drawn_points=args.drawn_points)
     except ValidationError as e:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     if args.json:
@@ -92,7 +96,8 @@ def _table(op: str, result) -> Table:
         fraction = f"{r['roofline_fraction']:.0%}" if r["roofline_fraction"] is not None else "-"
         required = f"{r['required_speedup']:g}×" + (f", {r['min_roofline_fraction']:.0%}"
                                                     if r["min_roofline_fraction"] else "")
-        table.add_row(escape(r["point"]), f"{r['candidate']['median_us']:.2f}", f"{r['standard']['median_us']:.2f}",
+        point = r["point"] + (" (drawn)" if r.get("drawn") else "")
+        table.add_row(escape(point), f"{r['candidate']['median_us']:.2f}", f"{r['standard']['median_us']:.2f}",
                       f"{r['speedup']:.2f}×{interval}", str(r["blocks"]), required, fraction,
                       f"{r['kernels']['candidate']} / {r['kernels']['standard']}")
     return table

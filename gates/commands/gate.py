@@ -42,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--bench-pairs", type=int, default=50, help="interleaved candidate/standard replay pairs per block")
     p.add_argument("--max-blocks", type=int, default=12,
                    help="timed blocks per benchmark point at most (fewer once the speedup is settled)")
+    p.add_argument("--drawn-points", type=int, default=2,
+                   help="points the contract admits besides its benchmark points, drawn from the seed and timed "
+                        "too: the candidate must not be slower than the standard there")
     p.add_argument("--contract-unchanged", action="store_true",
                    help="gate an op whose kernel changed since its bundle while its contract did not (refused "
                         "otherwise: `task check` still asks the contract to say what changed)")
@@ -100,7 +103,8 @@ def run(args) -> int:
     ops = parse_ops(args.ops)
     try:
         options = new_options(args.seed, trials=args.trials, runs=args.runs, steps=args.steps,
-                              bench_pairs=args.bench_pairs, max_blocks=args.max_blocks)
+                              bench_pairs=args.bench_pairs, max_blocks=args.max_blocks,
+                              drawn_points=args.drawn_points)
     except ValidationError as e:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     output_directory(args.out, "--out")

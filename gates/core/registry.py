@@ -45,6 +45,8 @@ class GateOptions(BaseModel):
     host_iters: int = Field(default=30, ge=5, description="replays timed by host wall clock")
     input_sets: int = Field(default=8, ge=2, description="distinct input sets: rotated between one-call replays, "
                                                           "all in one graph for the in-pipeline time")
+    drawn_points: int = Field(default=2, ge=0, description="points the contract admits besides its benchmark points, "
+                                                           "drawn from the seed and timed too")
 
     @model_validator(mode="after")
     def _blocks_ordered(self) -> "GateOptions":

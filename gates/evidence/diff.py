@@ -71,7 +71,9 @@ def _gate(bundle: dict | None, name: str) -> dict:
 
 
 def _points(bundle: dict | None) -> dict[str, dict]:
-    return {r["point"]: r for r in _gate(bundle, "benchmarks").get("details", {}).get("rows", [])}
+    """The contract's benchmark points by label; drawn points (drawn anew each gate run) have nothing to compare."""
+    rows = _gate(bundle, "benchmarks").get("details", {}).get("rows", [])
+    return {r["point"]: r for r in rows if not r.get("drawn")}
 
 
 def _figures(row: dict | None) -> dict | None:

@@ -180,6 +180,16 @@ def envelope_points(contract: Contract, problem: Problem, seed: int) -> list[Poi
     return points
 
 
+def drawn_points(contract: Contract, problem: Problem, seed: int, n: int) -> list[Point]:
+    """`n` points the contract admits besides its benchmark points, drawn from `seed` (the gate's secret one) among
+    the points `envelope_points` would check with it: the benchmarks time these too, so a kernel tuned only where
+    the contract says it is timed (a config table with entries at the listed batches alone) is slow in a gate run,
+    not first in serving. Fewer when the envelope holds fewer."""
+    listed = {bench_point(contract, problem, bp) for bp in contract.benchmark.points}
+    pool = [p for p in envelope_points(contract, problem, seed) if p not in listed]
+    return random.Random(seed).sample(pool, min(n, len(pool)))
+
+
 def coverage(contract: Contract, problem: Problem, points: list[Point]) -> dict:
     """What `points` exercise of each dimension of the contract's envelope: the values of each range (batch,
     speculative tokens) and of each listed shape, beside what the contract admits. The report lists it; the

@@ -142,6 +142,21 @@ def test_a_candidate_that_slows_the_standard_is_judged_against_the_standard_alon
     assert result.status is Status.ERROR and "slows the yardstick" in result.reason, result.reason
 
 
+@pytest.mark.gpu
+def test_a_candidate_fast_only_at_the_contracts_points_is_slower_between_them():
+    """Timed against the reference as its standard (so the candidate's tuned path is exactly 1x): at batch 1 and 8 it
+    meets the contract's 0.8x, at the batches drawn between them (2-7) it is ~0.25x."""
+    contract = kda_contract(implementation="tests.adversarial.slow_between_points:kda_decode",
+                            standard="model.kimi_k3.ops.kda_decode:kda_decode",
+                            benchmark={"points": [{"batch": 1}, {"batch": 8}], "required_speedup": 0.8})
+    result = run_gate(benchmarks.GATE, contract, bench_pairs=10, host_iters=5)
+    assert result.status is Status.SLOWER, result.reason
+    drawn = [r for r in result.details["rows"] if r.get("drawn")]
+    assert len(drawn) == 2 and all(2 <= r["batch"] <= 7 and r["speedup"] < 0.5 for r in drawn), drawn
+    assert all(r["speedup"] > 0.8 for r in result.details["rows"] if not r.get("drawn"))
+    assert "drawn between the contract's points" in result.reason
+
+
 # ---------------------------------------------------------------- issue 23: a candidate that rewrites its judge
 
 

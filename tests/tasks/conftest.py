@@ -53,12 +53,15 @@ def not_run(gate: str) -> GateResult:
     return GateResult.not_run(gate, gate.title(), "needs a CUDA GPU; this machine has none")
 
 
-def benchmarks(speedups: dict[int, float]) -> GateResult:
-    """A benchmarks result as a GPU run would record it, from made-up timings with these speedups by batch."""
+def benchmarks(speedups: dict[int, float], drawn: dict[int, float] | None = None) -> GateResult:
+    """A benchmarks result as a GPU run would record it, from made-up timings with these speedups by batch (at the
+    contract's points, then at points the gate drew between them)."""
     rows = []
-    for batch, speedup in speedups.items():
-        point = Point(batch, 0, (("sources", 9), ("hidden", 7168)), "fp32")
-        rows.append(judge_point(point, *timed([10.0] * 5, [10.0 * speedup] * 5), None, 1.0, None)[0])
+    for batch, speedup, is_drawn in [(*kv, False) for kv in speedups.items()] + [(*kv, True) for kv in
+                                                                                  (drawn or {}).items()]:
+        point = Point(batch, 0, (("sources", 9 - is_drawn), ("hidden", 7168)), "fp32")
+        rows.append(judge_point(point, *timed([10.0] * 5, [10.0 * speedup] * 5), None, 1.0, None)[0]
+                    | ({"drawn": True} if is_drawn else {}))
     return GateResult(gate="benchmarks", title="Benchmarks", status=Status.PASSED, summary="synthetic",
                       details={"rows": rows, "required_speedup": 1.0, "min_roofline_fraction": None, "peaks": None,
                                "method": "made-up timings", "recheck_failures": []})

@@ -270,6 +270,20 @@ def test_speedups_bind_at_the_batch_sizes_the_contract_claims(task_repo):
         "the contract's batch range holds none of the task's speedup batch sizes (1, 8)"]
 
 
+def test_points_drawn_between_the_contracts_are_the_gates_to_judge_not_the_tasks(task_repo):
+    """The task's speedups bind at the contract's points; a point the gate drew (anew each run) at a task batch size
+    is held to the standard's speed by the gate itself, so a run's draw cannot flip the task check."""
+    task_repo.write_task({**TASK, "required_gates": ["contracts", "numerics", "benchmarks"],
+                          "success": {"speedup": [{"batch": 1, "min": 1.5}]}})
+    task_repo.commit("core: tighter task")
+    task_repo.repo.git.checkout("-q", "-b", "task2")
+    task_repo.edit(KERNEL)
+    task_repo.gate(gates=(passed("contracts"), not_run("compile"), passed("numerics"),
+                          benchmarks({1: 1.6}, drawn={1: 1.1})))
+    task_repo.commit("kernel", *TRAILERS)
+    assert not [m for _, rule, m in violations(task_repo, base="task") if rule == "thresholds"]
+
+
 def test_the_evidence_index_must_match_the_bundles(task_repo):
     kernel_change(task_repo)
     write_index(task_repo.root / "evidence", task_repo.root)

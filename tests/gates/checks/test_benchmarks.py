@@ -362,3 +362,52 @@ def test_l2_set_aside_by_the_candidate_is_an_error():
     assert benchmarks.l2_set_aside("batch 1", 0) is None
     error = benchmarks.l2_set_aside("batch 1", 12 << 20)
     assert error.startswith("batch 1: ") and "12.0 MiB" in error and "persisting accesses" in error
+
+
+# ------------------------------------------- points between the contract's: drawn from the seed, timed too
+
+
+def _timed(contract, seed: int = 7, drawn: int = 2):
+    return benchmarks.points_to_time(contract, load_problem("kda_decode"), GateOptions(seed=seed, drawn_points=drawn))
+
+
+def test_the_contracts_points_come_first_then_points_drawn_between_them():
+    """Batch 1-8 with points at 1 and 8: whatever the seed, the drawn points are others the contract admits."""
+    contract = kda_contract()
+    for seed in range(20):
+        timed = _timed(contract, seed)
+        assert [(p.batch, drawn) for p, _, _, drawn in timed[:2]] == [(1, False), (8, False)]
+        drawn = [p for p, required, fraction, is_drawn in timed[2:] if is_drawn and (required, fraction) == (1.0, None)]
+        assert len(drawn) == 2 and len(set(drawn)) == 2 and all(2 <= p.batch <= 7 for p in drawn), drawn
+    assert len({tuple(p for p, *_ in _timed(contract, seed)[2:]) for seed in range(20)}) > 3  # the seed decides
+    assert _timed(contract, 3) == _timed(contract, 3)  # and reproduces a run
+
+
+def test_no_drawn_points_when_asked_for_none_or_the_envelope_holds_no_other():
+    assert len(_timed(kda_contract(), drawn=0)) == 2
+    only_its_points = kda_contract(batch={"min": 1, "max": 2}, benchmark={"points": [{"batch": 1}, {"batch": 2}],
+                                                                          "required_speedup": 1.0})
+    assert [p.batch for p, *_ in _timed(only_its_points, drawn=5)] == [1, 2]
+
+
+@pytest.mark.parametrize("default, point_bars, bound", [(1.5, [2.5, None], 1.0), (0.1, [None, None], 0.1),
+                                                        (1.2, [0.8, None], 0.8)])
+def test_a_drawn_point_asks_parity_with_the_standard_or_the_contracts_lowest_bar(default, point_bars, bound):
+    points = [{"batch": 1, **({"required_speedup": b} if b else {})} | ({"batch": 8} if i else {})
+              for i, b in enumerate(point_bars)]
+    contract = kda_contract(benchmark={"points": points, "required_speedup": default})
+    assert benchmarks.between_points_bound(contract) == bound
+    assert {required for _, required, _, drawn in _timed(contract) if drawn} == {bound}
+
+
+def test_slower_at_a_drawn_point_says_where_and_what_to_do():
+    message = benchmarks.slower_between("batch 3 · heads 2 · head_dim 16 · bf16", 0.25, 1.0)
+    assert message.startswith("batch 3 · heads 2 · head_dim 16 · bf16, drawn between the contract's points: 0.25×")
+    assert "narrow the envelope" in message
+
+
+def test_the_summary_marks_a_drawn_point():
+    rows = [{"batch": 1, "series": "heads 12", "speedup": 2.0}, {"batch": 3, "series": "heads 12", "speedup": 1.5,
+                                                                 "drawn": True},
+            {"batch": 5, "series": "heads 6", "speedup": 1.2, "drawn": True}]
+    assert benchmarks.speedup_summary(rows) == "batch 1: 2.00×, batch 3 (drawn): 1.50×, batch 5 (heads 6, drawn): 1.20×"

@@ -40,3 +40,4 @@ def test_table_shows_speedups_with_their_intervals():
     cells = [c.strip() for c in row.split("│")]
     assert re.fullmatch(r"\d\.\d\d× \[\d\.\d\d, \d\.\d\d\]", cells[4]) and cells[5:7] == ["3", "1.5×"]
     assert text.lstrip().startswith("kda_decode: SLOWER")  # the 6-head batch-64 point is under 1.5×
+    assert any(line.startswith("│ batch 17 · heads 12 · head_dim 128 · bf16 (drawn)") for line in text.splitlines())

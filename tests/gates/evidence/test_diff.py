@@ -144,3 +144,12 @@ def test_a_contract_that_is_not_yaml_is_a_diff_error(tmp_path):
     contract.write_text("tolerance: {atol: [\n")
     with pytest.raises(DiffError, match=r"^contracts/attn_res.yaml: not valid YAML \("):
         contract_changes("HEAD", None, tmp_path)
+
+
+def test_drawn_points_are_not_compared(bundle):
+    """A drawn point (the benchmarks gate draws new ones each run) is neither a new point nor a removed one."""
+    head = copy.deepcopy(bundle)
+    drawn = {**copy.deepcopy(_bench_rows(head)[0]), "point": "batch 3 · heads 12 · head_dim 128 · bf16", "batch": 3,
+             "drawn": True}
+    _bench_rows(head).append(drawn)
+    assert diff_bundles(bundle, head, "kda_decode", "sm_90").points == []

@@ -40,6 +40,10 @@ def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
     assert re.search(r"\| batch 64 · heads 12 · head_dim 128 · bf16 \| [\d.]+ µs ± [\d.]+ \| [\d.]+ µs ± [\d.]+ "
                      r"\(alone [\d.]+ µs\) \|", md)  # the standard beside the candidate, and alone
     assert re.search(r"± [\d.]+, alone [\d.]+ µs</span>", bench)
+    # a drawn point is marked, and left out of the plots (no bar of the contract's; new ones every run)
+    assert "| batch 17 · heads 12 · head_dim 128 · bf16 (drawn) |" in md and ">drawn</span>" in bench
+    assert "a drawn point is one the contract admits besides its own" in md
+    assert 'text-anchor="middle">17</text>' not in bench and 'text-anchor="middle">33</text>' in bench
 
 
 def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
