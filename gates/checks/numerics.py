@@ -59,6 +59,7 @@ CHECKS = {
     "state": "state updated in place within tolerance",
     "mutation": "other inputs left untouched",
     "aliasing": "outputs share no memory with inputs",
+    "fresh": "outputs in memory of their own each call (not memory an earlier call returned, still held)",
     "bounds": "no write outside the tensors the call was given (canary zones on both sides of each)",
     "process": "leaves the process as it found it (default dtype and device, grad mode, matmul precision, RNG streams)",
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
@@ -148,6 +149,7 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
     pristine = {n: digest(t) for i, a in enumerate(case.args) if i not in case.state for n, t in leaves(a, names[i])}
     first: list[TensorCheck] = []
     base: dict[str, str] = {}
+    held: list[tuple[str, int, int]] = []  # earlier runs' outputs: (name, storage pointer, bytes)
     for r, run in enumerate(runs):
         at = f"{where}, run {r + 1}"
         if "raised" in run:
@@ -175,6 +177,12 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
                 findings.add("mutation", f"{at}: input {name} changed")
         for pair in _overlaps(run["output_storage"], run["input_storage"]):
             findings.add("aliasing", f"{at}: {pair}")
+        # the worker holds every run's outputs of this input until its last run: memory still referenced is never
+        # handed out again by an allocator, so an overlap is memory the candidate keeps and returns again
+        for pair in _overlaps(run["output_storage"], held):
+            findings.add("fresh", f"{at}: {pair}, which the caller still holds: a later call overwrites an earlier "
+                         "result under a caller still reading it")
+        held += [(f"run {r + 1}'s {name}", ptr, size) for name, ptr, size in run["output_storage"]]
     return first
 
 

@@ -77,6 +77,20 @@ def aliases_input(proj, conv_state, ssm_state, slots, w):
     return view
 
 
+_returned: dict[tuple, torch.Tensor] = {}
+
+
+def returns_its_buffer(proj, conv_state, ssm_state, slots, w):
+    """Writes every result into one output buffer per shape that it keeps and returns again (no allocation a call):
+    right on every call, but a caller still reading the last result (a layer's q beside its k, the shared experts
+    on a side stream) finds it overwritten."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    key = (tuple(out.shape), out.dtype, out.device)
+    if key not in _returned:
+        _returned[key] = torch.empty_like(out)
+    return _returned[key].copy_(out)
+
+
 def normal_inputs_only(proj, conv_state, ssm_state, slots, w):
     """Saturates activations at ±8, as a low-precision fast path would: exact on normal inputs only."""
     return kda_decode(proj.clamp(-8, 8), conv_state, ssm_state, slots, w)

@@ -39,6 +39,7 @@ REJECTED = [
     ("partial_write", {"tolerance", "determinism"}),
     ("mutates_input", {"mutation"}),
     ("aliases_input", {"aliasing"}),
+    ("returns_its_buffer", {"fresh"}),
     ("normal_inputs_only", {"tolerance"}),
     ("nan_on_large_inputs", {"finite"}),
     ("fails_at_batch_edge", {"tolerance"}),
