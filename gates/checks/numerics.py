@@ -67,8 +67,10 @@ CHECKS = {
     "repeat": "a repeated input with an evolved state (no stale cached result)",
     "late": "the same outputs after many calls (no warm-up phase, no call counter)",
     "production": "the same outputs through the production dispatcher, in a process without the gate",
+    "concurrent": "the same outputs with two calls at once on two streams, each on the stream it is called on",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
+GPU_CHECKS = ("concurrent",)  # streams: nothing to check on a CPU
 
 
 @dataclass
@@ -377,8 +379,35 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             differs = differs or k + 1
     production = (check_production(ctx, point, names, cases, first, findings) if len(first) == len(cases)
                   else {"run": False, "why": "the candidate raised under the gate"})
+    concurrent = (check_concurrent(ctx, box, point, names, cases, first, findings)
+                  if device == "cuda" and len(first) == len(cases) else None)
     return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs,
-            "production": production}
+            "production": production, "concurrent": concurrent}
+
+
+def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[str], cases: list,
+                     first: dict[int, dict], findings: Findings) -> dict:
+    """The late calls' inputs in pairs, both calls of a pair at once on two streams (worker.run_concurrent): each
+    call bit for bit the same call made alone (its first late call). Serving runs an op's calls side by side (the
+    shared experts beside the routed ones, the MLA gate beside the attention)."""
+    pairs = [(k, k + 1) for k in range(0, len(cases) - 1, 2)]
+    reply = box.request("concurrent", candidate=ctx.contract.implementation, device=ctx.device, names=names,
+                        cases=cases, pairs=pairs)
+    for call in reply["calls"]:
+        if "raised" in call:
+            findings.add("concurrent", f"{point.label}, two calls at once on two streams: raised {call['raised']}")
+            continue
+        i = call["case"]
+        where = f"{point.label}, input {i + 1} called beside input {call['beside'] + 1} on another stream"
+        for message in call["problems"]:
+            findings.add("plain", f"{where}: {message}")
+        for message in call["overruns"]:
+            findings.add("bounds", f"{where}: {message}")
+        if wrong := [name for name, d in call["got"] if first[i].get(name) != d]:
+            findings.add("concurrent", f"{where}: {', '.join(wrong)} differ bit for bit from the same call alone: "
+                         "calls at once interfere (a workspace shared between calls) or the kernel does not run on "
+                         "the stream it is called on (its inputs read before they were written)")
+    return {"pairs": len(pairs), "calls": len(reply["calls"])}
 
 
 def check_production(ctx: GateContext, point: Point, names: list[str], cases: list, first: dict[int, dict],
@@ -530,7 +559,8 @@ def run(ctx: GateContext) -> GateResult:
                           summary="the candidate's process failed")
     checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
                "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
-              for key, what in CHECKS.items() if key not in STATEFUL_CHECKS or problem.stateful]
+              for key, what in CHECKS.items()
+              if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")]
     tol = ctx.contract.tolerance
     details = {
         "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points),

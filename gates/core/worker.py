@@ -242,14 +242,20 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
     return result
 
 
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """What reads as poison in a tensor of `dtype`: NaN, or the largest integer."""
+    if dtype.is_floating_point:
+        return float("nan")
+    return True if dtype == torch.bool else torch.iinfo(dtype).max
+
+
 def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> None:
     """Fill freed memory of each output's size with NaN (or the max integer): an output the candidate does not
     write then reads as poison, not as whatever result last lived there."""
     held = []
     for shape, dtype in specs:
         for _ in range(POISON_COPIES):
-            value = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max
-            held.append(torch.full(shape, value, dtype=dtype, device=device))
+            held.append(torch.full(shape, poison_value(dtype), dtype=dtype, device=device))
     _sync(device)
     del held
 
@@ -389,6 +395,59 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
                                                      "overruns") if key in result})
         if "raised" in result:
             break
+    return {"calls": results}
+
+
+def poison_(obj: Any) -> None:
+    """Every tensor of `obj` filled with NaN (integers: their max), in place: inputs not yet written."""
+    for _, t in leaves(obj, ""):
+        t.fill_(poison_value(t.dtype))
+
+
+def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list, pairs: list) -> dict:
+    """Each pair of `cases` called at once on two side streams, as a serving engine runs the shared experts beside
+    the routed ones and the MLA gate beside its attention. Both calls' buffers are poisoned (poison_) and the device
+    synchronized; then a spin holds a third stream while the host enqueues on each side stream, behind an event after
+    the spin, the copy of that call's inputs and the call: the two start together, and each finds its inputs written
+    only if it runs on the stream it was called on (a launch on the default stream runs at once, on poison). Per
+    call (case, in pair order) the digests of its outputs and state, for the gate to hold to the same call made
+    alone. A kernel sharing a workspace between calls, or launching on a stream of its own, differs."""
+    fn = load(candidate)
+    guards = Guards()
+    pristine = [clone(case.args, device) for case in cases]
+    hold, streams = torch.cuda.Stream(), (torch.cuda.Stream(), torch.cuda.Stream())
+    current = torch.cuda.current_stream()
+    results = []
+    for pair in pairs:
+        buffers = [guards.place(pristine[i]) for i in pair]
+        for b in buffers:
+            poison_(b)
+        _sync(device)
+        start = torch.cuda.Event()
+        with torch.cuda.stream(hold):
+            _sleep(PAD_CYCLES)
+        _record(start, hold)
+        outs: list = []
+        try:
+            for stream, b, i in zip(streams, buffers, pair):
+                stream.wait_event(start)
+                with torch.cuda.stream(stream):
+                    copy_into(b, pristine[i])
+                    outs.append(fn(*b))
+                current.wait_stream(stream)
+            _sync(device)
+        except Exception as e:  # the candidate's own failure: a result, not a harness error
+            _sync(device)
+            results.append({"raised": f"{type(e).__name__}: {e}"})
+            continue
+        for i, b, out in zip(pair, buffers, outs):
+            problems: list[str] = []
+            got = [(n, d) for n, t in leaves(out, "out") if (d := _digest(n, t, device, problems)) is not None]
+            got += [(n, d) for n, t in state_leaves(b, cases[i].state, names)
+                    if (d := _digest(n, t, device, problems)) is not None]
+            beside = pair[1] if i == pair[0] else pair[0]
+            results.append({"case": i, "beside": beside, "got": got, "problems": problems,
+                            "overruns": guards.overruns(b, names)})
     return {"calls": results}
 
 
@@ -655,8 +714,8 @@ def run_compile(*, entry: str, contract: dict, archs: list[str], shard: tuple[in
     return {"compiles": results}
 
 
-HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "calls": run_calls, "bench_start": bench_start,
-            "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
+HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "calls": run_calls, "concurrent": run_concurrent,
+            "bench_start": bench_start, "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
             "compile": run_compile}
 
 

@@ -145,6 +145,28 @@ def side_stream(proj, conv_state, ssm_state, slots, w):
         return kda_decode(proj, conv_state, ssm_state, slots, w)
 
 
+_workspace: dict[tuple, torch.Tensor] = {}
+
+
+def shares_a_workspace(proj, conv_state, ssm_state, slots, w):
+    """GPU: stages its result in one workspace per shape allocated on the first call and kept (a split-K partials
+    buffer), the rest of its work between writing and reading it: right in every call made alone; two calls at once
+    on two streams (the shared experts beside the routed ones) read each other's results."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    staged = _workspace.setdefault((tuple(out.shape), out.dtype, out.device), torch.empty_like(out))
+    staged.copy_(out)
+    torch.cuda._sleep(200_000)
+    return staged.clone()
+
+
+def ignores_the_stream(proj, conv_state, ssm_state, slots, w):
+    """GPU: launches on the device's default stream whatever stream it is called on (a kernel launch handed stream
+    0, not the caller's): right wherever the caller's stream is the default one, as in every call made alone; on a
+    side stream it reads its inputs before the caller has written them."""
+    with torch.cuda.stream(torch.cuda.default_stream(proj.device)):
+        return kda_decode(proj, conv_state, ssm_state, slots, w)
+
+
 def one_state_element_off(proj, conv_state, ssm_state, slots, w):
     """Right output; one element of the first sequence's new state 8 % off, as a bf16 rounding flip upstream of
     a decay moves it (about 5 tolerance units at rtol 1.6e-2)."""

@@ -114,6 +114,16 @@ def test_benchmarks_reject_on_gpu(implementation):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["shares_a_workspace", "ignores_the_stream"])
+def test_two_calls_at_once_on_two_streams_must_equal_each_call_alone(name):
+    """Right in every call made alone (numerics, late calls); beside another call on another stream, as serving runs
+    an op's calls side by side, the workspace kept between calls or the launch on the default stream shows."""
+    result = numerics_of(name)
+    assert result.status is Status.FAILED_NUMERICS, result.reason
+    assert "concurrent" in failed_checks(result), failed_checks(result)
+
+
+@pytest.mark.gpu
 def test_a_candidate_wrong_only_in_cuda_graphs_fails_the_production_replay_and_the_benchmarks_recheck():
     """Right in every eager call under the gate; the numerics' production replay (the dispatcher's CUDA graphs, in a
     process without the gate) differs bitwise from those calls, and what the benchmarks' replays computed is compared

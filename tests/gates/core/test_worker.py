@@ -68,3 +68,10 @@ def test_the_l2_calls_the_benchmarks_rely_on_are_guarded():
     from gates.core.l2 import L2_CALLS
 
     assert {f"cuda.bindings.runtime.{name}" for name in L2_CALLS} <= set(worker.GUARDED)
+
+
+def test_poison_reads_as_poison_in_every_dtype():
+    """What run_concurrent fills a call's buffers with before the call's own stream writes its inputs."""
+    args = (torch.zeros(3), (torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.bool)), 1.5)
+    worker.poison_(args)
+    assert args[0].isnan().all() and (args[1][0] == torch.iinfo(torch.int32).max).all() and args[1][1].all()
