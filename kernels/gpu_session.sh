@@ -74,8 +74,9 @@ run_tests() {
     "situ_mlp 150 tests/specialized/test_situ_mlp.py"
     "mla 360 tests/specialized/test_mla_decode*.py"  # mla_decode both paths (~116 GPU tests), mla_decode_fp8
     "kernels 60 tests/kernels"
-    "adversarial 150 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"
+    "adversarial 300 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"  # 3 more GPU gates (s23)
     "benchgate 90 tests/gates/checks/test_benchmarks.py"
+    "numerics 120 tests/gates/checks/test_numerics_gate.py"  # the honest candidate through `concurrent` on the GPU
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU
     "l2 60 tests/gates/core/test_l2.py"  # the L2 set-aside the benchmarks read and release
     "model 120 tests/model --ignore=tests/model/test_dispatch.py"  # the layers' GPU tests (MoE side streams in a graph)
