@@ -144,6 +144,15 @@ def _overlaps(outputs: list, inputs: list) -> list[str]:
     return pairs
 
 
+def call_findings(run: dict, where: str, findings: Findings) -> None:
+    """What the worker saw one call do besides its outputs: writes outside its tensors (`bounds`) and changes to the
+    process's global state (`process`; not read for calls made at once, worker.run_concurrent)."""
+    for message in run["overruns"]:
+        findings.add("bounds", f"{where}: {message}")
+    for message in run.get("side_effects", ()):
+        findings.add("process", f"{where}: {message}")
+
+
 def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict], names: list[str],
                contract: Contract, where: str, findings: Findings) -> list[TensorCheck]:
     """Every check on one input's runs: the first run's tensors against the reference, the later runs' digests
@@ -159,10 +168,7 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
             continue
         for message in run["problems"]:
             findings.add("plain", f"{at}: {message}")
-        for message in run["overruns"]:
-            findings.add("bounds", f"{at}: {message}")
-        for message in run["side_effects"]:
-            findings.add("process", f"{at}: {message}")
+        call_findings(run, at, findings)
         if r == 0:
             first = compare_named(problem, run["outputs"], expected.outputs, contract.tolerance, "tolerance", at,
                                   findings)
@@ -313,10 +319,7 @@ def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
         if "raised" in run:
             findings.add("raised", f"{where}: {run['raised']}")
             break
-        for message in run["overruns"]:
-            findings.add("bounds", f"{where}: {message}")
-        for message in run["side_effects"]:
-            findings.add("process", f"{where}: {message}")
+        call_findings(run, where, findings)
         kind = "repeat" if s == opts.steps // 2 else "trajectory"
         checks = compare_named(problem, run["outputs"], exp, tol, kind, where, findings)
         worst = max([worst] + [ch.rel_l2 for ch in checks])
@@ -361,10 +364,7 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
             break
         for message in run["problems"]:
             findings.add("plain", f"{where}: {message}")
-        for message in run["overruns"]:
-            findings.add("bounds", f"{where}: {message}")
-        for message in run["side_effects"]:
-            findings.add("process", f"{where}: {message}")
+        call_findings(run, where, findings)
         got = run["outputs"] + run["states"]
         if got and isinstance(got[0][1], torch.Tensor):  # the first and the last call on each input: tensors
             compare_named(problem, run["outputs"], expected[i].outputs, ctx.contract.tolerance, "late", where,
@@ -401,8 +401,7 @@ def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[s
         where = f"{point.label}, input {i + 1} called beside input {call['beside'] + 1} on another stream"
         for message in call["problems"]:
             findings.add("plain", f"{where}: {message}")
-        for message in call["overruns"]:
-            findings.add("bounds", f"{where}: {message}")
+        call_findings(call, where, findings)
         if wrong := [name for name, d in call["got"] if first[i].get(name) != d]:
             findings.add("concurrent", f"{where}: {', '.join(wrong)} differ bit for bit from the same call alone: "
                          "calls at once interfere (a workspace shared between calls) or the kernel does not run on "
