@@ -68,6 +68,7 @@ CHECKS = {
     "late": "the same outputs after many calls (no warm-up phase, no call counter)",
     "production": "the same outputs through the production dispatcher, in a process without the gate",
     "concurrent": "the same outputs with two calls at once on two streams, each on the stream it is called on",
+    "kept": "no memory kept per input, none that grows with calls (a cache keyed on contents, a leak)",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
 GPU_CHECKS = ("concurrent",)  # streams: nothing to check on a CPU
@@ -377,12 +378,44 @@ def check_late_calls(ctx: GateContext, problem: Problem, box: Sandbox, point: Po
         elif dict(got) != first[i]:
             findings.add("late", f"{where}: differs bitwise from call {i + 1} on the same input")
             differs = differs or k + 1
+    kept = check_kept(point, reply["held"], len(cases), calls, findings)
     production = (check_production(ctx, point, names, cases, first, findings) if len(first) == len(cases)
                   else {"run": False, "why": "the candidate raised under the gate"})
     concurrent = (check_concurrent(ctx, box, point, names, cases, first, findings)
                   if device == "cuda" and len(first) == len(cases) else None)
     return {"point": point.label, "calls": len(reply["calls"]), "inputs": len(cases), "first_difference": differs,
-            "production": production, "concurrent": concurrent}
+            "production": production, "concurrent": concurrent, "kept": kept}
+
+
+KEPT_BYTES = 4 << 10  # what later calls may leave live beyond the first call's: 8 of the caching allocator's
+# 512-byte blocks (a descriptor made lazily); a copy of the weights, or of a batch's results, is more at any point
+
+
+def nbytes_text(n: int) -> str:
+    return f"{n / (1 << 20):.2f} MiB" if n >= 1 << 20 else f"{n / (1 << 10):.1f} KiB"
+
+
+def check_kept(point: Point, held: list[dict], inputs: int, calls: int, findings: Findings) -> dict:
+    """What the candidate keeps live between calls (worker.run_calls' `held`), judged where serving would feel it:
+    memory that grows with each new input of a shape the candidate has served (a cache keyed on its arguments'
+    contents: copies of weights, prepacked or quantized, or of results; in serving one per layer, beside the
+    weights), and memory that grows over the later calls on inputs it has seen (never freed: it grows with every
+    step). What a first call of a shape keeps (a workspace, a compiled kernel's tables) is reported, not judged."""
+    before, rounds = held[0], [h for h in held[1:] if h["call"] < inputs]
+    per_input = sum(max(0, b["bytes"] - a["bytes"]) for a, b in zip(rounds, rounds[1:]) if b["layout_served"])
+    new_inputs = sum(1 for b in rounds[1:] if b["layout_served"])
+    if per_input > KEPT_BYTES:
+        findings.add("kept", f"{point.label}: {nbytes_text(per_input)} more held after {new_inputs} new inputs of "
+                     "shapes it had served: memory kept per input (a cache keyed on the arguments' contents, of "
+                     "weights or results), which serving fills with every layer's")
+    later = None
+    if len(rounds) == inputs and held[-1]["call"] == calls - 1 > rounds[-1]["call"]:
+        later = held[-1]["bytes"] - rounds[-1]["bytes"]
+        if later > KEPT_BYTES:
+            findings.add("kept", f"{point.label}: {nbytes_text(later)} more held after {calls - inputs} later calls on "
+                         "inputs it had seen: memory never freed, which grows with every step in serving")
+    return {"first_call_bytes": rounds[0]["bytes"] - before["bytes"] if rounds else None,
+            "per_input_bytes": per_input, "new_inputs": new_inputs, "later_calls_bytes": later}
 
 
 def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[str], cases: list,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import faulthandler
 import functools
+import gc
 import importlib
 import io
 import os
@@ -54,6 +55,9 @@ GUARDED = {
     "torch.Tensor.cpu": (torch.Tensor, "cpu"),
     "torch.save": (torch, "save"),
     "torch.randint": (torch, "randint"),  # redraw_'s factors: patched to a constant, every replay would repeat
+    "torch.cuda.memory_allocated": (torch.cuda, "memory_allocated"),  # held_bytes: what the calls keep
+    "gc.collect": (gc, "collect"),
+    "gc.get_objects": (gc, "get_objects"),
 }
 if cuda_runtime is not None:  # what the benchmarks read and release the L2 set-aside with
     GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in L2_CALLS})
@@ -376,16 +380,24 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
     """`calls` consecutive calls cycling through `cases` (one envelope point's inputs, the state reset to the case's
     before each call), as a serving engine calls a kernel step after step: per call the digests of its outputs and
     state, and the tensors themselves for the first and the last call on each case. A kernel that counts its calls
-    and changes after a warm-up shows as a call that differs from the first one on the same input."""
+    and changes after a warm-up shows as a call that differs from the first one on the same input.
+
+    Also the memory live before the first call (call -1), after each call of the first round over the cases and
+    after the last call (held_bytes, the call's outputs freed), with whether the call's buffers had served an
+    earlier call: every buffer is made before the first call, so what the worker holds stays the same and a change
+    is what the candidate kept."""
     fn = load(candidate)
     pristine = [clone(case.args, device) for case in cases]
     pool: list = []
     guards = Guards()
+    layouts = [persistent_buffers(pool, p, guards) for p in pristine]
     keep: list = []
-    results = []
+    results: list[dict] = []
+    held = [{"call": -1, "bytes": held_bytes(device, results), "layout_served": False}]
+    served: set[int] = set()
     for k in range(calls):
         case = cases[k % len(cases)]
-        buffers = persistent_buffers(pool, pristine[k % len(cases)], guards)
+        buffers = layouts[k % len(cases)]
         copy_into(buffers, pristine[k % len(cases)])
         full = k < len(cases) or k >= calls - len(cases)
         result = call(fn, buffers, case.state, names, device, keep, full=full, with_inputs=False)
@@ -395,7 +407,29 @@ def run_calls(*, candidate: str, device: str, names: list[str], cases: list, cal
                                                      "overruns") if key in result})
         if "raised" in result:
             break
-    return {"calls": results}
+        if k < len(cases) or k == calls - 1:
+            held.append({"call": k, "bytes": held_bytes(device, results), "layout_served": id(buffers) in served})
+        served.add(id(buffers))
+    return {"calls": results, "held": held}
+
+
+def held_bytes(device: str, records: list) -> int:
+    """The bytes of tensors live in this process on `device`, garbage cycles collected first: on a GPU the caching
+    allocator's count (tensors a compiled extension holds included); on a CPU the storages of every tensor the
+    garbage collector tracks, but those of the worker's `records` (outputs kept as the gate asked)."""
+    _ORIGINAL["gc.collect"]()
+    if device == "cuda":
+        _synchronize()
+        return _ORIGINAL["torch.cuda.memory_allocated"]()
+    own = {t.untyped_storage().data_ptr() for _, t in leaves(records, "")}
+    storages = {}
+    for obj in _ORIGINAL["gc.get_objects"]():
+        # type(), not isinstance: isinstance reads __class__, which some module objects answer with a warning
+        if issubclass(type(obj), torch.Tensor) and obj.layout == torch.strided and obj.device.type == "cpu":
+            storage = obj.untyped_storage()
+            if storage.data_ptr() not in own:
+                storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def poison_(obj: Any) -> None:

@@ -7,11 +7,13 @@ reject every one with the right status. Same signature as the reference:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import torch
 
-from model.kimi_k3.ops.kda import KDAColumns, conv_update, prepare
+from kernels.trees import leaves
+from model.kimi_k3.ops.kda import KDAColumns, KDAWeights, conv_update, prepare
 from model.kimi_k3.ops.kda_decode import kda_decode
 
 TILE_ROWS = 4
@@ -227,3 +229,28 @@ def lowers_matmul_precision(proj, conv_state, ssm_state, slots, w):
     speed up its own: every later float32 GEMM of the model runs at 10 mantissa bits."""
     torch.set_float32_matmul_precision("high")
     return kda_decode(proj, conv_state, ssm_state, slots, w)
+
+
+_prepared: dict[str, KDAWeights] = {}
+
+
+def keeps_prepared_weights(proj, conv_state, ssm_state, slots, w):
+    """Prepares its weights once (a transposed, contiguous copy, as a faster layout would) and keys them on their
+    bytes: right on every call, but it keeps a copy of every weight set it is given; in serving, one per layer
+    beside the checkpoint's own."""
+    key = hashlib.sha256(b"".join(t.float().cpu().numpy().tobytes() for _, t in leaves(w, ""))).hexdigest()
+    if key not in _prepared:
+        conv_weight = w.conv_weight.t().contiguous()
+        _prepared[key] = dataclasses.replace(w, conv_weight=conv_weight.t())
+    return kda_decode(proj, conv_state, ssm_state, slots, _prepared[key])
+
+
+_history: list[torch.Tensor] = []
+
+
+def keeps_every_output(proj, conv_state, ssm_state, slots, w):
+    """Right on every call, but keeps each call's output (a debugging trace left in): memory that grows with every
+    step in serving."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    _history.append(out.clone())
+    return out

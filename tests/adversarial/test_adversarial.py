@@ -40,6 +40,8 @@ REJECTED = [
     ("mutates_input", {"mutation"}),
     ("aliases_input", {"aliasing"}),
     ("returns_its_buffer", {"fresh"}),
+    ("keeps_prepared_weights", {"kept"}),
+    ("keeps_every_output", {"kept"}),
     ("normal_inputs_only", {"tolerance"}),
     ("nan_on_large_inputs", {"finite"}),
     ("fails_at_batch_edge", {"tolerance"}),

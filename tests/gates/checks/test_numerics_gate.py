@@ -97,3 +97,23 @@ def test_a_failure_names_the_input_seed_that_reproduces_it():
     one_state_element_off(proj, conv.clone(), got_ssm, slots, w)
     again = check_tensor("state", got_ssm, ref_ssm, contract.tolerance)
     assert not again.passed and again.max_units == pytest.approx(units, rel=5e-3)  # the report prints 3 digits
+
+
+def held(*entries: tuple[int, int, bool]) -> list[dict]:
+    return [{"call": k, "bytes": b, "layout_served": served} for k, b, served in entries]
+
+
+def test_memory_a_new_shape_keeps_is_reported_not_judged():
+    """A workspace per shape (the first call of each layout) is what a serving engine pays once; only what grows
+    over inputs of a shape already served, or over the later calls, is kept memory."""
+    point = numerics.Point(batch=1, spec_tokens=0, shape=(("heads", 2),), dtype="bf16")
+    findings = numerics.Findings()
+    mib = 1 << 20
+    kept = numerics.check_kept(point, held((-1, 0, False), (0, mib, False), (1, 2 * mib, False), (2, 2 * mib, True),
+                                           (3, 2 * mib, True), (9, 2 * mib, True)), 4, 10, findings)
+    assert not findings and kept == {"first_call_bytes": mib, "per_input_bytes": 0, "new_inputs": 2,
+                                     "later_calls_bytes": 0}
+    kept = numerics.check_kept(point, held((-1, 0, False), (0, 0, False), (1, 8192, True), (2, 16384, True),
+                                           (3, 16384, True), (9, 16384 + 8192, True)), 4, 10, findings)
+    assert kept["per_input_bytes"] == 16384 and kept["later_calls_bytes"] == 8192
+    assert findings.counts["kept"] == 2
