@@ -64,7 +64,9 @@ left() { echo $((CALL_LIMIT - ($(date +%s) - CALL_START))); }
 
 run_tests() {
   # group name, seconds, pytest targets; TEST_GROUPS=route,experts runs only those groups (a kernel's first GPU
-  # tests compile every config they cover: each kernel has its own group, so one slow compile costs its group only)
+  # tests compile every config they cover: each kernel has its own group, so one slow compile costs its group only).
+  # A group runs the tests marked gpu, or with `--all` first every test of its targets (CPU tests that take the GPU
+  # where there is one, as the gates' own tests do)
   local groups=(
     "kda 240 tests/specialized/test_kda_*.py"  # a fresh machine: FLA compiles and autotunes first (150 s was short)
     "linear 150 tests/specialized/test_linear.py"
@@ -76,7 +78,7 @@ run_tests() {
     "kernels 60 tests/kernels"
     "adversarial 300 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"  # 3 more GPU gates (s23)
     "benchgate 90 tests/gates/checks/test_benchmarks.py"
-    "numerics 120 tests/gates/checks/test_numerics_gate.py"  # the honest candidate through `concurrent` on the GPU
+    "numerics 120 --all tests/gates/checks/test_numerics_gate.py -k reference_as_candidate"  # the honest candidate: `concurrent`, `kept` on a GPU
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU
     "l2 60 tests/gates/core/test_l2.py"  # the L2 set-aside the benchmarks read and release
     "model 120 tests/model --ignore=tests/model/test_dispatch.py"  # the layers' GPU tests (MoE side streams in a graph)
@@ -86,11 +88,12 @@ run_tests() {
   )
   for g in "${groups[@]}"; do
     set -- $g
-    local name=$1 limit=$2
+    local name=$1 limit=$2 marker=(-m gpu)
     shift 2
+    if [ "$1" = --all ]; then marker=(); shift; fi
     case ",${TEST_GROUPS:-$name}," in *",$name,"*) ;; *) continue ;; esac
     echo "== $name (${limit} s)"
-    timeout -s INT "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu --durations=5 "$@" \
+    timeout -s INT "$limit" python3 -m pytest -v -p no:cacheprovider "${marker[@]}" --durations=5 "$@" \
       > "$OUT/pytest_$name.log" 2>&1
     echo "   exit $? -- $(tail -1 "$OUT/pytest_$name.log")"
   done

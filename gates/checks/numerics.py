@@ -435,11 +435,15 @@ def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[s
         for message in call["problems"]:
             findings.add("plain", f"{where}: {message}")
         call_findings(call, where, findings)
+        if not call["at_once"]:
+            findings.add("concurrent", f"{where}: the two calls never started at once: enqueueing them took the host "
+                         "longer than the longest spin (~51 ms), which no serving step allows")
         if wrong := [name for name, d in call["got"] if first[i].get(name) != d]:
             findings.add("concurrent", f"{where}: {', '.join(wrong)} differ bit for bit from the same call alone: "
                          "calls at once interfere (a workspace shared between calls) or the kernel does not run on "
                          "the stream it is called on (its inputs read before they were written)")
-    return {"pairs": len(pairs), "calls": len(reply["calls"])}
+    return {"pairs": len(pairs), "calls": len(reply["calls"]),
+            "at_once": sum(1 for call in reply["calls"] if call.get("at_once"))}
 
 
 def check_production(ctx: GateContext, point: Point, names: list[str], cases: list, first: dict[int, dict],

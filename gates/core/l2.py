@@ -105,7 +105,7 @@ def _window(buf: torch.Tensor, persisting: bool) -> None:
     w.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
     w.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
     _checked("cudaStreamSetAttribute", rt.cudaStreamSetAttribute(
-        torch.cuda.current_stream().cuda_stream, rt.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, value))
+        torch.cuda.current_stream().cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow, value))
 
 
 def _timed_read(buf, out) -> float:

@@ -48,6 +48,7 @@ GUARDED = {
     "torch.cuda.Event.record": (torch.cuda.Event, "record"),
     "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
     "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
+    "torch.cuda.Event.query": (torch.cuda.Event, "query"),  # run_concurrent: did both calls start at once
     "torch.cuda.CUDAGraph.replay": (torch.cuda.CUDAGraph, "replay"),
     "torch.cuda._sleep": (torch.cuda, "_sleep"),
     "torch.Tensor.copy_": (torch.Tensor, "copy_"),
@@ -438,14 +439,20 @@ def poison_(obj: Any) -> None:
         t.fill_(poison_value(t.dtype))
 
 
+CONCURRENT_SPINS = (PAD_CYCLES, 8 * PAD_CYCLES, 64 * PAD_CYCLES, 512 * PAD_CYCLES)  # ~0.1, 0.8, 6.4, 51 ms
+
+
 def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list, pairs: list) -> dict:
     """Each pair of `cases` called at once on two side streams, as a serving engine runs the shared experts beside
     the routed ones and the MLA gate beside its attention. Both calls' buffers are poisoned (poison_) and the device
     synchronized; then a spin holds a third stream while the host enqueues on each side stream, behind an event after
     the spin, the copy of that call's inputs and the call: the two start together, and each finds its inputs written
-    only if it runs on the stream it was called on (a launch on the default stream runs at once, on poison). Per
-    call (case, in pair order) the digests of its outputs and state, for the gate to hold to the same call made
-    alone. A kernel sharing a workspace between calls, or launching on a stream of its own, differs."""
+    only if it runs on the stream it was called on (a launch on the default stream runs at once, on poison). The
+    spin must outlast the host's enqueueing of both calls (an eager candidate of many launches takes far longer than
+    a graph replay): where the spin had ended before the second call was enqueued, the first ran alone, so the pair
+    is made again behind a spin 8 times longer (CONCURRENT_SPINS). Per call (case, in pair order) the digests of its
+    outputs and state and whether its pair started at once, for the gate to hold to the same call made alone. A
+    kernel sharing a workspace between calls, or launching on a stream of its own, differs."""
     fn = load(candidate)
     guards = Guards()
     pristine = [clone(case.args, device) for case in cases]
@@ -454,25 +461,33 @@ def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list
     results = []
     for pair in pairs:
         buffers = [guards.place(pristine[i]) for i in pair]
-        for b in buffers:
-            poison_(b)
-        _sync(device)
-        start = torch.cuda.Event()
-        with torch.cuda.stream(hold):
-            _sleep(PAD_CYCLES)
-        _record(start, hold)
-        outs: list = []
-        try:
-            for stream, b, i in zip(streams, buffers, pair):
-                stream.wait_event(start)
-                with torch.cuda.stream(stream):
-                    copy_into(b, pristine[i])
-                    outs.append(fn(*b))
-                current.wait_stream(stream)
+        for spin in CONCURRENT_SPINS:
+            for b in buffers:
+                poison_(b)
             _sync(device)
-        except Exception as e:  # the candidate's own failure: a result, not a harness error
-            _sync(device)
-            results.append({"raised": f"{type(e).__name__}: {e}"})
+            start = torch.cuda.Event()
+            with torch.cuda.stream(hold):
+                _sleep(spin)
+            _record(start, hold)
+            outs: list = []
+            try:
+                for stream, b, i in zip(streams, buffers, pair):
+                    stream.wait_event(start)
+                    with torch.cuda.stream(stream):
+                        copy_into(b, pristine[i])
+                        outs.append(fn(*b))
+                    current.wait_stream(stream)
+                at_once = not _ORIGINAL["torch.cuda.Event.query"](start)
+                _sync(device)
+            except Exception as e:  # the candidate's own failure: a result, not a harness error
+                _sync(device)
+                outs, raised = [], f"{type(e).__name__}: {e}"
+                break
+            raised = None
+            if at_once:
+                break
+        if raised is not None:
+            results.append({"raised": raised})
             continue
         for i, b, out in zip(pair, buffers, outs):
             problems: list[str] = []
@@ -480,7 +495,7 @@ def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list
             got += [(n, d) for n, t in state_leaves(b, cases[i].state, names)
                     if (d := _digest(n, t, device, problems)) is not None]
             beside = pair[1] if i == pair[0] else pair[0]
-            results.append({"case": i, "beside": beside, "got": got, "problems": problems,
+            results.append({"case": i, "beside": beside, "got": got, "problems": problems, "at_once": at_once,
                             "overruns": guards.overruns(b, names)})
     return {"calls": results}
 

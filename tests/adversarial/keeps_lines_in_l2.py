@@ -19,7 +19,7 @@ def _keep_in_l2(t: torch.Tensor) -> None:
     window.hitProp = cudart.cudaAccessProperty.cudaAccessPropertyPersisting
     window.missProp = cudart.cudaAccessProperty.cudaAccessPropertyStreaming
     cudart.cudaStreamSetAttribute(torch.cuda.current_stream().cuda_stream,
-                                  cudart.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow, value)
+                                  cudart.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow, value)
 
 
 def kda_decode(proj, conv_state, ssm_state, slots, w):
