@@ -442,6 +442,31 @@ def poison_(obj: Any) -> None:
 CONCURRENT_SPINS = (PAD_CYCLES, 8 * PAD_CYCLES, 64 * PAD_CYCLES, 512 * PAD_CYCLES)  # ~0.1, 0.8, 6.4, 51 ms
 
 
+def _pair_behind_spin(fn: Callable, buffers: list, inputs: list, spin: int, hold: torch.cuda.Stream,
+                      streams: tuple, device: str) -> tuple[list, bool]:
+    """One try of run_concurrent's pair: the buffers poisoned, a spin of `spin` cycles on `hold`, each call's input
+    copy and call enqueued on its stream behind it. (outputs, whether the spin still held both calls when the host
+    had enqueued them)."""
+    for b in buffers:
+        poison_(b)
+    _sync(device)
+    start = torch.cuda.Event()
+    with torch.cuda.stream(hold):
+        _sleep(spin)
+    _record(start, hold)
+    current = torch.cuda.current_stream()
+    outs = []
+    for stream, b, pristine in zip(streams, buffers, inputs):
+        stream.wait_event(start)
+        with torch.cuda.stream(stream):
+            copy_into(b, pristine)
+            outs.append(fn(*b))
+        current.wait_stream(stream)
+    at_once = not _ORIGINAL["torch.cuda.Event.query"](start)
+    _sync(device)
+    return outs, at_once
+
+
 def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list, pairs: list) -> dict:
     """Each pair of `cases` called at once on two side streams, as a serving engine runs the shared experts beside
     the routed ones and the MLA gate beside its attention. Both calls' buffers are poisoned (poison_) and the device
@@ -457,37 +482,18 @@ def run_concurrent(*, candidate: str, device: str, names: list[str], cases: list
     guards = Guards()
     pristine = [clone(case.args, device) for case in cases]
     hold, streams = torch.cuda.Stream(), (torch.cuda.Stream(), torch.cuda.Stream())
-    current = torch.cuda.current_stream()
     results = []
     for pair in pairs:
         buffers = [guards.place(pristine[i]) for i in pair]
-        for spin in CONCURRENT_SPINS:
-            for b in buffers:
-                poison_(b)
+        try:
+            for spin in CONCURRENT_SPINS:
+                outs, at_once = _pair_behind_spin(fn, buffers, [pristine[i] for i in pair], spin, hold, streams,
+                                                  device)
+                if at_once:
+                    break
+        except Exception as e:  # the candidate's own failure: a result, not a harness error
             _sync(device)
-            start = torch.cuda.Event()
-            with torch.cuda.stream(hold):
-                _sleep(spin)
-            _record(start, hold)
-            outs: list = []
-            try:
-                for stream, b, i in zip(streams, buffers, pair):
-                    stream.wait_event(start)
-                    with torch.cuda.stream(stream):
-                        copy_into(b, pristine[i])
-                        outs.append(fn(*b))
-                    current.wait_stream(stream)
-                at_once = not _ORIGINAL["torch.cuda.Event.query"](start)
-                _sync(device)
-            except Exception as e:  # the candidate's own failure: a result, not a harness error
-                _sync(device)
-                outs, raised = [], f"{type(e).__name__}: {e}"
-                break
-            raised = None
-            if at_once:
-                break
-        if raised is not None:
-            results.append({"raised": raised})
+            results.append({"raised": f"{type(e).__name__}: {e}"})
             continue
         for i, b, out in zip(pair, buffers, outs):
             problems: list[str] = []
