@@ -7,14 +7,12 @@ alignment, TP16: 192 -> 256) and kept as the checkpoint stores them: MXFP4 (`wei
 
 from __future__ import annotations
 
-import contextlib
-from typing import NamedTuple
-
 import torch
 
 from .config import MXFP4_GROUP, KimiK3Config
 from .module import Weighted
 from .parallel import TP
+from .streams import forked, joined, side_stream
 from .weights import Binding, CkptTensor, Part, single
 
 
@@ -69,60 +67,20 @@ class LatentMoE(Weighted):
         # three branches), while the down projection runs here: the GEMVs stream weights and the router's selection
         # is latency-bound, so they overlap (bench NOTES, session 21: the router beside the down projection took
         # the step at batch 1 from 11.80 to 11.21 ms).
-        sides = side_streams(x.device)
-        with forked(sides and sides.shared):
+        shared_side, router_side = side_stream(x.device, "moe_shared"), side_stream(x.device, "moe_router")
+        with forked(shared_side):
             shared = ops.call("situ_mlp", x, self.shared_gate_up, self.shared_down, self.beta, self.beta_lin)
-        with forked(sides and sides.router):
+        with forked(router_side):
             ids, weights = ops.call("moe_route", x, self.gate, self.e_bias, self.top_k, self.renormalize, self.scaling)
         z = ops.call("linear", x, self.down_proj)
-        joined(sides and sides.router, ids, weights)
+        joined(router_side, ids, weights)
         w13 = tuple(getattr(self, f"w13_{t}") for t in self.suffixes)
         w2 = tuple(getattr(self, f"w2_{t}") for t in self.suffixes)
         y = ops.call("moe_experts", z, ids, weights, w13, w2, self.beta, self.beta_lin)
         # the experts' fp32 partials summed first; the norm rounds once, to what the up projection reads
         y = ops.call("rms_norm", self.tp.all_reduce(y), self.latent_norm, self.eps, x.dtype)
-        joined(sides and sides.shared, shared)
+        joined(shared_side, shared)
         return ops.call("linear", y, self.up_proj) + self.tp.all_reduce(shared)
-
-
-class SideStreams(NamedTuple):
-    shared: torch.cuda.Stream  # the shared experts
-    router: torch.cuda.Stream
-
-
-_SIDE_STREAMS: dict[int, SideStreams] = {}
-
-
-def side_streams(device: torch.device) -> SideStreams | None:
-    """The streams the MoE's branches overlap on (one pair per device), or None off a GPU."""
-    if device.type != "cuda":
-        return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = SideStreams(torch.cuda.Stream(index), torch.cuda.Stream(index))
-    return _SIDE_STREAMS[index]
-
-
-@contextlib.contextmanager
-def forked(stream: torch.cuda.Stream | None):
-    """Runs the block on `stream` after all work issued so far on the current stream; inline where None."""
-    if stream is None:
-        yield
-        return
-    stream.wait_stream(torch.cuda.current_stream(stream.device))
-    with torch.cuda.stream(stream):
-        yield
-
-
-def joined(stream: torch.cuda.Stream | None, *made: torch.Tensor) -> None:
-    """The current stream waits for `stream`'s work; `made` (allocated on `stream`) is freed only after the current
-    stream's use of it."""
-    if stream is None:
-        return
-    current = torch.cuda.current_stream(stream.device)
-    current.wait_stream(stream)
-    for t in made:
-        t.record_stream(current)
 
 
 class DenseMLP(Weighted):

@@ -108,10 +108,10 @@ def test_moe_branches_on_their_side_streams_change_nothing_eager_or_captured(tin
 
     ops.call = call
     x = torch.randn(3, tiny_model.cfg.hidden_size, generator=torch.Generator().manual_seed(5)).cuda()
-    monkeypatch.setattr(moe_module, "side_streams", lambda device: None)
+    monkeypatch.setattr(moe_module, "side_stream", lambda device, role: None)
     inline = moe(x, ops)
     monkeypatch.undo()
-    assert moe_module.side_streams(x.device) is not None
+    assert moe_module.side_stream(x.device, "moe_router") is not None
     torch.testing.assert_close(moe(x, ops), inline, atol=0, rtol=0)
     held = {}
     graph = capture_graph(lambda: held.update(out=moe(x, ops)))
