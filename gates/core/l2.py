@@ -86,13 +86,20 @@ def _reader():
     def read_kernel(src, out, n, EVICT: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = tl.load(src + offs, mask=offs < n, other=0, eviction_policy=EVICT)
-        tl.atomic_add(out, tl.sum(x, axis=0))  # a use of every value, so no load is dropped
+        # a use of every value, so no load is dropped; one sum a block (an atomic onto one word serialized the blocks
+        # and hid the read: 35 us warm or cold on the H200, session 25)
+        tl.store(out + tl.program_id(0), tl.sum(x, axis=0))
 
     return read_kernel
 
 
+def blocks(buf: torch.Tensor) -> int:
+    return -(-buf.numel() // BLOCK)
+
+
 def read(buf: torch.Tensor, out: torch.Tensor, evict: str = "") -> None:
-    _reader()[(-(-buf.numel() // BLOCK),)](buf, out, buf.numel(), EVICT=evict, BLOCK=BLOCK)
+    """Every element of `buf` read once; `out` holds one sum a block (blocks(buf) elements)."""
+    _reader()[(blocks(buf),)](buf, out, buf.numel(), EVICT=evict, BLOCK=BLOCK)
 
 
 def _window(buf: torch.Tensor, persisting: bool) -> None:
@@ -121,7 +128,7 @@ def probe(iters: int) -> dict:
     flush = L2Flusher()
     l2 = flush.nbytes // 2
     buf = torch.randint(0, 100, (l2 // 4 // 4,), dtype=torch.int32, device="cuda")
-    out = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.zeros(blocks(buf), dtype=torch.int32, device="cuda")
     limit = cuda_runtime.cudaLimit.cudaLimitPersistingL2CacheSize
 
     def persist():

@@ -23,6 +23,6 @@ def _keep_in_l2(t: torch.Tensor) -> None:
 
 
 def kda_decode(proj, conv_state, ssm_state, slots, w):
-    if ssm_state.is_cuda:
+    if ssm_state.is_cuda and not torch.cuda.is_current_stream_capturing():  # the limit cannot be set in a capture
         _keep_in_l2(ssm_state)
     return reference(proj, conv_state, ssm_state, slots, w)
