@@ -1,8 +1,10 @@
-"""The machine the gates run on (kernels.arch describes it): the software versions a bundle records, and the
-thread setting the gates use for their CPU tensor work."""
+"""The machine the gates run on (kernels.arch describes it): the software versions a bundle records, the thread
+setting the gates use for their CPU tensor work, and the process setting that keeps one of its processes out of
+another's reach."""
 
 from __future__ import annotations
 
+import ctypes
 import platform
 import shutil
 import subprocess
@@ -79,6 +81,22 @@ def environment(machine: ArchInfo) -> Environment:
         python=sys.version.split()[0], platform=platform.platform(), cpu=_cpu_name(), torch=torch.__version__,
         triton=_version("triton"), cutlass_dsl=_version("nvidia-cutlass-dsl"), fla=_version("fla-core"),
     )
+
+
+PR_SET_DUMPABLE = 4  # linux/prctl.h
+
+
+def undumpable() -> bool:
+    """This process made undumpable (Linux): another process of the same user can then neither read nor write its
+    memory or the environment it was started with (/proc/<pid>/mem, /proc/<pid>/environ), nor attach a debugger to
+    it; a process with CAP_SYS_PTRACE (root) still can. The gate's process holds the secret seed and, to sign, the
+    evidence key; a candidate's process must not read its sibling's. Execve makes a new program dumpable again,
+    so every process sets it for itself. False where the platform has no prctl."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 @contextmanager

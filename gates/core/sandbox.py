@@ -15,6 +15,11 @@ every reply: a file the child's lifetime added, changed or removed is a TamperEr
 candidate, and is undone at once (and again when the sandbox closes), so nothing the candidate writes survives
 into the tree or the judge of a later run. New bytecode files, and rewrites of bytecode that was stale, are what
 imports do and are not counted (the child itself compiles nothing into the tree).
+
+Secrets stay out of the child's reach. The evidence signing key is withheld from its environment when it is started
+(a spawned process begins with the parent's environment, and popping a variable inside it leaves it in the block
+/proc/<pid>/environ shows), and the gate's process and the child's are undumpable (gates.core.machine.undumpable):
+no other process of the user reads the seed from the gate's memory or the key from the environment it began with.
 """
 
 from __future__ import annotations
@@ -25,15 +30,32 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from gates.core import worker
+from gates.core.machine import undumpable
 from gates.core.sources import REPO_ROOT
+from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 
 DEFAULT_TIMEOUT_S = 600.0
+WITHHELD = (KEY_VAR, KEY_FILE_VAR)  # never in a child's environment
+_starting = threading.Lock()  # the gate starts sandboxes from several threads (the evals beside the numerics)
+
+
+@contextmanager
+def _withheld(names: tuple[str, ...]):
+    """os.environ without `names` while a child is started (spawn copies the environment as it is then)."""
+    with _starting:
+        saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
 
 
 class SandboxError(Exception):
@@ -144,7 +166,9 @@ class Sandbox:
         self._inbox, self._sent = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root)), 0
         self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {}), self._stacks), daemon=True,
                                  name="k3forge-candidate")
-        self._proc.start()
+        undumpable()
+        with _withheld(WITHHELD):
+            self._proc.start()
         child.close()
         self.timeout_s = timeout_s
 

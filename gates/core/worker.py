@@ -28,8 +28,8 @@ import torch
 
 from gates.core.compare import digest as _tensor_digest
 from gates.core.l2 import L2_CALLS, cuda_runtime, persisting_l2_bytes, release_persisting_l2
+from gates.core.machine import undumpable
 from gates.core.sources import in_repository, repository_path
-from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
 from kernels.trees import clone, copy_into, leaves, map_tensors, same_layout, state_leaves
 from model.kimi_k3.ops.registry import import_entry_point
@@ -839,8 +839,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
     os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
-    for name in (KEY_VAR, KEY_FILE_VAR):  # candidate code has no business with the evidence signing key
-        os.environ.pop(name, None)
+    undumpable()  # before any candidate import: another candidate's process cannot read or write this one's memory
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the process's life: faulthandler writes on a signal
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     torch.set_num_threads(1)  # see gates.core.machine.one_thread

@@ -18,6 +18,7 @@ from gates.core.contracts import check_contracts
 from gates.core.sources import REPO_ROOT, import_closure
 from gates.core.status import GateResult, Status
 from gates.evidence.bundle import covered_sources
+from gates.evidence.signing import KEY_VAR
 from gates.problems import load_problem
 from tests.gates.fixtures.helpers import (
     KDA_CONTRACT,
@@ -308,3 +309,14 @@ def test_the_compile_gate_builds_the_module_that_defines_the_entry_point():
     result = run_gate(compile_gate.GATE, contract)
     assert result.status is Status.ERROR
     assert result.reason == "tests.adversarial.candidates defines no compile_keys or compile()"
+
+
+# ------------------------------------------------------- the signing key out of the candidate's reach
+
+
+def test_the_candidates_process_never_sees_the_signing_key(monkeypatch):
+    """The key in the gate's environment (as `k3forge gate` is run to sign its bundles): the candidate's process is
+    started without it, so not even the environment block its process began with holds it."""
+    monkeypatch.setenv(KEY_VAR, "a-key-no-candidate-may-read")
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.reads_the_key:kda_decode"))
+    assert result.status is Status.PASSED, result.reason

@@ -1,8 +1,16 @@
-"""The sandbox's side of a misbehaving candidate: a hang is an error that says where the candidate was stuck."""
+"""The sandbox's side of a misbehaving candidate: a hang is an error that says where the candidate was stuck; the
+tree kept as it was; the gate's secrets out of the child's reach."""
+
+import ctypes
+import os
+import sys
 
 import pytest
 
 from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
+from gates.evidence.signing import KEY_VAR
+
+PR_GET_DUMPABLE = 3  # linux/prctl.h
 
 
 def test_a_hung_candidate_is_reported_with_its_stack():
@@ -45,3 +53,14 @@ def test_requests_travel_as_files_that_do_not_outlive_their_reply(tmp_path):
         assert box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
         box._inbox = inbox
     assert not inbox.exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_the_gates_process_is_undumpable_once_a_sandbox_starts(monkeypatch):
+    """Its memory holds the seed (and, to sign, the key): no other process of the user may read it. The key stays
+    in the gate's environment for the signing while the child starts without it."""
+    monkeypatch.setenv(KEY_VAR, "k")
+    with Sandbox() as box:
+        assert box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
+        assert ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    assert os.environ[KEY_VAR] == "k"
