@@ -397,7 +397,7 @@ def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]
     c, opts = ctx.contract, ctx.options
     alone: dict[str, float] = {}
     try:
-        with Sandbox() as clean:
+        with Sandbox(runs_candidate=False) as clean:
             for point in points:
                 ctx.progress(f"benchmarks: {point.label}, the standard alone")
                 sets = draw(point)

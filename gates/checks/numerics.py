@@ -581,7 +581,7 @@ def run(ctx: GateContext) -> GateResult:
         points = envelope_points(ctx.contract, problem, seed_for(ctx.options.seed, NAME, "points"))
         names = arg_names(problem.reference)
         findings = Findings()
-        with Sandbox() as box, Sandbox() as std_box:
+        with Sandbox() as box, Sandbox(runs_candidate=False) as std_box:
             rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])

@@ -24,6 +24,7 @@ no other process of the user reads the seed from the gate's memory or the key fr
 
 from __future__ import annotations
 
+import hashlib
 import io
 import multiprocessing
 import os
@@ -95,7 +96,8 @@ PROSE = (".md", ".txt", ".rst")  # documentation outside evidence/: nothing judg
 
 def tree_state(root: Path = REPO_ROOT) -> dict[str, tuple]:
     """Every file of the tree (hidden directories, virtual environments and git's own store left out, and prose
-    outside evidence/) with its size and modification time, and for a bytecode file whether it is fresh."""
+    outside evidence/) with its size, modification and change times, and for a bytecode file whether it is
+    fresh."""
     state = {}
     for directory, dirs, files in os.walk(root):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
@@ -109,7 +111,10 @@ def tree_state(root: Path = REPO_ROOT) -> dict[str, tuple]:
             except OSError:
                 continue
             rel = path.relative_to(root).as_posix()
-            state[rel] = (st.st_size, st.st_mtime_ns, _fresh_pyc(path) if name.endswith(".pyc") else None)
+            # the change time too: a write of the same size with its modification time set back (os.utime) changes
+            # the change time, which no process can set
+            state[rel] = (st.st_size, st.st_mtime_ns, _fresh_pyc(path) if name.endswith(".pyc") else None,
+                          st.st_ctime_ns)
     return state
 
 
@@ -151,11 +156,78 @@ class TreeGuard:
                 os.utime(path, ns=(self.state[rel][1], self.state[rel][1]))
             else:
                 path.unlink(missing_ok=True)
+        self.state = tree_state(self.root)  # the restored files' bytes are the kept ones; their change times new
+
+
+def compile_caches() -> list[Path]:
+    """The on-disk compile caches the standards load their kernels from, where they exist: Triton's (FLA's KDA
+    and norm kernels, with their autotuning results) and humming's (the MXFP4 MoE GEMMs)."""
+    roots = [os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache",
+             os.environ.get("HUMMING_CACHE_DIR")]
+    return [Path(r) for r in roots if r and Path(r).is_dir()]
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+class CacheGuard:
+    """The compile caches' entries as they were when a child started, held to their bytes. A candidate's process
+    that rewrote a compiled kernel of the standard there (a slow or wrong binary under the standard's own cache key)
+    would slow or spoil every later process that loads it, the standard's timing alone included, with nothing in
+    the tree changed. New entries are what compiling does, and a removed one is compiled again; an entry replaced
+    by the same bytes is two processes compiling one kernel at once. An entry whose bytes changed is reported
+    (`rewritten`) and removed (`undo`: its next use compiles it afresh). Each file is hashed once a process
+    (`_digests`, keyed by its identity); Triton's temporary folders (`tmp.*`) are left out. An entry planted
+    before anything compiled its kernel stays out of reach: it is new when the guard looks."""
+
+    _digests: dict[tuple, str | None] = {}
+
+    def __init__(self, roots: list[Path] | None = None):
+        self.roots = compile_caches() if roots is None else roots
+        self.state = self._scan()
+        self.digests = {path: self._digest(path, key) for path, key in self.state.items()}
+
+    def _scan(self) -> dict[Path, tuple]:
+        state = {}
+        for root in self.roots:
+            for directory, dirs, files in os.walk(root):
+                dirs[:] = [d for d in dirs if not d.startswith("tmp.")]
+                for name in files:
+                    path = Path(directory, name)
+                    try:
+                        st = path.lstat()
+                    except OSError:
+                        continue
+                    state[path] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # see tree_state
+        return state
+
+    def _digest(self, path: Path, key: tuple) -> str | None:
+        if (path, key) not in self._digests:
+            self._digests[(path, key)] = _sha256(path)
+        return self._digests[(path, key)]
+
+    def rewritten(self) -> list[Path]:
+        now = self._scan()
+        return [path for path, was in self.state.items()
+                if (key := now.get(path)) is not None and key != was and _sha256(path) != self.digests[path]]
+
+    def undo(self, paths: list[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
 
 
 class Sandbox:
-    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 runs_candidate: bool = True):
+        """`runs_candidate=False` for a child that runs only the standard: it does not guard the compile caches,
+        so a rewrite by a candidate's process running beside it is found and blamed by that process's sandbox."""
         self._tree = TreeGuard()
+        self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -212,9 +284,17 @@ class Sandbox:
             self._tree.restore()
             raise TamperError(f"the candidate's process wrote to the repository: {', '.join(writes[:5])}"
                               + (f" and {len(writes) - 5} more" if len(writes) > 5 else "") + " (undone)")
+        self._check_caches()
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply
+
+    def _check_caches(self) -> None:
+        if rewritten := self._caches.rewritten():
+            self._caches.undo(rewritten)
+            raise TamperError("the candidate's process rewrote compiled kernels in a compile cache the standard "
+                              f"loads from: {', '.join(str(p) for p in rewritten[:3])}"
+                              + (f" and {len(rewritten) - 3} more" if len(rewritten) > 3 else "") + " (removed)")
 
     def _stuck_at(self) -> str:
         """The hung child's innermost Python frames: it dumps every thread's stack on SIGUSR1 (faulthandler, which
@@ -243,6 +323,7 @@ class Sandbox:
         shutil.rmtree(self._inbox, ignore_errors=True)
         if self._tree.writes():  # written after its last reply, e.g. by a thread it left running
             self._tree.restore()
+        self._caches.undo(self._caches.rewritten())
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -320,3 +320,15 @@ def test_the_candidates_process_never_sees_the_signing_key(monkeypatch):
     monkeypatch.setenv(KEY_VAR, "a-key-no-candidate-may-read")
     result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.reads_the_key:kda_decode"))
     assert result.status is Status.PASSED, result.reason
+
+
+def test_a_candidate_that_rewrites_the_standards_compiled_kernels_is_caught(tmp_path, monkeypatch):
+    """Entries of the compile cache the standard loads from, rewritten by the candidate's process: an ERROR, and the
+    rewritten entries removed (the next use compiles them afresh)."""
+    entry = tmp_path / "triton" / "KEY" / "fused_recurrent_kda.cubin"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"the standard's compiled kernel")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.rewrites_compile_cache:kda_decode"))
+    assert result.status is Status.ERROR and "compile cache" in result.reason, result.reason
+    assert not entry.exists()

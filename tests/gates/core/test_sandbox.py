@@ -4,10 +4,11 @@ tree kept as it was; the gate's secrets out of the child's reach."""
 import ctypes
 import os
 import sys
+import time
 
 import pytest
 
-from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
+from gates.core.sandbox import CacheGuard, Sandbox, SandboxError, TreeGuard
 from gates.evidence.signing import KEY_VAR
 
 PR_GET_DUMPABLE = 3  # linux/prctl.h
@@ -64,3 +65,39 @@ def test_the_gates_process_is_undumpable_once_a_sandbox_starts(monkeypatch):
         assert box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
         assert ctypes.CDLL(None).prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
     assert os.environ[KEY_VAR] == "k"
+
+
+def test_the_cache_guard_reports_only_entries_whose_bytes_changed(tmp_path):
+    """Compiling adds entries, two processes compiling one kernel replace one with the same bytes, and a removed
+    entry is compiled again: none of these is a rewrite. Changed bytes are, in place or by a replacing file."""
+    (tmp_path / "a").mkdir()
+    kept, same, gone, in_place, replaced = (tmp_path / "a" / name for name in ("kept", "same", "gone", "in_place",
+                                                                                "replaced"))
+    for path in (kept, same, gone, in_place, replaced):
+        path.write_bytes(path.name.encode())
+    guard = CacheGuard(roots=[tmp_path])
+    (tmp_path / "a" / "new").write_bytes(b"a kernel compiled now")
+    (tmp_path / "staged").write_bytes(same.read_bytes())
+    os.replace(tmp_path / "staged", same)
+    gone.unlink()
+    with open(in_place, "r+b") as f:
+        f.write(b"X")
+    (tmp_path / "staged").write_bytes(b"a slower kernel")
+    os.replace(tmp_path / "staged", replaced)
+    assert sorted(guard.rewritten()) == [in_place, replaced]
+    guard.undo(guard.rewritten())
+    assert not in_place.exists() and not replaced.exists() and kept.exists() and same.exists()
+
+
+def test_a_rewrite_of_the_same_size_with_its_time_set_back_is_found(tmp_path):
+    """A candidate that edits a judge's file in place (1e-3 -> 1e-1) and restores its modification time."""
+    judge = tmp_path / "problem.py"
+    judge.write_text("TOLERANCE = 1e-3\n")
+    mtime = judge.stat().st_mtime_ns
+    guard = TreeGuard(tmp_path)
+    time.sleep(0.01)
+    judge.write_text("TOLERANCE = 1e-1\n")
+    os.utime(judge, ns=(mtime, mtime))
+    assert guard.writes() == ["problem.py (changed)"]
+    guard.restore()
+    assert guard.writes() == [] and judge.read_text() == "TOLERANCE = 1e-3\n"
