@@ -336,7 +336,7 @@ def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline
     from kernels.arch import detect
 
     requests: list = []
-    monkeypatch.setattr(benchmarks, "Sandbox", lambda: _FakeClean(pipeline, requests))
+    monkeypatch.setattr(benchmarks, "Sandbox", lambda **_: _FakeClean(pipeline, requests))
     contract = kda_contract()
     ctx = GateContext(contract=contract, contract_path=REPO_ROOT / "contracts" / "kda_decode.yaml", machine=detect(),
                       options=GateOptions(seed=0))
