@@ -203,6 +203,7 @@ def _errors(checks: list[list[TensorCheck]], state_names: set[str]) -> dict:
         "max_abs": max((c.max_abs for c in outs), default=0.0),
         "mean_abs": max((c.mean_abs for c in outs), default=0.0),
         "max_units": max((c.max_units for c in outs), default=0.0),
+        "max_ulps": max((c.max_ulps for c in outs if c.max_ulps is not None), default=None),
         "close_fraction": min((c.close_fraction for c in outs), default=1.0),
         "rel_l2": max((c.rel_l2 for c in outs), default=0.0),
         "state_rel_l2": max((c.rel_l2 for c in states), default=0.0),
@@ -510,6 +511,7 @@ class RecordedErrors(BaseModel):
     max_abs: NonNegativeFloat | None
     mean_abs: NonNegativeFloat | None
     max_units: NonNegativeFloat | None
+    max_ulps: NonNegativeFloat | None = None  # bundles before session 25 lack it
     close_fraction: float = Field(ge=0, le=1)
     rel_l2: NonNegativeFloat | None
     state_rel_l2: NonNegativeFloat | None

@@ -8,6 +8,8 @@ rounding errors near zero (cancellation) grow with the data, not with the elemen
   - at least `min_close_fraction` of the elements are within one unit;
   - the largest error is at most `max_units` units and the mean at most MEAN_UNITS units;
   - the relative norm error ||got - ref|| / ||ref|| is at most `max_rel_l2`.
+The largest error is also given in units in the last place of the output's dtype (`max_ulps`, not judged): a bf16
+result one rounding away from the float64 reference reads 0.5, a summation order's drift a few.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class TensorCheck(BaseModel):
     mean_abs: float = 0.0
     max_units: float = 0.0
     mean_units: float = 0.0
+    max_ulps: float | None = Field(default=None, description="the largest error in units in the last place of the "
+                                   "output's dtype at the reference's value (floating outputs)")
     rel_l2: float = 0.0
     atol_scale: float = Field(default=1.0, description="atol was multiplied by this: max(1, RMS of the reference)")
     nonfinite: int = Field(default=0, description="elements NaN/inf where the reference is finite")
@@ -57,6 +61,14 @@ def _mismatches(name: str, g: torch.Tensor, r: torch.Tensor, flat: torch.Tensor)
     """`name[i, j] = got, expected ref` for the elements at flat indices `flat` of g and r (one shape)."""
     return [f"{name}[{', '.join(str(int(i)) for i in idx)}] = {g[idx].item():.6g}, expected {r[idx].item():.6g}"
             for idx in zip(*torch.unravel_index(flat, g.shape))]
+
+
+def ulps(diff: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`diff` in units in the last place of `dtype` at the values `ref` (float64 in and out): the spacing of
+    dtype's numbers around |ref|, and below its smallest normal number the subnormals' spacing."""
+    info = torch.finfo(dtype)
+    _, exponent = torch.frexp(ref.abs().clamp_min(info.tiny))  # |ref| = m 2^exponent, m in [0.5, 1)
+    return diff / torch.ldexp(torch.full_like(ref, info.eps), exponent - 1)
 
 
 def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> TensorCheck:
@@ -79,7 +91,8 @@ def check_tensor(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance
         name=name, passed=True, numel=g.numel(), close_fraction=float((units <= 1.0).double().mean()),
         max_abs=float(diff.max()), mean_abs=float(diff.mean()), max_units=float(units.max()),
         mean_units=float(units.mean()), rel_l2=float(diff.norm()) / ref_norm if ref_norm > 0 else float(diff.norm()),
-        atol_scale=scale, nonfinite=nonfinite)
+        atol_scale=scale, nonfinite=nonfinite,
+        max_ulps=float(ulps(diff, r_finite, got.dtype).max()) if got.dtype.is_floating_point else None)
     problems = []
     if nonfinite:
         problems.append(f"{name}: {nonfinite} NaN/inf elements where the reference is finite")

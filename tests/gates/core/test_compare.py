@@ -112,3 +112,17 @@ def test_exact_check_admits_no_rounding_step():
     assert check_tensor("out[1]", off, ref, Tolerance(atol=1e-2, rtol=1.6e-2, max_rel_l2=1e-2,
                                                       min_close_fraction=0.99)).passed  # what a tolerance admits
     assert "expected torch.bfloat16 (8, 12)" in check_exact("out[1]", ref.float(), ref).problems[0]
+
+
+@pytest.mark.parametrize("dtype, bits", [(torch.bfloat16, torch.int16), (torch.float16, torch.int16),
+                                         (torch.float32, torch.int32)])
+def test_the_largest_error_in_ulps_of_the_output_dtype(dtype, bits):
+    """One element one step of the dtype away from the reference (its bit pattern plus one), in several binades:
+    1 ULP wherever it is (at 3.0 a step is twice that at 1.0); integer outputs have none."""
+    ref = torch.tensor([1.0, 3.0, -0.1, 6e4 if dtype is torch.float16 else 1e20], dtype=dtype)
+    for i in range(ref.numel()):
+        got = ref.clone()
+        got[i:i + 1] = (ref[i:i + 1].view(bits) + 1).view(dtype)
+        assert check_tensor("out", got, ref, TOL).max_ulps == pytest.approx(1.0)
+    assert check_tensor("out", ref, ref, TOL).max_ulps == 0.0
+    assert check_tensor("ids", torch.arange(4), torch.arange(4), TOL).max_ulps is None
