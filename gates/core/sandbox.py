@@ -182,8 +182,9 @@ class CacheGuard:
     the tree changed. New entries are what compiling does, and a removed one is compiled again; an entry replaced
     by the same bytes is two processes compiling one kernel at once. An entry whose bytes changed is reported
     (`rewritten`) and removed (`undo`: its next use compiles it afresh). Each file is hashed once a process
-    (`_digests`, keyed by its identity); Triton's temporary folders (`tmp.*`) are left out. An entry planted
-    before anything compiled its kernel stays out of reach: it is new when the guard looks."""
+    (`_digests`, keyed by its path and identity: a replaced entry is hashed once, not after every reply); Triton's
+    temporary folders (`tmp.*`) are left out. An entry planted before anything compiled its kernel stays out of
+    reach: it is new when the guard looks."""
 
     _digests: dict[tuple, str | None] = {}
 
@@ -214,7 +215,7 @@ class CacheGuard:
     def rewritten(self) -> list[Path]:
         now = self._scan()
         return [path for path, was in self.state.items()
-                if (key := now.get(path)) is not None and key != was and _sha256(path) != self.digests[path]]
+                if (key := now.get(path)) is not None and key != was and self._digest(path, key) != self.digests[path]]
 
     def undo(self, paths: list[Path]) -> None:
         for path in paths:
