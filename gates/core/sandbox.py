@@ -222,6 +222,12 @@ class CacheGuard:
             path.unlink(missing_ok=True)
 
 
+def _first(items: list, shown: int) -> str:
+    """The first `shown` of `items`, and how many more there are."""
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(str(item) for item in items[:shown]) + more
+
+
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  runs_candidate: bool = True):
@@ -283,8 +289,7 @@ class Sandbox:
                               "its process cannot be trusted")
         if writes := self._tree.writes():
             self._tree.restore()
-            raise TamperError(f"the candidate's process wrote to the repository: {', '.join(writes[:5])}"
-                              + (f" and {len(writes) - 5} more" if len(writes) > 5 else "") + " (undone)")
+            raise TamperError(f"the candidate's process wrote to the repository: {_first(writes, 5)} (undone)")
         self._check_caches()
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
@@ -294,8 +299,7 @@ class Sandbox:
         if rewritten := self._caches.rewritten():
             self._caches.undo(rewritten)
             raise TamperError("the candidate's process rewrote compiled kernels in a compile cache the standard "
-                              f"loads from: {', '.join(str(p) for p in rewritten[:3])}"
-                              + (f" and {len(rewritten) - 3} more" if len(rewritten) > 3 else "") + " (removed)")
+                              f"loads from: {_first(rewritten, 3)} (removed)")
 
     def _stuck_at(self) -> str:
         """The hung child's innermost Python frames: it dumps every thread's stack on SIGUSR1 (faulthandler, which
