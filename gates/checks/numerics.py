@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError
 
+from gates.core import strays
 from gates.core.compare import TensorCheck, digest
 from gates.core.registry import Gate, GateContext, arg_names
-from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
+from gates.core.sandbox import Sandbox, SandboxError, Watch
 from gates.core.sources import REPO_ROOT
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
@@ -447,12 +448,37 @@ def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[s
             "at_once": sum(1 for call in reply["calls"] if call.get("at_once"))}
 
 
+def _replay(request_path: Path, result_path: Path, env: dict[str, str]) -> dict:
+    """Run model.kimi_k3.replay in a session of its own (registered while it lives: gates.core.strays) and read
+    its result, or say why there is none."""
+    proc = subprocess.Popen([sys.executable, "-m", "model.kimi_k3.replay", str(request_path), str(result_path)],
+                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    strays.register(proc.pid)
+    try:
+        try:
+            _, stderr = proc.communicate(timeout=REPLAY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return {"error": f"no result within {REPLAY_TIMEOUT_S:.0f} s"}
+    finally:
+        if proc.returncode is not None:
+            strays.forget(proc.pid)
+    try:
+        return (json.loads(result_path.read_text()) if result_path.is_file()
+                else {"error": f"exit code {proc.returncode}: {stderr.strip()[-500:]}"})
+    except (OSError, ValueError) as e:  # an unreadable result file: whatever the process left there
+        return {"error": f"its result could not be read ({type(e).__name__}: {e})"}
+
+
 def check_production(ctx: GateContext, point: Point, names: list[str], cases: list, first: dict[int, dict],
                      findings: Findings) -> dict:
     """The late calls again, through the dispatcher a serving engine builds (CUDA graphs on a GPU), in a fresh
     process that imports the model and the candidate and nothing of the gate (model/kimi_k3/replay.py), without
-    the signing key and watched for writes to the tree like the sandbox: every call must give, bit for bit, what
-    the candidate gave under the gate on the same input (which the late calls held to the reference)."""
+    the signing key and watched like the sandbox (the tree, the compile caches, processes left behind: Watch):
+    every call must give, bit for bit, what the candidate gave under the gate on the same input (which the late
+    calls held to the reference)."""
     request = {"contract": ctx.contract.model_dump(mode="json"), "contract_path": str(ctx.contract_path),
                "names": names, "cases": [(clone(c.args, "cpu"), c.state) for c in cases], "calls": LATE_CALLS,
                "device": ctx.device, "batch": point.batch, "spec_tokens": point.spec_tokens}
@@ -461,20 +487,13 @@ def check_production(ctx: GateContext, point: Point, names: list[str], cases: li
     with tempfile.TemporaryDirectory(prefix="k3forge-replay-") as tmp:
         request_path, result_path = Path(tmp, "request.pt"), Path(tmp, "result.json")
         torch.save(request, request_path)
-        guard = TreeGuard()
+        watch = Watch()
         try:
-            proc = subprocess.run([sys.executable, "-m", "model.kimi_k3.replay", str(request_path), str(result_path)],
-                                  cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S)
-            result = (json.loads(result_path.read_text()) if result_path.is_file()
-                      else {"error": f"exit code {proc.returncode}: {proc.stderr.strip()[-500:]}"})
-        except subprocess.TimeoutExpired:
-            result = {"error": f"no result within {REPLAY_TIMEOUT_S:.0f} s"}
-        except (OSError, ValueError) as e:  # an unreadable result file: whatever the process left there
-            result = {"error": f"its result could not be read ({type(e).__name__}: {e})"}
-        writes = guard.writes()
-        guard.restore()
-    if writes:
-        findings.add("production", f"{where}: the process wrote to the repository (undone): {', '.join(writes[:5])}")
+            result = _replay(request_path, result_path, env)
+        finally:
+            broken = watch.broken(ended=True)
+    for problem in broken:
+        findings.add("production", f"{where}: the process {problem}")
     if "error" in result:
         findings.add("production", f"{where}: {result['error'].strip().splitlines()[-1]}")
         return {"run": False, "why": result["error"].strip().splitlines()[-1]}

@@ -16,6 +16,11 @@ candidate, and is undone at once (and again when the sandbox closes), so nothing
 into the tree or the judge of a later run. New bytecode files, and rewrites of bytecode that was stale, are what
 imports do and are not counted (the child itself compiles nothing into the tree).
 
+Nor does a process of its own outlive it: the child runs in a session of its own, the gate's process adopts every
+orphan below it, and what the child leaves running outside itself (a detached process that could rewrite the tree
+after the sandbox's last look, or keep the GPU busy while the standard is timed) is stopped and is a TamperError
+too, found after every reply and once more when the child has ended (gates.core.strays).
+
 Secrets stay out of the child's reach. The evidence signing key is withheld from its environment when it is started
 (a spawned process begins with the parent's environment, and popping a variable inside it leaves it in the block
 /proc/<pid>/environ shows), and the gate's process and the child's are undumpable (gates.core.machine.undumpable):
@@ -38,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from gates.core import worker
+from gates.core import strays, worker
 from gates.core.machine import undumpable
 from gates.core.sources import REPO_ROOT
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
@@ -228,13 +233,46 @@ def _first(items: list, shown: int) -> str:
     return ", ".join(str(item) for item in items[:shown]) + more
 
 
+STRAY_GRACE_S = 2.0  # when a process running candidate code has ended: how long what it left gets to end by itself
+
+
+class Watch:
+    """What a process running candidate code must leave as it found it: the tree (TreeGuard), the compile caches
+    the standard loads from (CacheGuard) and no process of its own running outside it (gates.core.strays). Made
+    before the process starts; `broken` is asked after every reply and once the process has ended. A process
+    that runs only the standard (`runs_candidate=False`) is held to the tree alone and answers only for strays
+    of its own session: a candidate's process running beside it is found and blamed by its own watch."""
+
+    def __init__(self, runs_candidate: bool = True):
+        strays.adopt_orphans()
+        self._tree = TreeGuard()
+        self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
+        self.runs_candidate = runs_candidate
+
+    def broken(self, session: int | None = None, ended: bool = False) -> list[str]:
+        """What the watched process did that it must not, each undone: the strays stopped first (so that none
+        writes after the tree is restored), then the tree restored and rewritten cache entries removed. `session`
+        is the watched process's; `ended`: it has exited, so what it left gets a grace to end by itself."""
+        sessions = None if self.runs_candidate else ({session} if session is not None and ended else set())
+        problems = []
+        if sessions != set() and (left := strays.stop(sessions, grace_s=STRAY_GRACE_S if ended else 0.0)):
+            problems.append(f"left processes running outside it: {_first(left, 3)} (stopped)")
+        if writes := self._tree.writes():
+            self._tree.restore()
+            problems.append(f"wrote to the repository: {_first(writes, 5)} (undone)")
+        if rewritten := self._caches.rewritten():
+            self._caches.undo(rewritten)
+            problems.append(f"rewrote compiled kernels in a compile cache the standard loads from: "
+                            f"{_first(rewritten, 3)} (removed)")
+        return problems
+
+
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  runs_candidate: bool = True):
         """`runs_candidate=False` for a child that runs only the standard: it does not guard the compile caches,
         so a rewrite by a candidate's process running beside it is found and blamed by that process's sandbox."""
-        self._tree = TreeGuard()
-        self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
+        self._watch = Watch(runs_candidate)
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -248,6 +286,7 @@ class Sandbox:
         undumpable()
         with _withheld(WITHHELD):
             self._proc.start()
+        strays.register(self._proc.pid)
         child.close()
         self.timeout_s = timeout_s
 
@@ -287,19 +326,11 @@ class Sandbox:
         if reply.get("tampered"):
             raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
                               "its process cannot be trusted")
-        if writes := self._tree.writes():
-            self._tree.restore()
-            raise TamperError(f"the candidate's process wrote to the repository: {_first(writes, 5)} (undone)")
-        self._check_caches()
+        if broken := self._watch.broken(self._proc.pid):
+            raise TamperError(f"the candidate's process {'; '.join(broken)}")
         if "error" in reply:
             raise SandboxError(f"{kind}: {reply['error'].strip()}")
         return reply
-
-    def _check_caches(self) -> None:
-        if rewritten := self._caches.rewritten():
-            self._caches.undo(rewritten)
-            raise TamperError("the candidate's process rewrote compiled kernels in a compile cache the standard "
-                              f"loads from: {_first(rewritten, 3)} (removed)")
 
     def _stuck_at(self) -> str:
         """The hung child's innermost Python frames: it dumps every thread's stack on SIGUSR1 (faulthandler, which
@@ -312,7 +343,9 @@ class Sandbox:
         lines = Path(self._stacks).read_text(errors="replace").strip().splitlines()
         return "\n".join(lines[:STACK_LINES]) if lines else "(no stack dumped)"
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """End the child and undo what it did; what it did that it must not after its last reply (a process it
+        left behind, a write by a thread it left running), as `Watch.broken` words it."""
         if self._proc.is_alive():
             try:
                 self._conn.send_bytes(worker.REQUEST_END)
@@ -323,16 +356,18 @@ class Sandbox:
                 self._proc.kill()
                 # a process stuck inside the GPU driver may outlive SIGKILL for a while: never wait on it forever
                 self._proc.join(KILL_WAIT_S)
+        if self._proc.exitcode is not None:  # reaped: its pid may be reused from now on
+            strays.forget(self._proc.pid)
         self._conn.close()
         Path(self._stacks).unlink(missing_ok=True)
         shutil.rmtree(self._inbox, ignore_errors=True)
-        if self._tree.writes():  # written after its last reply, e.g. by a thread it left running
-            self._tree.restore()
-        self._caches.undo(self._caches.rewritten())
+        return self._watch.broken(self._proc.pid, ended=True)
 
     def __enter__(self) -> "Sandbox":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *_) -> None:
+        broken = self.close()
+        if broken and exc_type is None:  # an error already on its way out says more than what was undone
+            raise TamperError(f"the candidate's process, after its last reply, {'; '.join(broken)}")
 

@@ -839,6 +839,8 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
     os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
+    os.setsid()  # a session of its own: whatever candidate code leaves behind is told from the gate's own children
+    # (gates.core.strays)
     undumpable()  # before any candidate import: another candidate's process cannot read or write this one's memory
     stacks = open(stack_file, "w")  # noqa: SIM115 - open for the process's life: faulthandler writes on a signal
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import time
+from pathlib import Path
 
 import pytest
 
@@ -203,6 +205,24 @@ def test_a_candidate_that_writes_into_the_tree_is_caught():
         assert "(undone)" in result.reason and not mark.exists()  # nothing it writes survives into the tree
     finally:
         mark.unlink(missing_ok=True)
+
+
+def test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write():
+    """A daemon (forked twice, a session of its own) that would write into the tree after the sandbox's last look:
+    an ERROR of the candidate, and the daemon is stopped, so that nothing it would do happens."""
+    from tests.adversarial import leaves_a_process as candidate
+
+    candidate.PID_FILE.unlink(missing_ok=True)
+    try:
+        result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.leaves_a_process:kda_decode"))
+        assert result.status is Status.ERROR and "left processes running outside it" in result.reason, result.reason
+        daemon = int(candidate.PID_FILE.read_text())
+        assert f"{daemon} (" in result.reason and "(stopped)" in result.reason
+        time.sleep(candidate.WAIT_S + 1)
+        assert not candidate.MARK.exists() and not Path(f"/proc/{daemon}").exists()
+    finally:
+        candidate.MARK.unlink(missing_ok=True)
+        candidate.PID_FILE.unlink(missing_ok=True)
 
 
 def test_a_candidate_right_only_in_the_gates_process_fails_the_production_replay():
