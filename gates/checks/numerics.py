@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegative
 from gates.core import strays
 from gates.core.compare import TensorCheck, digest
 from gates.core.registry import Gate, GateContext, arg_names
-from gates.core.sandbox import Sandbox, SandboxError, Watch
+from gates.core.sandbox import Sandbox, SandboxError, Watch, confined_command
 from gates.core.sources import REPO_ROOT
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
@@ -449,11 +449,12 @@ def check_concurrent(ctx: GateContext, box: Sandbox, point: Point, names: list[s
 
 
 def _replay(request_path: Path, result_path: Path, env: dict[str, str]) -> dict:
-    """Run model.kimi_k3.replay in a session of its own (registered while it lives: gates.core.strays) and read
-    its result, or say why there is none."""
-    proc = subprocess.Popen([sys.executable, "-m", "model.kimi_k3.replay", str(request_path), str(result_path)],
-                            cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    """Run model.kimi_k3.replay confined like a sandbox's child (gates.core.isolation), in a session of its own
+    (registered while it lives: gates.core.strays), and read its result, or say why there is none."""
+    argv, plan = confined_command([sys.executable, "-m", "model.kimi_k3.replay", str(request_path),
+                                   str(result_path)])
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env | plan, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     strays.register(proc.pid)
     try:
         try:
@@ -608,6 +609,7 @@ def run(ctx: GateContext) -> GateResult:
                             if problem.stateful else [])
             late = check_late_calls(ctx, problem, box, smallest(points), names, findings)
             loaded = sorted(box.loaded | std_box.loaded)
+            confined = box.confined
     except ProblemError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the op's problem cannot check this contract")
@@ -626,7 +628,8 @@ def run(ctx: GateContext) -> GateResult:
         "tolerance": tol.model_dump(),
         "state_tolerance": ctx.contract.state_tolerance.model_dump() if ctx.contract.state_tolerance else None,
         "problem": problem.source.name, "checks": checks, "rows": rows,
-        "trajectories": trajectories, "late_calls": late, "loaded": loaded, "standard": ctx.contract.standard,
+        "trajectories": trajectories, "late_calls": late, "loaded": loaded, "confined": confined,
+        "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
     }
     inputs = len(rows) * ctx.options.trials

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import multiprocessing
+import multiprocessing.spawn as mp_spawn
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -43,24 +46,55 @@ from pathlib import Path
 
 import torch
 
-from gates.core import strays, worker
+from gates.core import isolation, strays, worker
 from gates.core.machine import undumpable
 from gates.core.sources import REPO_ROOT
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 
 DEFAULT_TIMEOUT_S = 600.0
 WITHHELD = (KEY_VAR, KEY_FILE_VAR)  # never in a child's environment
+CONFINE = sys.platform.startswith("linux")  # start children under the isolation launcher (tests turn it off to
+# see what the watch finds without it)
+CONFINED_PYTHON = Path(__file__).with_name("confined.sh")  # the launcher, as the one executable spawn accepts
+PYTHON_VAR = "K3FORGE_PYTHON"  # the interpreter confined.sh runs
 _starting = threading.Lock()  # the gate starts sandboxes from several threads (the evals beside the numerics)
 
 
+def confinement() -> dict:
+    """What a child running candidate code is confined to (gates.core.isolation.plan): it must still write its
+    temporary files, the compile caches and whatever else lives under the home directory; the signing key's file,
+    if one is configured, is hidden."""
+    caches = [os.environ.get(var) for var in ("TRITON_CACHE_DIR", "HUMMING_CACHE_DIR", "HUMMING_TMP_DIR",
+                                              "K3FORGE_COMPILE_CACHE", "TORCHINDUCTOR_CACHE_DIR")]
+    key_file = os.environ.get(KEY_FILE_VAR)
+    return isolation.plan(REPO_ROOT, writable=[Path.home(), *(Path(c) for c in caches if c)],
+                          hidden=[Path(key_file)] if key_file else [])
+
+
+def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """A Python command line that runs candidate code (the production replay), under the isolation launcher where
+    confining is on, and what its environment must add."""
+    return isolation.command(argv, confinement()) if CONFINE else (argv, {})
+
+
 @contextmanager
-def _withheld(names: tuple[str, ...]):
-    """os.environ without `names` while a child is started (spawn copies the environment as it is then)."""
+def _starting_child():
+    """While a child is started (spawn copies the environment, and reads the interpreter to run, as they are
+    then): the key variables out of os.environ, and, where confining is on, the child started under the
+    isolation launcher with the plan in its environment."""
     with _starting:
-        saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+        saved = {name: os.environ.pop(name) for name in WITHHELD if name in os.environ}
+        executable = mp_spawn.get_executable()
+        if CONFINE:
+            plan = json.dumps(confinement())
+            os.environ.update({isolation.PLAN_VAR: plan, PYTHON_VAR: os.fsdecode(executable)})
+            mp_spawn.set_executable(str(CONFINED_PYTHON))
         try:
             yield
         finally:
+            mp_spawn.set_executable(executable)
+            os.environ.pop(isolation.PLAN_VAR, None)
+            os.environ.pop(PYTHON_VAR, None)
             os.environ.update(saved)
 
 
@@ -274,6 +308,7 @@ class Sandbox:
         so a rewrite by a candidate's process running beside it is found and blamed by that process's sandbox."""
         self._watch = Watch(runs_candidate)
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
+        self.confined: str | None = None  # what the isolation launcher did for the child (its first reply says)
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         fd, self._stacks = tempfile.mkstemp(prefix="k3forge-candidate-", suffix=".stacks")
@@ -284,7 +319,7 @@ class Sandbox:
         self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {}), self._stacks), daemon=True,
                                  name="k3forge-candidate")
         undumpable()
-        with _withheld(WITHHELD):
+        with _starting_child():
             self._proc.start()
         strays.register(self._proc.pid)
         child.close()
@@ -323,6 +358,7 @@ class Sandbox:
             raise SandboxError(f"{kind}: the candidate's process sent something other than plain tensors and "
                                f"numbers ({type(e).__name__}: {str(e).splitlines()[0]})") from None
         self.loaded.update(reply.get("loaded", []))
+        self.confined = reply.get("confined")
         if reply.get("tampered"):
             raise TamperError(f"the candidate replaced {', '.join(reply['tampered'])}: timings and results from "
                               "its process cannot be trusted")

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+from gates.core import isolation
 from gates.core.compare import digest as _tensor_digest
 from gates.core.l2 import L2_CALLS, cuda_runtime, persisting_l2_bytes, release_persisting_l2
 from gates.core.machine import undumpable
@@ -839,6 +840,9 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
     """The child's loop: one request in, one reply out, until the gate closes the pipe. On SIGUSR1 it writes
     every thread's stack to `stack_file` (the gate asks when a reply is overdue)."""
     os.environ.update(env)  # e.g. CUTE_DSL_ARCH, which must be set before cutlass is imported
+    # what the isolation launcher did before this process began (gates.core.isolation), read before any candidate
+    # code can change the environment
+    confined = os.environ.pop(isolation.OUTCOME_VAR, "not confined: started without the isolation launcher")
     os.setsid()  # a session of its own: whatever candidate code leaves behind is told from the gate's own children
     # (gates.core.strays)
     undumpable()  # before any candidate import: another candidate's process cannot read or write this one's memory
@@ -867,6 +871,7 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
         reply["tampered"] = changed()
+        reply["confined"] = confined
         modules = {repository_path(getattr(sys.modules.get(name), "__file__", None))
                    for name in set(sys.modules) - baseline}
         reply["loaded"] = sorted(path for path in modules | repository_files() if path and not path.startswith(

@@ -15,7 +15,7 @@ import pytest
 
 from gates.checks import benchmarks, contracts, numerics
 from gates.checks import compile as compile_gate
-from gates.core import runner
+from gates.core import isolation, runner, sandbox
 from gates.core.contracts import check_contracts
 from gates.core.sources import REPO_ROOT, import_closure
 from gates.core.status import GateResult, Status
@@ -196,7 +196,25 @@ def test_a_candidate_that_rewrites_its_contract_at_import_is_judged_by_the_contr
     assert {g.gate: g.status for g in bundle.gates}["numerics"] is Status.FAILED_NUMERICS
 
 
-def test_a_candidate_that_writes_into_the_tree_is_caught():
+needs_confinement = pytest.mark.skipif(not isolation.available().startswith("confined"),
+                                       reason="this machine allows no mount namespace: no OS wall to test")
+
+
+@needs_confinement
+def test_a_candidate_cannot_write_into_the_tree():
+    """Confined, the write fails: the candidate's call raises (it fails the numerics), nothing is written."""
+    mark = REPO_ROOT / "tests" / "adversarial" / "_written_by_a_candidate.py"
+    try:
+        result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.writes_tree:kda_decode"))
+        assert result.status is Status.FAILED_NUMERICS and "Read-only file system" in result.reason, result.reason
+        assert not mark.exists()
+    finally:
+        mark.unlink(missing_ok=True)
+
+
+def test_a_candidate_that_writes_into_the_tree_unconfined_is_caught(monkeypatch):
+    """Where the OS wall is missing, the sandbox's watch finds the write and undoes it."""
+    monkeypatch.setattr(sandbox, "CONFINE", False)
     mark = REPO_ROOT / "tests" / "adversarial" / "_written_by_a_candidate.py"
     try:
         result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.writes_tree:kda_decode"))
@@ -205,6 +223,24 @@ def test_a_candidate_that_writes_into_the_tree_is_caught():
         assert "(undone)" in result.reason and not mark.exists()  # nothing it writes survives into the tree
     finally:
         mark.unlink(missing_ok=True)
+
+
+@needs_confinement
+def test_a_startup_hook_planted_in_the_installation_never_lands():
+    """A `.pth` file beside torch would run in every later Python process; confined, the write fails, so every
+    later process (here, the production replay and the candidate's own) starts clean."""
+    from tests.adversarial import patches_the_installation as candidate
+
+    candidate.RAN.unlink(missing_ok=True)
+    try:
+        result = run_gate(numerics.GATE,
+                          kda_contract(implementation="tests.adversarial.patches_the_installation:kda_decode"))
+        assert result.status is Status.PASSED, result.reason  # nothing it did had an effect
+        assert result.details["confined"].startswith("confined in")
+        assert not candidate.HOOK.exists() and not candidate.RAN.exists()
+    finally:
+        candidate.HOOK.unlink(missing_ok=True)
+        candidate.RAN.unlink(missing_ok=True)
 
 
 def test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write():
