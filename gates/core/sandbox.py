@@ -7,8 +7,10 @@ the pipe and copied out again. Replies come back as bytes the gate loads with `w
 child sends can run code in the gate. A child
 that dies, hangs or sends something else is an error of the candidate, never a pass.
 
-The child runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the
-gate's own code or its bytecode for the next run. The gate has parsed and imported all it judges by before any
+Where Linux allows it the child is confined (gates.core.isolation): the tree and the Python installation are
+read-only to it, the key file is hidden, and it holds no capability. Otherwise it runs as the same user on the
+same tree, so it could write there: rewrite a contract, a problem, the gate's own code or its bytecode for the
+next run. Either way the watch below stands. The gate has parsed and imported all it judges by before any
 child starts (gates.core.runner), and the sandbox keeps the tree as it was (every file's size and modification
 time and, bytecode aside, its bytes; prose outside evidence/ aside) when the child starts and compares it after
 every reply: a file the child's lifetime added, changed or removed is a TamperError, a finding against the
