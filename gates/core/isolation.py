@@ -45,17 +45,35 @@ PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL =
 CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h
 
 
-def plan(repo_root: Path, writable: list[Path], hidden: list[Path]) -> dict:
-    """What to confine: the tree and the Python installation (prefixes and every import path) read-only,
-    except any of them that holds a directory the process must write (`writable`: its temporary files, the
-    compile caches), and the files in `hidden` covered by an empty one."""
-    installation = {sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p)}
-    places = {Path(p).resolve() for p in {str(repo_root), *installation}}
+def _outermost(places: set[Path], writable: list[Path]) -> list[Path]:
+    """The directories among `places` that hold none of `writable` (nor the temporary folders) and lie inside no
+    other of them."""
     must_write = [Path(p).resolve() for p in (tempfile.gettempdir(), "/dev/shm", *writable)]
     places = {p for p in places if p.is_dir() and p != Path("/")
               and not any(w == p or w.is_relative_to(p) for w in must_write)}
-    outermost = sorted(p for p in places if not any(q != p and p.is_relative_to(q) for q in places))
-    return {"read_only": [str(p) for p in outermost], "hidden": [str(p) for p in hidden if p.is_file()]}
+    return sorted(p for p in places if not any(q != p and p.is_relative_to(q) for q in places))
+
+
+def installation() -> set[Path]:
+    """The Python installation: its prefixes and every import path."""
+    return {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p)}}
+
+
+def plan(repo_root: Path, writable: list[Path], hidden: list[Path]) -> dict:
+    """What to confine: the tree and the Python installation read-only, except any place that holds a directory
+    the process must write (`writable`: the home directory, the compile caches; the temporary folders always),
+    and the files in `hidden` covered by an empty one."""
+    places = _outermost({repo_root.resolve(), *installation()}, writable)
+    return {"read_only": [str(p) for p in places], "hidden": [str(p) for p in hidden if p.is_file()]}
+
+
+def unguarded_installation(repo_root: Path, writable: list[Path]) -> list[Path]:
+    """The installation's places a watch must guard where the child is not confined: those `plan` makes
+    read-only, less the tree's own (its guard's), but with an environment hidden inside the tree (the tree's
+    guard leaves hidden folders out)."""
+    repo_root = repo_root.resolve()
+    places = {p for p in installation() if not (p == repo_root or repo_root.is_relative_to(p))}
+    return _outermost(places, writable)
 
 
 def command(argv: list[str], confinement: dict) -> tuple[list[str], dict[str, str]]:

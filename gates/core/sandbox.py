@@ -31,6 +31,7 @@ no other process of the user reads the seed from the gate's memory or the key fr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -62,15 +63,25 @@ PYTHON_VAR = "K3FORGE_PYTHON"  # the interpreter confined.sh runs
 _starting = threading.Lock()  # the gate starts sandboxes from several threads (the evals beside the numerics)
 
 
-def confinement() -> dict:
-    """What a child running candidate code is confined to (gates.core.isolation.plan): it must still write its
-    temporary files, the compile caches and whatever else lives under the home directory; the signing key's file,
-    if one is configured, is hidden."""
+def _writable() -> list[Path]:
+    """What a child running candidate code must still write besides its temporary files: the compile caches and
+    whatever else lives under the home directory."""
     caches = [os.environ.get(var) for var in ("TRITON_CACHE_DIR", "HUMMING_CACHE_DIR", "HUMMING_TMP_DIR",
                                               "K3FORGE_COMPILE_CACHE", "TORCHINDUCTOR_CACHE_DIR")]
+    return [Path.home(), *(Path(c) for c in caches if c)]
+
+
+def confinement() -> dict:
+    """What a child running candidate code is confined to (gates.core.isolation.plan); the signing key's file,
+    if one is configured, is hidden."""
     key_file = os.environ.get(KEY_FILE_VAR)
-    return isolation.plan(REPO_ROOT, writable=[Path.home(), *(Path(c) for c in caches if c)],
-                          hidden=[Path(key_file)] if key_file else [])
+    return isolation.plan(REPO_ROOT, writable=_writable(), hidden=[Path(key_file)] if key_file else [])
+
+
+@functools.cache
+def _confines_here() -> bool:
+    """Whether this machine lets a child be confined (asked once a process: a trial child under the launcher)."""
+    return isolation.available().startswith("confined")
 
 
 def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -263,6 +274,29 @@ class CacheGuard:
             path.unlink(missing_ok=True)
 
 
+class InstallationGuard:
+    """Where children cannot be confined, the Python installation (`isolation.unguarded_installation`) as it was
+    before any candidate code ran in this process: a library the standard imports patched there, or a startup
+    hook planted (a `.pth` file, `sitecustomize`), would run in every later process. Its state (each file's
+    size, modification and change time, as the tree's) is taken once a process, on first use, and compared when a
+    child that ran candidate code has ended (a walk of tens of thousands of files takes about a second, too long
+    for every reply). What changed is reported, not undone: nothing kept the bytes. New bytecode, or bytecode
+    replacing stale bytecode, is what imports do."""
+
+    _baseline: dict[Path, dict[str, tuple]] | None = None
+    _lock = threading.Lock()
+
+    def __init__(self):
+        with self._lock:
+            if InstallationGuard._baseline is None:
+                InstallationGuard._baseline = {root: tree_state(root)
+                                               for root in isolation.unguarded_installation(REPO_ROOT, _writable())}
+
+    def changed(self) -> list[str]:
+        return [f"{root / rel} ({kind})" for root, before in self._baseline.items()
+                for rel, kind in written(before, tree_state(root))]
+
+
 def _first(items: list, shown: int) -> str:
     """The first `shown` of `items`, and how many more there are."""
     more = f" and {len(items) - shown} more" if len(items) > shown else ""
@@ -283,6 +317,7 @@ class Watch:
         strays.adopt_orphans()
         self._tree = TreeGuard()
         self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
+        self._installation = InstallationGuard() if runs_candidate and not (CONFINE and _confines_here()) else None
         self.runs_candidate = runs_candidate
 
     def broken(self, session: int | None = None, ended: bool = False) -> list[str]:
@@ -300,6 +335,9 @@ class Watch:
             self._caches.undo(rewritten)
             problems.append(f"rewrote compiled kernels in a compile cache the standard loads from: "
                             f"{_first(rewritten, 3)} (removed)")
+        if ended and self._installation and (changed := self._installation.changed()):
+            problems.append(f"changed the Python installation, which every later process runs: {_first(changed, 3)} "
+                            "(not undone: reinstall it)")
         return problems
 
 

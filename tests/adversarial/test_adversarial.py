@@ -243,6 +243,24 @@ def test_a_startup_hook_planted_in_the_installation_never_lands():
         candidate.RAN.unlink(missing_ok=True)
 
 
+def test_a_startup_hook_planted_unconfined_is_caught(monkeypatch):
+    """Where the OS wall is missing, the watch compares the installation when the candidate's process has ended:
+    the planted hook is an ERROR of the candidate, named, and left for a person to remove (nothing kept the
+    bytes to undo it with)."""
+    from tests.adversarial import patches_the_installation as candidate
+
+    monkeypatch.setattr(sandbox, "CONFINE", False)
+    try:
+        result = run_gate(numerics.GATE,
+                          kda_contract(implementation="tests.adversarial.patches_the_installation:kda_decode"))
+        assert result.status is Status.ERROR, result.reason
+        assert f"changed the Python installation, which every later process runs: {candidate.HOOK} (added)" in \
+            result.reason and "reinstall" in result.reason
+    finally:
+        candidate.HOOK.unlink(missing_ok=True)
+        candidate.RAN.unlink(missing_ok=True)
+
+
 def test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write():
     """A daemon (forked twice, a session of its own) that would write into the tree after the sandbox's last look:
     an ERROR of the candidate, and the daemon is stopped, so that nothing it would do happens."""

@@ -109,3 +109,9 @@ def test_a_sandboxs_child_is_confined():
         box.request("probe", entries=["model.kimi_k3.ops.kda:kda_decode"])
     assert box.confined.startswith("confined in") and str(REPO_ROOT.resolve()) in box.confined
     assert set(confinement()["read_only"]) <= set(box.confined.split("read-only ")[1].split(";")[0].split(", "))
+
+
+def test_where_unconfined_the_watch_guards_the_installation_and_leaves_the_tree_to_the_trees_guard():
+    places = isolation.unguarded_installation(REPO_ROOT, [])
+    assert REPO_ROOT.resolve() not in places
+    assert any(site_packages().resolve().is_relative_to(p) for p in places)  # a virtual environment in the tree too
