@@ -54,9 +54,13 @@ def _outermost(places: set[Path], writable: list[Path]) -> list[Path]:
     return sorted(p for p in places if not any(q != p and p.is_relative_to(q) for q in places))
 
 
+def import_paths() -> set[Path]:
+    return {Path(p).resolve() for p in sys.path if p}
+
+
 def installation() -> set[Path]:
-    """The Python installation: its prefixes and every import path."""
-    return {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, *(p for p in sys.path if p)}}
+    """The Python installation: its prefixes (the interpreter too) and every import path."""
+    return {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)} | import_paths()
 
 
 def plan(repo_root: Path, writable: list[Path], hidden: list[Path]) -> dict:
@@ -68,11 +72,12 @@ def plan(repo_root: Path, writable: list[Path], hidden: list[Path]) -> dict:
 
 
 def unguarded_installation(repo_root: Path, writable: list[Path]) -> list[Path]:
-    """The installation's places a watch must guard where the child is not confined: those `plan` makes
-    read-only, less the tree's own (its guard's), but with an environment hidden inside the tree (the tree's
-    guard leaves hidden folders out)."""
+    """The installation's places a watch must guard where the child is not confined: its import paths (what
+    every later process imports and runs at startup; a whole prefix such as /usr is too many files to walk),
+    less the tree's own (its guard's), but with an environment hidden inside the tree (the tree's guard leaves
+    hidden folders out)."""
     repo_root = repo_root.resolve()
-    places = {p for p in installation() if not (p == repo_root or repo_root.is_relative_to(p))}
+    places = {p for p in import_paths() if not (p == repo_root or repo_root.is_relative_to(p))}
     return _outermost(places, writable)
 
 
