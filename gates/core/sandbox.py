@@ -445,5 +445,5 @@ class Sandbox:
     def __exit__(self, exc_type, *_) -> None:
         broken = self.close()
         if broken and exc_type is None:  # an error already on its way out says more than what was undone
-            raise TamperError(f"the candidate's process, after its last reply, {'; '.join(broken)}")
+            raise TamperError(f"the candidate's process, by the time it ended, {'; '.join(broken)}")
 
