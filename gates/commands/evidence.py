@@ -21,6 +21,8 @@ from rich.table import Table
 from gates.core.sources import REPO_ROOT, harness_digest, relative
 from gates.core.status import Status
 from gates.evidence import decode
+from gates.evidence.agree import SLACK, agreement
+from gates.evidence.agree import render_markdown as render_agreement
 from gates.evidence.bundle import BUNDLE_FILE, Bundle, load_bundle
 from gates.evidence.diff import DiffError, contract_changes, render_markdown
 from gates.evidence.diff import diff as evidence_diff
@@ -68,6 +70,19 @@ def register(sub) -> None:
     diff.add_argument("head", nargs="?", help="head revision (default: the working tree)")
     diff.add_argument("--out", type=Path, help="also write the Markdown to this file")
     diff.set_defaults(func=run_diff)
+    agree = verbs.add_parser("agree", help="whether an independent re-run's bundles agree with the committed ones",
+                             description="Per op and arch present on both sides: the same verdict and gate "
+                                         "statuses, every contract point timed again with a speedup (in-pipeline "
+                                         "and one call per graph) whose 95 % interval overlaps the committed one "
+                                         "or within --slack of it, and the same kernel count. Exit 1 on any "
+                                         "disagreement. Bundles only one side has, or equal on both (not made "
+                                         "again), are listed, not judged.")
+    agree.add_argument("committed", type=Path, help="the committed evidence folder (e.g. a copy of evidence/)")
+    agree.add_argument("rerun", type=Path, help="the re-run's evidence folder")
+    agree.add_argument("--slack", type=float, default=SLACK,
+                       help=f"relative speedup difference that still agrees (default {SLACK})")
+    agree.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    agree.set_defaults(func=run_agree)
     dec = verbs.add_parser("decode", help="make the decode bundle from `bench layer` / `bench step` records",
                            description="One bundle (evidence/decode/<arch>/ by default) from the JSON records of "
                                        "`k3forge bench layer|step --json`: one commit, one device; it covers every "
@@ -190,10 +205,24 @@ def run_diff(args) -> int:
                                contract_changes(args.base, args.head))
     except DiffError as e:
         raise UsageError(str(e)) from None
-    Console(highlight=False).print(text, markup=False)
+    Console(highlight=False, soft_wrap=True).print(text, markup=False)
     if args.out:
         args.out.write_text(text)
     return EXIT_OK
+
+
+def run_agree(args) -> int:
+    if not 0 <= args.slack < 1:
+        raise UsageError(f"--slack: {args.slack} is not a fraction in [0, 1)")
+    try:
+        result = agreement(args.committed, args.rerun, args.slack)
+    except DiffError as e:
+        raise UsageError(str(e)) from None
+    text = render_agreement(result, args.committed, args.rerun, args.slack)
+    Console(highlight=False, soft_wrap=True).print(text, markup=False)
+    if args.out:
+        args.out.write_text(text)
+    return EXIT_OK if result.agrees else EXIT_FAILED
 
 
 def run_decode(args) -> int:

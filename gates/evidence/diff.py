@@ -63,16 +63,16 @@ class BundleDiff:
     evals: dict[str, tuple] = field(default_factory=dict)  # eval metrics that moved
 
 
-def _gate(bundle: dict | None, name: str) -> dict:
+def gate_of(bundle: dict | None, name: str) -> dict:
     for g in (bundle or {}).get("gates", []):
         if g.get("gate") == name:
             return g
     return {}
 
 
-def _points(bundle: dict | None) -> dict[str, dict]:
+def timed_points(bundle: dict | None) -> dict[str, dict]:
     """The contract's benchmark points by label; drawn points (drawn anew each gate run) have nothing to compare."""
-    rows = _gate(bundle, "benchmarks").get("details", {}).get("rows", [])
+    rows = gate_of(bundle, "benchmarks").get("details", {}).get("rows", [])
     return {r["point"]: r for r in rows if not r.get("drawn")}
 
 
@@ -89,7 +89,7 @@ def _figures(row: dict | None) -> dict | None:
 
 def _compiles(bundle: dict | None) -> dict[str, tuple[int, int]]:
     out = {}
-    for c in _gate(bundle, "compile").get("details", {}).get("compiles", []):
+    for c in gate_of(bundle, "compile").get("details", {}).get("compiles", []):
         for k in c.get("kernels", []):
             out[f"{c['arch']} {c['key']}"] = (k.get("registers"), k.get("spill_bytes"))
     return out
@@ -97,7 +97,7 @@ def _compiles(bundle: dict | None) -> dict[str, tuple[int, int]]:
 
 def _eval_metrics(bundle: dict | None) -> dict[str, float]:
     out = {}
-    for name, ev in _gate(bundle, "evals").get("details", {}).get("evals", {}).items():
+    for name, ev in gate_of(bundle, "evals").get("details", {}).get("evals", {}).items():
         for metric, value in (ev.get("metrics") or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out[f"{name}.{metric}"] = value
@@ -214,10 +214,10 @@ def diff_bundles(base: dict | None, head: dict | None, op: str, arch: str) -> Bu
         [g.get("gate") for g in (head or {}).get("gates", []) if g.get("gate") not in
          {x.get("gate") for x in (base or {}).get("gates", [])}]
     for name in names:
-        s = (_gate(base, name).get("status"), _gate(head, name).get("status"))
+        s = (gate_of(base, name).get("status"), gate_of(head, name).get("status"))
         if s[0] != s[1]:
             d.gates[name] = s
-    pb, ph = _points(base), _points(head)
+    pb, ph = timed_points(base), timed_points(head)
     for point in list(pb) + [p for p in ph if p not in pb]:
         fb, fh = _figures(pb.get(point)), _figures(ph.get(point))
         if fb != fh:
