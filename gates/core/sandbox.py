@@ -98,7 +98,7 @@ def _starting_child():
     with _starting:
         saved = {name: os.environ.pop(name) for name in WITHHELD if name in os.environ}
         executable = mp_spawn.get_executable()
-        if CONFINE:
+        if CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # an install that lost the mode: the worker says so
             plan = json.dumps(confinement())
             os.environ.update({isolation.PLAN_VAR: plan, PYTHON_VAR: os.fsdecode(executable)})
             mp_spawn.set_executable(str(CONFINED_PYTHON))
