@@ -65,8 +65,9 @@ class RichReporter(Reporter):
         self._log(self.current)
 
     def note(self, text: str) -> None:
-        self.progress.update(self.task, description=f"{self.current}: {text}")
-        self._log(f"{self.current}: {text}")
+        line = f"{self.current}: {text}" if self.current else text  # before the first gate: the run's own notes
+        self.progress.update(self.task, description=line)
+        self._log(line)
 
     def _log(self, text: str) -> None:
         if not self.console.is_terminal:

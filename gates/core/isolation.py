@@ -87,13 +87,13 @@ def command(argv: list[str], confinement: dict) -> tuple[list[str], dict[str, st
     return [argv[0], str(LAUNCHER), *argv], {PLAN_VAR: json.dumps(confinement)}
 
 
-def available() -> str:
-    """What confining does on this machine: the account a trial process under the launcher gives (nothing
-    read-only, nothing hidden)."""
+def available(confinement: dict | None = None) -> str:
+    """What confining does on this machine: the account a trial process under the launcher gives, confined as
+    `confinement` says (default: nothing read-only, nothing hidden)."""
     import subprocess
 
     argv, env = command([sys.executable, "-c", f"import os; print(os.environ[{OUTCOME_VAR!r}])"],
-                        {"read_only": [], "hidden": []})
+                        confinement or {"read_only": [], "hidden": []})
     done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
     return done.stdout.strip() or f"not confined: the trial process failed ({done.stderr.strip()[-200:]})"
 
@@ -162,7 +162,7 @@ def confine(confinement: dict) -> str:
         _drop_capabilities(libc)
     except (_NotConfined, OSError, AttributeError) as e:
         return f"not confined: {e}"
-    shown = ", ".join(confinement["read_only"])
+    shown = ", ".join(confinement["read_only"]) or "nothing"
     hidden = f"; {len(confinement['hidden'])} key file(s) hidden" if confinement["hidden"] else ""
     return f"confined in {how}: read-only {shown}{hidden}; no capabilities"
 

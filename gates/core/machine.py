@@ -39,6 +39,8 @@ class Environment(BaseModel):
     triton: str | None
     cutlass_dsl: str | None
     fla: str | None
+    # how the gate walls in candidate code here (gates.core.isolation.available); None where no gate ran
+    candidate_isolation: str | None = None
 
 
 def _version(dist: str) -> str | None:
