@@ -23,11 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gates.core import isolation
+from gates.core import sandbox
 from gates.core.contracts import load_contracts, parsed_contract_problems
 from gates.core.machine import Environment, environment, one_thread
 from gates.core.registry import Gate, GateContext, GateOptions, preload, registered, verdict_of
-from gates.core.sandbox import confinement
 from gates.core.sources import harness_digest, relative
 from gates.core.status import GateResult, Status
 from gates.evidence.bundle import Bundle, GitState, covered_sources, git_state, load_bundle, now, write_bundle
@@ -199,7 +198,7 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     if problems:
         reporter.note(f"{len(problems)} contract problem(s)")
     env, git, harness = environment(machine), git_state(), harness_digest()
-    env.candidate_isolation = isolation.available(confinement())  # a trial child, confined as every candidate's
+    env.candidate_isolation = sandbox.isolation_account() if sandbox.CONFINE else "not confined: confining is off"
     reporter.note(f"candidate code: {env.candidate_isolation}")
     options = options or new_options()
     outcome = Outcome(contract_problems=problems)

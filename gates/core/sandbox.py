@@ -79,9 +79,10 @@ def confinement() -> dict:
 
 
 @functools.cache
-def _confines_here() -> bool:
-    """Whether this machine lets a child be confined (asked once a process: a trial child under the launcher)."""
-    return isolation.available().startswith("confined")
+def isolation_account() -> str:
+    """How children running candidate code are walled in on this machine, or why they are not: what a trial child
+    confined as they are says (asked once a process)."""
+    return isolation.available(confinement())
 
 
 def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -317,7 +318,8 @@ class Watch:
         strays.adopt_orphans()
         self._tree = TreeGuard()
         self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
-        self._installation = InstallationGuard() if runs_candidate and not (CONFINE and _confines_here()) else None
+        confined = CONFINE and isolation_account().startswith("confined")
+        self._installation = InstallationGuard() if runs_candidate and not confined else None
         self.runs_candidate = runs_candidate
 
     def broken(self, session: int | None = None, ended: bool = False) -> list[str]:
