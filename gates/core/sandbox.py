@@ -41,6 +41,7 @@ import os
 import shutil
 import signal
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -88,7 +89,8 @@ def isolation_account() -> str:
 def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """A Python command line that runs candidate code (the production replay), under the isolation launcher where
     confining is on, and what its environment must add."""
-    return isolation.command(argv, confinement()) if CONFINE else (argv, {})
+    argv, env = isolation.command(argv, confinement()) if CONFINE else (argv, {})
+    return argv, env | _no_user_site()
 
 
 @contextmanager
@@ -99,6 +101,8 @@ def _starting_child():
     with _starting:
         saved = {name: os.environ.pop(name) for name in WITHHELD if name in os.environ}
         executable = mp_spawn.get_executable()
+        extra = {name: value for name, value in _no_user_site().items() if name not in os.environ}
+        os.environ.update(extra)
         if CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # an install that lost the mode: the worker says so
             plan = json.dumps(confinement())
             os.environ.update({isolation.PLAN_VAR: plan, PYTHON_VAR: os.fsdecode(executable)})
@@ -109,6 +113,8 @@ def _starting_child():
             mp_spawn.set_executable(executable)
             os.environ.pop(isolation.PLAN_VAR, None)
             os.environ.pop(PYTHON_VAR, None)
+            for name in extra:
+                os.environ.pop(name, None)
             os.environ.update(saved)
 
 
@@ -307,6 +313,21 @@ def _first(items: list, shown: int) -> str:
 STRAY_GRACE_S = 2.0  # when a process running candidate code has ended: how long what it left gets to end by itself
 
 
+def user_site() -> Path:
+    """Python's user site directory as a process started now would compute it (PYTHONUSERBASE, else ~/.local):
+    a `usercustomize` module or `.pth` file there runs at the start of every later Python process of the user,
+    before anything it imports (a worker's fingerprints included), and in every later gate."""
+    base = os.environ.get("PYTHONUSERBASE") or os.path.expanduser("~/.local")
+    return Path(sysconfig.get_path("purelib", f"{os.name}_user", vars={"userbase": base}))
+
+
+def _no_user_site() -> dict[str, str]:
+    """A child's environment addition: where the user site directory does not exist (nothing installed there), a
+    child never reads one, so one planted by another child's candidate code runs nowhere before it is undone;
+    where it exists it is an import path, read-only to a confined child."""
+    return {} if user_site().is_dir() else {"PYTHONNOUSERSITE": "1"}
+
+
 class Watch:
     """What a process running candidate code must leave as it found it: the tree (TreeGuard), the compile caches
     the standard loads from (CacheGuard) and no process of its own running outside it (gates.core.strays). Made
@@ -318,6 +339,9 @@ class Watch:
         strays.adopt_orphans()
         self._tree = TreeGuard()
         self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
+        # where it exists it is an import path (read-only to a confined child, walked by the installation's guard)
+        # or one this interpreter never reads (a virtual environment's); where it does not, none may appear
+        self._user_site = TreeGuard(user_site()) if runs_candidate and not user_site().is_dir() else None
         confined = CONFINE and isolation_account().startswith("confined")
         self._installation = InstallationGuard() if runs_candidate and not confined else None
         self.runs_candidate = runs_candidate
@@ -333,6 +357,10 @@ class Watch:
         if writes := self._tree.writes():
             self._tree.restore()
             problems.append(f"wrote to the repository: {_first(writes, 5)} (undone)")
+        if self._user_site and (planted := self._user_site.writes()):
+            self._user_site.restore()
+            problems.append(f"planted in Python's user site directory ({self._user_site.root}), which every later "
+                            f"Python process of the user runs: {_first(planted, 3)} (undone)")
         if rewritten := self._caches.rewritten():
             self._caches.undo(rewritten)
             problems.append(f"rewrote compiled kernels in a compile cache the standard loads from: "

@@ -243,6 +243,26 @@ def test_a_startup_hook_planted_in_the_installation_never_lands():
         candidate.RAN.unlink(missing_ok=True)
 
 
+def test_a_usercustomize_planted_in_the_home_directory_is_caught_and_undone(tmp_path, monkeypatch):
+    """The user site directory is under the home directory, which a confined child still writes: the watch finds
+    the planted module after the reply and removes it (PYTHONUSERBASE points the candidate's process and the watch
+    at a folder of the test's own)."""
+    from tests.adversarial import plants_usercustomize as candidate
+
+    monkeypatch.setenv("PYTHONUSERBASE", str(tmp_path / "userbase"))
+    candidate.RAN.unlink(missing_ok=True)
+    site_dir = sandbox.user_site()
+    try:
+        result = run_gate(numerics.GATE,
+                          kda_contract(implementation="tests.adversarial.plants_usercustomize:kda_decode"))
+        assert result.status is Status.ERROR, result.reason
+        assert f"planted in Python's user site directory ({site_dir})" in result.reason, result.reason
+        assert "usercustomize.py (added)" in result.reason and "(undone)" in result.reason
+        assert not (site_dir / "usercustomize.py").exists() and not candidate.RAN.exists()
+    finally:
+        candidate.RAN.unlink(missing_ok=True)
+
+
 def test_a_startup_hook_planted_unconfined_is_caught(monkeypatch):
     """Where the OS wall is missing, the watch compares the installation when the candidate's process has ended:
     the planted hook is an ERROR of the candidate, named, and left for a person to remove (nothing kept the
