@@ -4,6 +4,7 @@ their session, stopped with everything below them."""
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,12 +35,13 @@ time.sleep(60)
 """
 
 
-def until(condition, what: str):
-    for _ in range(5000):
+def until(condition, what: str, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         if found := condition():
             return found
-        os.sched_yield()
-    raise AssertionError(what)
+        time.sleep(0.01)
+    raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
 
 
 def leave_a_process(how: str) -> tuple[int, int]:
