@@ -103,14 +103,17 @@ class TaskRepo:
         self.write(f"agent_tasks/{data['name']}.yaml", yaml.safe_dump(data, sort_keys=False))
         self.write(f"agent_tasks/{data['name']}.md", brief)
 
-    def gate(self, op: str = "attn_res", arch: str = "cpu", gates: tuple[GateResult, ...] = CPU_GATES) -> Path:
-        """Write the bundle `k3forge gate` would write for the tree as it is now (gate results given)."""
+    def gate(self, op: str = "attn_res", arch: str = "cpu", gates: tuple[GateResult, ...] = CPU_GATES,
+             isolation: str | None = None) -> Path:
+        """Write the bundle `k3forge gate` would write for the tree as it is now (gate results given; `isolation`:
+        how its candidate code was walled in)."""
         path = self.root / "contracts" / f"{op}.yaml"
         contract = load_contract(path)
         bundle = Bundle(op=op, arch=arch, created=now(), command="k3forge gate", git=GitState(commit=None, branch=None,
                         dirty=None), contract_path=f"contracts/{op}.yaml", contract=contract.model_dump(mode="json"),
                         owners=contract.owners, sources=covered_sources(contract, path, None, self.root),
-                        environment=ENVIRONMENT, options=new_options(1), gates=list(gates),
+                        environment=ENVIRONMENT.model_copy(update={"candidate_isolation": isolation}),
+                        options=new_options(1), gates=list(gates),
                         verdict=verdict_of(contract, arch, list(gates)))
         return write_bundle(self.root / "evidence" / op / arch, bundle, render_reports(bundle))
 

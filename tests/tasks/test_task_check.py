@@ -371,6 +371,20 @@ def test_a_tightened_contract_needs_no_reason(task_repo):
     assert "| attn_res | tolerance.atol | `1e-05` | `1e-06` |  |" in text
 
 
+def test_the_summary_names_bundles_whose_candidate_code_ran_unconfined(task_repo):
+    kernel_change(task_repo)
+    task_repo.gate(isolation="not confined: unshare: Operation not permitted")
+    task_repo.commit("kernel", *TRAILERS)
+    branch = read_branch(task_repo.repo, "main")
+    text = summary(check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch))
+    assert "Candidate code ran without the OS wall" in text
+    assert "- attn_res / cpu: not confined: unshare: Operation not permitted" in text
+    task_repo.gate(isolation="confined in a mount namespace: read-only /repo; no capabilities")
+    task_repo.commit("kernel again", *TRAILERS)
+    branch = read_branch(task_repo.repo, "main")
+    assert "without the OS wall" not in summary(check(task_at_base(task_repo.repo, branch, "attn_res_mix"), branch))
+
+
 @pytest.mark.parametrize("tasks, expected", [
     ((None, None), "no task: no commit in main..HEAD has a `Task: NAME` trailer"),
     (("a_task", "attn_res_mix"), "several tasks (a_task, attn_res_mix)"),
