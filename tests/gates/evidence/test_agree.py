@@ -13,21 +13,10 @@ import pytest
 
 from gates.evidence.agree import agreement, compare, render_markdown
 from model.kimi_k3.ops.registry import REPO_ROOT
-
-REAL = REPO_ROOT / "evidence" / "kda_decode" / "sm_90" / "bundle.json"
-
-
-@pytest.fixture
-def bundle():
-    return json.loads(REAL.read_text())
-
-
-def rows(b):
-    return next(g for g in b["gates"] if g["gate"] == "benchmarks")["details"]["rows"]
-
+from tests.gates.fixtures.helpers import bench_rows
 
 def timed(b):
-    return [r for r in rows(b) if not r.get("drawn")]
+    return [r for r in bench_rows(b) if not r.get("drawn")]
 
 
 def test_the_same_bundle_agrees_point_by_point(bundle):
@@ -62,7 +51,7 @@ def test_a_verdict_a_gate_a_kernel_count_or_a_point_left_untimed_disagrees(bundl
     next(g for g in rerun["gates"] if g["gate"] == "numerics")["status"] = "FAILED_NUMERICS"
     timed(rerun)[0]["kernels"]["candidate"] += 1
     gone = timed(rerun)[1]
-    rows(rerun).remove(gone)
+    bench_rows(rerun).remove(gone)
     problems = compare(bundle, rerun, "kda_decode", "sm_90").problems
     assert "verdict PASSED committed, FAILED_NUMERICS re-run" in problems
     assert "gate numerics: PASSED committed, FAILED_NUMERICS re-run" in problems

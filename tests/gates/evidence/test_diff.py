@@ -11,19 +11,7 @@ import pytest
 from gates.evidence.diff import DiffError, contract_changes, contract_moves, diff, diff_bundles, render_markdown
 from kernels.contract import load_contract
 from model.kimi_k3.ops.registry import REPO_ROOT
-from tests.gates.fixtures.helpers import CPU_EXAMPLE
-
-REAL = REPO_ROOT / "evidence" / "kda_decode" / "sm_90" / "bundle.json"
-
-
-@pytest.fixture
-def bundle():
-    return json.loads(REAL.read_text())
-
-
-def _bench_rows(b):
-    return next(g for g in b["gates"] if g["gate"] == "benchmarks")["details"]["rows"]
-
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, REAL_BUNDLE, bench_rows
 
 def test_an_identical_bundle_is_unchanged(bundle):
     assert diff_bundles(bundle, copy.deepcopy(bundle), "kda_decode", "sm_90").change == "unchanged"
@@ -31,13 +19,13 @@ def test_an_identical_bundle_is_unchanged(bundle):
 
 def test_speedups_verdicts_and_a_loosened_tolerance_show(bundle):
     head = copy.deepcopy(bundle)
-    _bench_rows(head)[0]["speedup"] = 1.01
+    bench_rows(head)[0]["speedup"] = 1.01
     next(g for g in head["gates"] if g["gate"] == "numerics")["status"] = "FAILED_NUMERICS"
     head["verdict"] = "FAILED_NUMERICS"
     head["contract"]["tolerance"]["atol"] *= 10
     d = diff_bundles(bundle, head, "kda_decode", "sm_90")
     assert d.verdict == ("PASSED", "FAILED_NUMERICS") and d.gates == {"numerics": ("PASSED", "FAILED_NUMERICS")}
-    assert [p["point"] for p in d.points] == [_bench_rows(bundle)[0]["point"]]
+    assert [p["point"] for p in d.points] == [bench_rows(bundle)[0]["point"]]
     assert [(m.path, m.loosened) for m in d.contract] == [("tolerance.atol", True)]
     text = render_markdown([d], "base", "head")
     assert "The bar moved down" in text and "1.01" in text and "FAILED_NUMERICS" in text
@@ -97,7 +85,7 @@ def test_what_counts_as_loosening(edit, expected):
 
 def test_two_commits_of_the_repository():
     """Two real bundles from history, where the clone has them (a shallow clone skips)."""
-    revs = subprocess.run(["git", "log", "--format=%H", "-n", "2", "--", str(REAL)], cwd=REPO_ROOT,
+    revs = subprocess.run(["git", "log", "--format=%H", "-n", "2", "--", str(REAL_BUNDLE)], cwd=REPO_ROOT,
                           capture_output=True, text=True).stdout.split()
     if len(revs) < 2:
         pytest.skip("this clone holds fewer than two commits of the H200 bundle")
@@ -149,7 +137,7 @@ def test_a_contract_that_is_not_yaml_is_a_diff_error(tmp_path):
 def test_drawn_points_are_not_compared(bundle):
     """A drawn point (the benchmarks gate draws new ones each run) is neither a new point nor a removed one."""
     head = copy.deepcopy(bundle)
-    drawn = {**copy.deepcopy(_bench_rows(head)[0]), "point": "batch 3 · heads 12 · head_dim 128 · bf16", "batch": 3,
+    drawn = {**copy.deepcopy(bench_rows(head)[0]), "point": "batch 3 · heads 12 · head_dim 128 · bf16", "batch": 3,
              "drawn": True}
-    _bench_rows(head).append(drawn)
+    bench_rows(head).append(drawn)
     assert diff_bundles(bundle, head, "kda_decode", "sm_90").points == []
