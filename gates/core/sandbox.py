@@ -32,7 +32,6 @@ no other process of the user reads the seed from the gate's memory or the key fr
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import multiprocessing
@@ -50,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from gates.core import isolation, strays, worker
+from gates.core import caches, isolation, strays, worker
 from gates.core.machine import undumpable
 from gates.core.sources import REPO_ROOT
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
@@ -65,18 +64,17 @@ _starting = threading.Lock()  # the gate starts sandboxes from several threads (
 
 
 def _writable() -> list[Path]:
-    """What a child running candidate code must still write besides its temporary files: the compile caches and
-    whatever else lives under the home directory."""
-    caches = [os.environ.get(var) for var in ("TRITON_CACHE_DIR", "HUMMING_CACHE_DIR", "HUMMING_TMP_DIR",
-                                              "K3FORGE_COMPILE_CACHE", "TORCHINDUCTOR_CACHE_DIR")]
-    return [Path.home(), *(Path(c) for c in caches if c)]
+    """What a child running candidate code must still write besides its temporary files: its copies of the compile
+    caches (gates.core.caches) and whatever else lives under the home directory."""
+    return [Path.home(), caches.private_root()]
 
 
 def confinement() -> dict:
-    """What a child running candidate code is confined to (gates.core.isolation.plan); the signing key's file,
-    if one is configured, is hidden."""
+    """What a child running candidate code is confined to (gates.core.isolation.plan): the gate's compile caches
+    read-only beside the tree and the installation; the signing key's file, if one is configured, hidden."""
     key_file = os.environ.get(KEY_FILE_VAR)
-    return isolation.plan(REPO_ROOT, writable=_writable(), hidden=[Path(key_file)] if key_file else [])
+    return isolation.plan(REPO_ROOT, writable=_writable(), hidden=[Path(key_file)] if key_file else [],
+                          caches=list(caches.gate_caches().values()))
 
 
 @functools.cache
@@ -88,22 +86,24 @@ def isolation_account() -> str:
 
 def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """A Python command line that runs candidate code (the production replay), under the isolation launcher where
-    confining is on, and what its environment must add."""
+    confining is on, and what its environment must add (its copies of the compile caches among it)."""
     argv, env = isolation.command(argv, confinement()) if CONFINE else (argv, {})
-    return argv, env | _no_user_site()
+    return argv, caches.candidate_env() | env | _no_user_site()
 
 
 @contextmanager
-def _starting_child():
+def _starting_child(confine: bool):
     """While a child is started (spawn copies the environment, and reads the interpreter to run, as they are
-    then): the key variables out of os.environ, and, where confining is on, the child started under the
-    isolation launcher with the plan in its environment."""
+    then): the key variables out of os.environ, and, for one that runs candidate code where confining is on
+    (`confine`), the child started under the isolation launcher with the plan in its environment. Nothing else
+    of os.environ changes meanwhile: the gate's other threads read it (a compile there must find the gate's own
+    caches), so a child's own variables go down to it as `worker.serve`'s arguments."""
     with _starting:
         saved = {name: os.environ.pop(name) for name in WITHHELD if name in os.environ}
         executable = mp_spawn.get_executable()
         extra = {name: value for name, value in _no_user_site().items() if name not in os.environ}
         os.environ.update(extra)
-        if CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # an install that lost the mode: the worker says so
+        if confine and CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # lost its mode: the worker says so
             plan = json.dumps(confinement())
             os.environ.update({isolation.PLAN_VAR: plan, PYTHON_VAR: os.fsdecode(executable)})
             mp_spawn.set_executable(str(CONFINED_PYTHON))
@@ -218,69 +218,6 @@ class TreeGuard:
         self.state = tree_state(self.root)  # the restored files' bytes are the kept ones; their change times new
 
 
-def compile_caches() -> list[Path]:
-    """The on-disk compile caches the standards load their kernels from, where they exist: Triton's (FLA's KDA
-    and norm kernels, with their autotuning results) and humming's (the MXFP4 MoE GEMMs)."""
-    roots = [os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache",
-             os.environ.get("HUMMING_CACHE_DIR")]
-    return [Path(r) for r in roots if r and Path(r).is_dir()]
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
-    except OSError:
-        return None
-
-
-class CacheGuard:
-    """The compile caches' entries as they were when a child started, held to their bytes. A candidate's process
-    that rewrote a compiled kernel of the standard there (a slow or wrong binary under the standard's own cache key)
-    would slow or spoil every later process that loads it, the standard's timing alone included, with nothing in
-    the tree changed. New entries are what compiling does, and a removed one is compiled again; an entry replaced
-    by the same bytes is two processes compiling one kernel at once. An entry whose bytes changed is reported
-    (`rewritten`) and removed (`undo`: its next use compiles it afresh). Each file is hashed once a process
-    (`_digests`, keyed by its path and identity: a replaced entry is hashed once, not after every reply); Triton's
-    temporary folders (`tmp.*`) are left out. An entry planted before anything compiled its kernel stays out of
-    reach: it is new when the guard looks."""
-
-    _digests: dict[tuple, str | None] = {}
-
-    def __init__(self, roots: list[Path] | None = None):
-        self.roots = compile_caches() if roots is None else roots
-        self.state = self._scan()
-        self.digests = {path: self._digest(path, key) for path, key in self.state.items()}
-
-    def _scan(self) -> dict[Path, tuple]:
-        state = {}
-        for root in self.roots:
-            for directory, dirs, files in os.walk(root):
-                dirs[:] = [d for d in dirs if not d.startswith("tmp.")]
-                for name in files:
-                    path = Path(directory, name)
-                    try:
-                        st = path.lstat()
-                    except OSError:
-                        continue
-                    state[path] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # see tree_state
-        return state
-
-    def _digest(self, path: Path, key: tuple) -> str | None:
-        if (path, key) not in self._digests:
-            self._digests[(path, key)] = _sha256(path)
-        return self._digests[(path, key)]
-
-    def rewritten(self) -> list[Path]:
-        now = self._scan()
-        return [path for path, was in self.state.items()
-                if (key := now.get(path)) is not None and key != was and self._digest(path, key) != self.digests[path]]
-
-    def undo(self, paths: list[Path]) -> None:
-        for path in paths:
-            path.unlink(missing_ok=True)
-
-
 class InstallationGuard:
     """Where children cannot be confined, the Python installation (`isolation.unguarded_installation`) as it was
     before any candidate code ran in this process: a library the standard imports patched there, or a startup
@@ -338,7 +275,7 @@ class Watch:
     def __init__(self, runs_candidate: bool = True):
         strays.adopt_orphans()
         self._tree = TreeGuard()
-        self._caches = CacheGuard() if runs_candidate else CacheGuard(roots=[])
+        self._caches = caches.CacheGuard() if runs_candidate else caches.CacheGuard(roots=[])
         # where it exists it is an import path (read-only to a confined child, walked by the installation's guard)
         # or one this interpreter never reads (a virtual environment's); where it does not, none may appear
         self._user_site = TreeGuard(user_site()) if runs_candidate and not user_site().is_dir() else None
@@ -363,7 +300,7 @@ class Watch:
                             f"Python process of the user runs: {_first(planted, 3)} (undone)")
         if rewritten := self._caches.rewritten():
             self._caches.undo(rewritten)
-            problems.append(f"rewrote compiled kernels in a compile cache the standard loads from: "
+            problems.append(f"rewrote compiled kernels in a compile cache of the gate's own processes: "
                             f"{_first(rewritten, 3)} (removed)")
         if ended and self._installation and (changed := self._installation.changed()):
             problems.append(f"changed the Python installation, which every later process runs: {_first(changed, 3)} "
@@ -374,8 +311,9 @@ class Watch:
 class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  runs_candidate: bool = True):
-        """`runs_candidate=False` for a child that runs only the standard: it does not guard the compile caches,
-        so a rewrite by a candidate's process running beside it is found and blamed by that process's sandbox."""
+        """`runs_candidate=False` for a child that runs only the standard: it works in the gate's own compile
+        caches, unconfined (it runs only the gate's code), and does not guard the caches: a rewrite by a candidate's
+        process running beside it is found and blamed by that process's sandbox."""
         self._watch = Watch(runs_candidate)
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         self.confined: str | None = None  # what the isolation launcher did for the child (its first reply says)
@@ -386,10 +324,12 @@ class Sandbox:
         roomy = os.path.isdir(INBOX_ROOT) and shutil.disk_usage(INBOX_ROOT).free >= INBOX_MIN_FREE
         root = INBOX_ROOT if roomy else None
         self._inbox, self._sent = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root)), 0
-        self._proc = ctx.Process(target=worker.serve, args=(child, dict(env or {}), self._stacks), daemon=True,
+        # a candidate's process works in its own copies of the compile caches (gates.core.caches)
+        env = (caches.candidate_env() if runs_candidate else {}) | dict(env or {})
+        self._proc = ctx.Process(target=worker.serve, args=(child, env, self._stacks), daemon=True,
                                  name="k3forge-candidate")
         undumpable()
-        with _starting_child():
+        with _starting_child(confine=runs_candidate):
             self._proc.start()
         strays.register(self._proc.pid)
         child.close()

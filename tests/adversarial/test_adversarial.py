@@ -15,7 +15,7 @@ import pytest
 
 from gates.checks import benchmarks, contracts, numerics
 from gates.checks import compile as compile_gate
-from gates.core import isolation, runner, sandbox
+from gates.core import caches, isolation, runner, sandbox
 from gates.core.contracts import check_contracts
 from gates.core.sources import REPO_ROOT, import_closure
 from gates.core.status import GateResult, Status
@@ -416,13 +416,39 @@ def test_the_candidates_process_never_sees_the_signing_key(monkeypatch):
     assert result.status is Status.PASSED, result.reason
 
 
-def test_a_candidate_that_rewrites_the_standards_compiled_kernels_is_caught(tmp_path, monkeypatch):
-    """Entries of the compile cache the standard loads from, rewritten by the candidate's process: an ERROR, and the
-    rewritten entries removed (the next use compiles them afresh)."""
+def _gate_cache_with_an_entry(tmp_path, monkeypatch) -> Path:
+    """The gate's Triton cache, holding one compiled kernel, where the candidate knows to look for it."""
+    from tests.adversarial.rewrites_compile_cache import KNOWN_CACHE_VAR
+
     entry = tmp_path / "triton" / "KEY" / "fused_recurrent_kda.cubin"
     entry.parent.mkdir(parents=True)
     entry.write_bytes(b"the standard's compiled kernel")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv(KNOWN_CACHE_VAR, str(tmp_path / "triton"))
+    return entry
+
+
+@needs_confinement
+def test_the_standards_compiled_kernels_are_out_of_the_candidates_reach(tmp_path, monkeypatch):
+    """Confined, the candidate's process works in its own copy of the cache (which it may spoil for itself) and
+    sees the gate's read-only: the gate's entry keeps its bytes and nothing is planted beside it, so the kernels
+    every later process of the gate loads are the ones its compilers made."""
+    from tests.adversarial.rewrites_compile_cache import PLANTED
+
+    entry = _gate_cache_with_an_entry(tmp_path, monkeypatch)
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.rewrites_compile_cache:kda_decode"))
+    assert result.status is Status.PASSED, result.reason
+    assert entry.read_bytes() == b"the standard's compiled kernel"
+    assert not (tmp_path / "triton" / PLANTED).exists()
+    assert (Path(caches.candidate_env()["TRITON_CACHE_DIR"]) / PLANTED).exists()  # it did act: on its own copy
+
+
+def test_a_candidate_that_rewrites_the_standards_compiled_kernels_unconfined_is_caught(tmp_path, monkeypatch):
+    """Where the OS wall is missing, the gate's existing entries are held to their bytes: an ERROR, and the rewritten
+    entry removed (its next use compiles it afresh). (An entry planted under a new key is out of the watch's reach
+    there: PRACTICES says so.)"""
+    monkeypatch.setattr(sandbox, "CONFINE", False)
+    entry = _gate_cache_with_an_entry(tmp_path, monkeypatch)
     result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.rewrites_compile_cache:kda_decode"))
     assert result.status is Status.ERROR and "compile cache" in result.reason, result.reason
     assert not entry.exists()

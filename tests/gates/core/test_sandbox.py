@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from gates.core.sandbox import CacheGuard, Sandbox, SandboxError, TreeGuard
+from gates.core.caches import CacheGuard
+from gates.core.sandbox import Sandbox, SandboxError, TreeGuard
 from gates.evidence.signing import KEY_VAR
 
 PR_GET_DUMPABLE = 3  # linux/prctl.h
