@@ -82,8 +82,9 @@ run_tests() {
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU
     "l2 60 tests/gates/core/test_l2.py"  # the L2 set-aside the benchmarks read and release
     # the candidate's process confined (no capability, the tree and /usr read-only) and its leftovers stopped, on
-    # the GPU machine first: a CUDA, CUPTI or compile-cache need the confinement misses shows here (session 26)
-    "sandbox 300 --all tests/gates/core/test_isolation.py tests/gates/core/test_strays.py tests/gates/core/test_sandbox.py tests/adversarial/test_adversarial.py::test_a_candidate_cannot_write_into_the_tree tests/adversarial/test_adversarial.py::test_a_startup_hook_planted_in_the_installation_never_lands tests/adversarial/test_adversarial.py::test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write tests/gates/checks/test_numerics_gate.py::test_the_reference_as_candidate_passes_every_check"
+    # the GPU machine first: a CUDA, CUPTI or compile-cache need the confinement misses shows here (session 26;
+    # the compile caches split by trust, session 27)
+    "sandbox 300 --all tests/gates/core/test_isolation.py tests/gates/core/test_strays.py tests/gates/core/test_sandbox.py tests/gates/core/test_caches.py tests/adversarial/test_adversarial.py::test_the_standards_compiled_kernels_are_out_of_the_candidates_reach tests/adversarial/test_adversarial.py::test_a_candidate_cannot_write_into_the_tree tests/adversarial/test_adversarial.py::test_a_startup_hook_planted_in_the_installation_never_lands tests/adversarial/test_adversarial.py::test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write tests/gates/checks/test_numerics_gate.py::test_the_reference_as_candidate_passes_every_check"
     "model 120 tests/model --ignore=tests/model/test_dispatch.py"  # the layers' GPU tests (MoE side streams in a graph)
     "accuracy 420 tests/adversarial/test_accuracy_bites.py"
     "dispatch 90 tests/model/test_dispatch.py"

@@ -63,15 +63,15 @@ def installation() -> set[Path]:
     return {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)} | import_paths()
 
 
-def plan(repo_root: Path, writable: list[Path], hidden: list[Path], caches: list[Path] = ()) -> dict:
+def plan(repo_root: Path, writable: list[Path], hidden: list[Path], gate_places: list[Path] = ()) -> dict:
     """What to confine: the tree and the Python installation read-only, except any place that holds a directory
     the process must write (`writable`: the home directory, its own copies of the compile caches; the temporary
-    folders always), the gate's own compile caches (`caches`, gates.core.caches) read-only too, and the files in
-    `hidden` covered by an empty one."""
+    folders always); the gate's own folders (`gate_places`: its request folders, its compile caches) read-only
+    too; and the files in `hidden` covered by an empty one."""
     places = _outermost({repo_root.resolve(), *installation()}, writable)
-    kept = [c for c in _outermost({Path(c).resolve() for c in caches}, writable)
-            if not any(c.is_relative_to(p) for p in places)]
-    return {"read_only": [str(p) for p in places], "caches": [str(c) for c in kept],
+    gates = [g for g in _outermost({Path(g).resolve() for g in gate_places}, writable)
+             if not any(g.is_relative_to(p) for p in places)]
+    return {"read_only": [str(p) for p in places], "gate_places": [str(g) for g in gates],
             "hidden": [str(p) for p in hidden if p.is_file()]}
 
 
@@ -159,7 +159,7 @@ def confine(confinement: dict) -> str:
         libc = _libc()
         how = _own_mount_namespace(libc)
         _call("make mounts private", libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None))
-        for path in confinement["read_only"] + confinement.get("caches", []):
+        for path in confinement["read_only"] + confinement.get("gate_places", []):
             _read_only(libc, path)
         for path in confinement["hidden"]:
             _call(f"hide {path}", libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None))
@@ -167,9 +167,10 @@ def confine(confinement: dict) -> str:
     except (_NotConfined, OSError, AttributeError) as e:
         return f"not confined: {e}"
     shown = ", ".join(confinement["read_only"]) or "nothing"
-    caches = f"; the gate's {len(confinement['caches'])} compile caches read-only" if confinement.get("caches") else ""
+    gates = (f"; {len(confinement['gate_places'])} of the gate's own folders read-only"
+             if confinement.get("gate_places") else "")
     hidden = f"; {len(confinement['hidden'])} key file(s) hidden" if confinement["hidden"] else ""
-    return f"confined in {how}: read-only {shown}{caches}{hidden}; no capabilities"
+    return f"confined in {how}: read-only {shown}{gates}{hidden}; no capabilities"
 
 
 def main() -> None:

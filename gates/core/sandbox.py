@@ -7,8 +7,10 @@ the pipe and copied out again. Replies come back as bytes the gate loads with `w
 child sends can run code in the gate. A child
 that dies, hangs or sends something else is an error of the candidate, never a pass.
 
-Where Linux allows it the child is confined (gates.core.isolation): the tree and the Python installation are
-read-only to it, the key file is hidden, and it holds no capability. Otherwise it runs as the same user on the
+Where Linux allows it the child is confined (gates.core.isolation): the tree, the Python installation and the
+gate's own folders (every sandbox's requests; for a child that runs candidate code, the compile caches the gate's
+processes load from, gates.core.caches) are read-only to it, the key file is hidden, and it holds no capability.
+Otherwise it runs as the same user on the
 same tree, so it could write there: rewrite a contract, a problem, the gate's own code or its bytecode for the
 next run. Either way the watch below stands. The gate has parsed and imported all it judges by before any
 child starts (gates.core.runner), and the sandbox keeps the tree as it was (every file's size and modification
@@ -31,6 +33,7 @@ no other process of the user reads the seed from the gate's memory or the key fr
 
 from __future__ import annotations
 
+import atexit
 import functools
 import io
 import json
@@ -69,12 +72,33 @@ def _writable() -> list[Path]:
     return [Path.home(), caches.private_root()]
 
 
-def confinement() -> dict:
-    """What a child running candidate code is confined to (gates.core.isolation.plan): the gate's compile caches
-    read-only beside the tree and the installation; the signing key's file, if one is configured, hidden."""
+def confinement(runs_candidate: bool = True) -> dict:
+    """What a child is confined to (gates.core.isolation.plan): the tree and the installation read-only, and the
+    gate's own folders: the request folders always (the child only reads its requests), the compile caches for a
+    child that runs candidate code (one that runs only the standard compiles into them); the signing key's file,
+    if one is configured, hidden."""
     key_file = os.environ.get(KEY_FILE_VAR)
+    gate_places = [*request_folders().values(), *(caches.gate_caches().values() if runs_candidate else [])]
     return isolation.plan(REPO_ROOT, writable=_writable(), hidden=[Path(key_file)] if key_file else [],
-                          caches=list(caches.gate_caches().values()))
+                          gate_places=gate_places)
+
+
+_request_folders: dict[str, Path] = {}
+_request_lock = threading.Lock()
+
+
+def request_folders() -> dict[str, Path]:
+    """This process's folders of its sandboxes' request folders, one in memory (/dev/shm, where it exists) and one
+    in the temporary folder, each made once and removed at exit. Every child sees them read-only: a child loads
+    its requests as the gate's (trusted, a pickle), so a request put in place of another by a candidate's process
+    would run its code in that child, the standard's among them."""
+    roots = [root for root in (INBOX_ROOT, tempfile.gettempdir()) if os.path.isdir(root)]
+    with _request_lock:
+        for root in roots:
+            if root not in _request_folders:
+                _request_folders[root] = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root))
+                atexit.register(shutil.rmtree, _request_folders[root], ignore_errors=True)
+        return {root: _request_folders[root] for root in roots}
 
 
 @functools.cache
@@ -92,19 +116,19 @@ def confined_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 @contextmanager
-def _starting_child(confine: bool):
+def _starting_child(runs_candidate: bool):
     """While a child is started (spawn copies the environment, and reads the interpreter to run, as they are
-    then): the key variables out of os.environ, and, for one that runs candidate code where confining is on
-    (`confine`), the child started under the isolation launcher with the plan in its environment. Nothing else
-    of os.environ changes meanwhile: the gate's other threads read it (a compile there must find the gate's own
-    caches), so a child's own variables go down to it as `worker.serve`'s arguments."""
+    then): the key variables out of os.environ, and, where confining is on, the child started under the isolation
+    launcher with its plan (`confinement`) in its environment. Nothing else of os.environ changes meanwhile: the
+    gate's other threads read it (a compile there must find the gate's own caches), so a child's own variables go
+    down to it as `worker.serve`'s arguments."""
     with _starting:
         saved = {name: os.environ.pop(name) for name in WITHHELD if name in os.environ}
         executable = mp_spawn.get_executable()
         extra = {name: value for name, value in _no_user_site().items() if name not in os.environ}
         os.environ.update(extra)
-        if confine and CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # lost its mode: the worker says so
-            plan = json.dumps(confinement())
+        if CONFINE and os.access(CONFINED_PYTHON, os.X_OK):  # an install that lost the mode: the worker says so
+            plan = json.dumps(confinement(runs_candidate))
             os.environ.update({isolation.PLAN_VAR: plan, PYTHON_VAR: os.fsdecode(executable)})
             mp_spawn.set_executable(str(CONFINED_PYTHON))
         try:
@@ -312,8 +336,8 @@ class Sandbox:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
                  runs_candidate: bool = True):
         """`runs_candidate=False` for a child that runs only the standard: it works in the gate's own compile
-        caches, unconfined (it runs only the gate's code), and does not guard the caches: a rewrite by a candidate's
-        process running beside it is found and blamed by that process's sandbox."""
+        caches (writable to it) and does not guard them: a rewrite by a candidate's process running beside it is
+        found and blamed by that process's sandbox."""
         self._watch = Watch(runs_candidate)
         self.loaded: set[str] = set()  # repository files the child loaded beyond the worker's own (every reply's)
         self.confined: str | None = None  # what the isolation launcher did for the child (its first reply says)
@@ -321,15 +345,16 @@ class Sandbox:
         self._conn, child = ctx.Pipe()
         fd, self._stacks = tempfile.mkstemp(prefix="k3forge-candidate-", suffix=".stacks")
         os.close(fd)
-        roomy = os.path.isdir(INBOX_ROOT) and shutil.disk_usage(INBOX_ROOT).free >= INBOX_MIN_FREE
-        root = INBOX_ROOT if roomy else None
-        self._inbox, self._sent = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root)), 0
+        folders = request_folders()
+        roomy = INBOX_ROOT in folders and shutil.disk_usage(INBOX_ROOT).free >= INBOX_MIN_FREE
+        parent = folders[INBOX_ROOT] if roomy else folders[tempfile.gettempdir()]
+        self._inbox, self._sent = Path(tempfile.mkdtemp(dir=parent)), 0
         # a candidate's process works in its own copies of the compile caches (gates.core.caches)
         env = (caches.candidate_env() if runs_candidate else {}) | dict(env or {})
         self._proc = ctx.Process(target=worker.serve, args=(child, env, self._stacks), daemon=True,
                                  name="k3forge-candidate")
         undumpable()
-        with _starting_child(confine=runs_candidate):
+        with _starting_child(runs_candidate):
             self._proc.start()
         strays.register(self._proc.pid)
         child.close()

@@ -71,15 +71,15 @@ def test_a_candidates_copy_holds_the_gates_entries_and_keeps_its_own(tmp_path, m
     assert (gate / "A" / "k.cubin").read_bytes() == b"gate's"
 
 
-def _children_see(tmp_path, monkeypatch, runs_candidate: bool) -> dict:
+def _children_see(tmp_path, monkeypatch, runs_candidate: bool, tried: list[Path] = ()) -> dict:
     gate = tmp_path / "triton"
     gate.mkdir(exist_ok=True)
     report = tmp_path / f"report-{runs_candidate}.json"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(gate))
-    monkeypatch.setenv("K3FORGE_TEST_GATE_CACHE", str(gate))
+    monkeypatch.setenv("K3FORGE_TEST_TRY", os.pathsep.join(str(p) for p in [gate, *tried]))
     monkeypatch.setenv("K3FORGE_TEST_REPORT", str(report))
     with Sandbox(runs_candidate=runs_candidate) as box:
-        assert box.request("probe", entries=["tests.gates.core.shows_its_caches:anything"])["errors"] == {}
+        assert box.request("probe", entries=["tests.gates.core.tries_to_write:anything"])["errors"] == {}
     return json.loads(report.read_text())
 
 
@@ -96,6 +96,16 @@ def test_a_candidates_process_works_in_its_copies_and_the_standards_in_the_gates
 @needs_confinement
 def test_a_confined_candidate_cannot_write_the_gates_caches(tmp_path, monkeypatch):
     seen = _children_see(tmp_path, monkeypatch, runs_candidate=True)
-    assert seen["own"] == "done" and seen["gate"] == "Read-only file system"
+    assert seen["own"] == "done" and seen["tried"][str(tmp_path / "triton")] == "Read-only file system"
     assert not (tmp_path / "triton" / "planted").exists()
-    assert str((tmp_path / "triton").resolve()) in sandbox.confinement()["caches"]
+    assert str((tmp_path / "triton").resolve()) in sandbox.confinement()["gate_places"]
+
+
+@needs_confinement
+def test_no_child_can_put_a_request_in_place_of_another_childs(tmp_path, monkeypatch):
+    """A child loads its requests as the gate's (a pickle): the request folders, the standard's sandbox's among them,
+    are read-only to every child, so a candidate's process cannot run its code in another child that way."""
+    with Sandbox(runs_candidate=False) as standard:
+        seen = _children_see(tmp_path, monkeypatch, runs_candidate=True, tried=[standard._inbox])
+        assert seen["tried"][str(standard._inbox)] == "Read-only file system"
+        assert list(standard._inbox.iterdir()) == []
