@@ -7,18 +7,17 @@ the pipe and copied out again. Replies come back as bytes the gate loads with `w
 child sends can run code in the gate. A child
 that dies, hangs or sends something else is an error of the candidate, never a pass.
 
-Where Linux allows it the child is confined (gates.core.isolation): the tree, the Python installation and the
-gate's own folders (every sandbox's requests; for a child that runs candidate code, the compile caches the gate's
-processes load from, gates.core.caches) are read-only to it, the key file is hidden, and it holds no capability.
-Otherwise it runs as the same user on the
-same tree, so it could write there: rewrite a contract, a problem, the gate's own code or its bytecode for the
-next run. Either way the watch below stands. The gate has parsed and imported all it judges by before any
-child starts (gates.core.runner), and the sandbox keeps the tree as it was (every file's size and modification
-time and, bytecode aside, its bytes; prose outside evidence/ aside) when the child starts and compares it after
-every reply: a file the child's lifetime added, changed or removed is a TamperError, a finding against the
-candidate, and is undone at once (and again when the sandbox closes), so nothing the candidate writes survives
-into the tree or the judge of a later run. New bytecode files, and rewrites of bytecode that was stale, are what
-imports do and are not counted (the child itself compiles nothing into the tree).
+Where Linux allows it the child is confined (gates.core.isolation): the tree, the Python installation and the gate's
+own folders (every sandbox's requests; for a child that runs candidate code, the compile caches the gate's processes
+load from, gates.core.caches) are read-only to it, the key file is hidden, and it holds no capability. Otherwise it
+runs as the same user on the same tree, so it could write there: rewrite a contract, a problem, the gate's own code
+or its bytecode for the next run. Either way the watch below stands. The gate has parsed and imported all it judges
+by before any child starts (gates.core.runner), and the sandbox keeps the tree as it was (every file's size and
+modification time and, bytecode aside, its bytes; prose outside evidence/ aside) when the child starts and compares
+it after every reply: a file the child's lifetime added, changed or removed is a TamperError, a finding against the
+candidate, and is undone at once (and again when the sandbox closes), so nothing the candidate writes survives into
+the tree or the judge of a later run. New bytecode files, and rewrites of bytecode that was stale, are what imports
+do and are not counted (the child itself compiles nothing into the tree).
 
 Nor does a process of its own outlive it: the child runs in a session of its own, the gate's process adopts every
 orphan below it, and what the child leaves running outside itself (a detached process that could rewrite the tree
