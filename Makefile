@@ -60,17 +60,20 @@ $(VENV)/.installed-wheelhouse: $(GATE_WHEELS)
 bench: $(STAMP)
 	$(BIN)/k3forge bench
 
-# One device call carries at most 64 MiB with the tree (~17 MB with the trained checkpoint): the compiler wheel
-# travels in two parts under 46 MB (a, b), every other wheel in c; the mini-K3's training needs c only.
+# One device call carries at most 64 MiB with the tree (~28 MB with the trained checkpoint): the compiler wheel
+# travels in three parts (a, b, and c with every other wheel); the mini-K3's training needs c only. small holds
+# every wheel but the compiler's (~8 MB): enough for the gate's own checks on a GPU (`gpu_session.sh wall`).
 wheelhouse:
-	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
+	rm -rf $(WHEELHOUSE) && mkdir -p $(WHEELHOUSE)/all $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c \
+		$(WHEELHOUSE)/small
 	$(PYTHON) -m pip download --no-deps $(WHEEL_PLATFORM) -d $(WHEELHOUSE)/all $(GPU_WHEELS)
 	cd $(WHEELHOUSE)/all && for w in *.whl; do \
 		if [ $$(stat -c %s $$w) -gt 32000000 ]; then split -n 3 -d $$w ../a/$$w.part && echo 3 > ../c/$$w.parts; \
 		else cp $$w ../c/; fi; done
 	mv $(WHEELHOUSE)/a/*.part01 $(WHEELHOUSE)/b/ 2>/dev/null || true
 	mv $(WHEELHOUSE)/a/*.part02 $(WHEELHOUSE)/c/ 2>/dev/null || true
-	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c
+	cp $(WHEELHOUSE)/c/*.whl $(WHEELHOUSE)/small/ && rm -f $(WHEELHOUSE)/small/nvidia_cutlass*
+	@ls -la $(WHEELHOUSE)/a $(WHEELHOUSE)/b $(WHEELHOUSE)/c $(WHEELHOUSE)/small
 
 clean:
 	rm -rf $(VENV) $(WHEELHOUSE) .pytest_cache

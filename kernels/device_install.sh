@@ -8,7 +8,8 @@
 SITE=${1:-/tmp/site}
 WH=/root/wh
 mkdir -p "$WH"
-for d in .wheelhouse/a .wheelhouse/b .wheelhouse/c; do [ -d "$d" ] && cp -n "$d"/* "$WH"/ 2>/dev/null; done
+# .wheelhouse/small: every wheel but the compiler's, for a call that needs no CuTe kernel (gpu_session.sh wall)
+for d in .wheelhouse/a .wheelhouse/b .wheelhouse/c .wheelhouse/small; do [ -d "$d" ] && cp -n "$d"/* "$WH"/ 2>/dev/null; done
 # a large wheel travels in parts, one a call (each call carries at most 64 MiB with the tree), with WHEEL.parts
 # (in .wheelhouse/c) saying how many: it is put together once every part has arrived
 for count in "$WH"/*.parts; do

@@ -13,6 +13,9 @@
 # mla_decode's ~655 s (gate 5: compile 21, numerics 271, benchmarks 147, evals 215), both before the evals ran beside
 # the numerics (a gate now takes compile + the longer of the two + benchmarks); after a gate, `cache` brings
 # Triton's autotuned cache back for the next fresh machine.
+# `wall` (one call carrying .wheelhouse/small; no CuTe kernel needed) runs the gate's own checks on the GPU before
+# any regate that follows a change to gates/core: the sandbox, adversarial, numerics, benchgate, l2 and compare test
+# groups, and the L2 probe ($OUT/l2.json): what confines and watches candidate code, on the machine that gates.
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs; TEST_GROUPS=route,experts (names in run_tests) runs only those. COMMIT is the hash of the
 # working tree's commit, taken on the machine that sends the call: the runner's copy of the tree can sit on
@@ -253,6 +256,10 @@ collect() {
 while [ $# -gt 0 ]; do
   case $1 in
     tests) run_tests; shift ;;
+    wall)
+      TEST_GROUPS=${TEST_GROUPS:-sandbox,adversarial,numerics,benchgate,l2,compare} run_tests
+      run_limited l2_probe 60 python3 -m gates.core.l2 --json "$OUT/l2.json"
+      shift ;;
     gate)
       K3FORGE_COMMIT=$2 start_job gate "" python3 -m gates.cli gate --ops "${OPS:-kda_decode}" \
         --out "$RUN/evidence" --trials 1 --runs 3 --steps 16
@@ -283,6 +290,6 @@ while [ $# -gt 0 ]; do
     decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [profile] [profile-experts] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [wall] [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [profile] [profile-experts] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done
