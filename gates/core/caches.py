@@ -119,7 +119,10 @@ def candidate_env() -> dict[str, str]:
     for var, path in gate_caches().items():
         copy = root / f"{var.lower()}-{hashlib.sha256(os.fsencode(path.resolve())).hexdigest()[:12]}"
         with _lock:
-            _top_up(path, copy)
+            if root.resolve().is_relative_to(path.resolve()):  # a cache set to the temporary folder itself: a copy
+                copy.mkdir(exist_ok=True)  # would hold itself, so the candidate's starts empty
+            else:
+                _top_up(path, copy)
         env[var] = str(copy)
     return env
 

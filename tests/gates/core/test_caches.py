@@ -71,6 +71,13 @@ def test_a_candidates_copy_holds_the_gates_entries_and_keeps_its_own(tmp_path, m
     assert (gate / "A" / "k.cubin").read_bytes() == b"gate's"
 
 
+def test_a_cache_that_holds_the_candidates_copies_is_not_copied_into_them(monkeypatch):
+    """TRITON_CACHE_DIR set to the temporary folder itself: its copy would hold itself, so it starts empty."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(caches.private_root().parent))
+    copy = Path(caches.candidate_env()["TRITON_CACHE_DIR"])
+    assert copy.is_dir() and list(copy.iterdir()) == []
+
+
 def _children_see(tmp_path, monkeypatch, runs_candidate: bool, tried: list[Path] = ()) -> dict:
     gate = tmp_path / "triton"
     gate.mkdir(exist_ok=True)
