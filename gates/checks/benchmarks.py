@@ -46,6 +46,7 @@ from pydantic import (
 
 from gates.checks.numerics import Findings, compare_named, reference_run
 from gates.core.estimate import Estimate, enough, paired_speedup
+from gates.core.machine import max_sm_clock_mhz
 from gates.core.registry import Gate, GateContext, GateOptions, arg_names
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status
@@ -65,6 +66,10 @@ SUSPICIOUS_SPEEDUP = 10.0
 YARDSTICK_BLOCKS = 2
 YARDSTICK_FLAG = 1.08
 YARDSTICK_ERROR = 1.25
+# The SM clock at each timed session's start (clock_flags): flagged where the candidate's sessions and the standard's
+# alone differ by more than CLOCK_DRIFT, or where any is under CLOCK_LOW of the GPU's maximum. Flags, not errors,
+# until H200 runs show how far the measured clock moves on its own.
+CLOCK_DRIFT, CLOCK_LOW = 0.05, 0.85
 HIDDEN_WORK_US = 10.0  # host-over-device excess beyond the standard's that suggests work off the timed stream
 IMPLS = ("candidate", "standard")
 # A standard farther from the reference than the candidate's tolerance may still compute the op: a library that
@@ -386,14 +391,33 @@ def first(found: Findings) -> str:
     return next(iter(found.examples.values()))[0]
 
 
-def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]) -> tuple[dict[str, float], list]:
+def clock_flags(alone: list[float], beside: list[float], max_mhz: float | None) -> list[str]:
+    """Flags from the SM clock measured at the start of each timed session (worker.sm_clock_mhz), the standard's
+    alone and the candidate's: clocks that differ between them (something changed the GPU's clocks in between: a
+    kernel bound by memory bandwidth loses less to a lower SM clock than a latency-bound standard does, so locked
+    clocks can buy a speedup), or any far under the GPU's maximum (locked or throttled: the figures hold at that
+    clock only)."""
+    flags = []
+    if alone and beside and abs(min(beside) / min(alone) - 1) > CLOCK_DRIFT:
+        flags.append(f"the GPU's SM clock was {min(beside):.0f} MHz while the candidate's process was timed and "
+                     f"{min(alone):.0f} MHz while the standard was timed alone: the speedups compare timings taken "
+                     "at different clocks (something changed the GPU's clocks between them)")
+    if max_mhz and (alone or beside) and (lowest := min(alone + beside)) < CLOCK_LOW * max_mhz:
+        flags.append(f"the GPU's SM clock was {lowest:.0f} MHz while timed, {lowest / max_mhz:.0%} of its "
+                     f"{max_mhz:.0f} MHz maximum: clocks locked or throttled, so every figure holds at that clock only")
+    return flags
+
+
+def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str],
+                   clocks: list[float]) -> tuple[dict[str, float], list]:
     """Per point (label) the standard's in-pipeline median over YARDSTICK_BLOCKS blocks, timed in a process that
     never imports the candidate, before the candidate's process starts (so that nothing of the candidate runs
     meanwhile, on the host or on the GPU), on the inputs the point is timed on; and flags where that could not be
     done. The yardstick as it runs without the candidate: a candidate whose process slows the standard (a patched
     library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`). `draw`
     draws a point's sets, here and again for the candidate's process: holding every point's sets between the two
-    phases would hold gigabytes (a 32K MLA cache, a 96-head KDA state) for the whole gate."""
+    phases would hold gigabytes (a 32K MLA cache, a 96-head KDA state) for the whole gate. Each session's SM clock
+    goes to `clocks`."""
     c, opts = ctx.contract, ctx.options
     alone: dict[str, float] = {}
     try:
@@ -401,8 +425,9 @@ def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]
             for point in points:
                 ctx.progress(f"benchmarks: {point.label}, the standard alone")
                 sets = draw(point)
-                clean.request("bench_start", impls={"standard": c.standard}, names=names, state=sets[0].state,
-                              sets=[s.args for s in sets], timeout_s=START_TIMEOUT_S)
+                started = clean.request("bench_start", impls={"standard": c.standard}, names=names,
+                                        state=sets[0].state, sets=[s.args for s in sets], timeout_s=START_TIMEOUT_S)
+                clocks += [started["sm_clock_mhz"]] if started.get("sm_clock_mhz") else []
                 samples = []
                 for _ in range(YARDSTICK_BLOCKS):
                     samples += clean.request("bench_block", pairs=opts.bench_pairs, check_set=0,
@@ -458,7 +483,8 @@ def run(ctx: GateContext) -> GateResult:
             return [problem.generate_input(point, seed_for(opts.seed, NAME, point.label, k), "normal")
                     for k in range(opts.input_sets)]
 
-        alone, alone_flags = standard_alone(ctx, points, draw, names)
+        clocks: dict[str, list[float]] = {"alone": [], "beside": []}  # SM MHz at each session's start
+        alone, alone_flags = standard_alone(ctx, points, draw, names, clocks["alone"])
         flags += alone_flags
         with Sandbox() as box:
             for point, required, min_fraction, drawn in timed:
@@ -470,6 +496,7 @@ def run(ctx: GateContext) -> GateResult:
                 started = box.request("bench_start", impls={"candidate": c.implementation, "standard": c.standard},
                                       names=names, state=sets[0].state, sets=[s.args for s in sets],
                                       timeout_s=START_TIMEOUT_S)
+                clocks["beside"] += [started["sm_clock_mhz"]] if started.get("sm_clock_mhz") else []
                 plan = block_plan(seed_for(opts.seed, NAME, point.label, "blocks"), opts.bench_pairs, len(sets))
                 blocks = time_point(box, opts, floor_us, required, min_fraction,
                                     lambda text, label=point.label: ctx.progress(f"benchmarks: {label}, {text}"), plan)
@@ -504,7 +531,11 @@ def run(ctx: GateContext) -> GateResult:
     except SandboxError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the candidate's process failed while timing")
+    max_mhz = max_sm_clock_mhz()
+    flags += clock_flags(clocks["alone"], clocks["beside"], max_mhz)
     details = {"rows": rows, "required_speedup": c.benchmark.required_speedup,
+               "sm_clock_mhz": {"alone": min(clocks["alone"], default=None),
+                                "beside": min(clocks["beside"], default=None), "max": max_mhz},
                "min_roofline_fraction": c.benchmark.min_roofline_fraction,
                "peaks": {"mem_bw_Bps": m.mem_bw_Bps, "flops": m.bf16_flops, "source": m.source} if peaks else None,
                "method": f"in-pipeline (the headline): {opts.input_sets} distinct input sets in one CUDA graph, "

@@ -62,6 +62,29 @@ def _driver() -> str | None:
     return out.splitlines()[0].strip() if out.strip() else None
 
 
+def max_sm_clock_mhz() -> float | None:
+    """The current CUDA device's maximum SM clock in MHz (nvidia-smi's clocks.max.sm, matched to the device by its
+    PCI address), or None where it cannot be read."""
+    import torch
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not torch.cuda.is_available():
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=pci.bus_id,clocks.max.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        rows = {}
+        for line in out.strip().splitlines():
+            bus_id, mhz = (field.strip() for field in line.split(","))
+            domain, bus, device = bus_id.split(":")[0], bus_id.split(":")[1], bus_id.split(":")[2].split(".")[0]
+            rows[(int(domain, 16), int(bus, 16), int(device, 16))] = float(mhz)
+        address = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, AttributeError):
+        return None
+    return rows.get(address)
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

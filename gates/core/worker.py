@@ -686,6 +686,24 @@ class BenchSession:
         return {"host_us": host_us, "recheck": recheck, "kernels": kernels}
 
 
+CLOCK_SPIN_CYCLES, CLOCK_SPINS = 2_000_000, 3  # ~1 ms each at an H200's 1980 MHz
+
+
+def sm_clock_mhz() -> float:
+    """The SM clock the GPU runs at now, in MHz: a spin of CLOCK_SPIN_CYCLES SM cycles (torch.cuda._sleep, bound
+    before any candidate import) timed with CUDA events; the fastest of CLOCK_SPINS (the first may meet a clock
+    still ramping up from idle)."""
+    best = 0.0
+    for _ in range(CLOCK_SPINS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _record(start)
+        _sleep(CLOCK_SPIN_CYCLES)
+        _record(end)
+        _synchronize()
+        best = max(best, CLOCK_SPIN_CYCLES / (_elapsed_time(start, end) * 1e3))
+    return best
+
+
 _bench: BenchSession | None = None
 
 
@@ -694,7 +712,7 @@ def bench_start(**session) -> dict:
     global _bench
     _bench = None
     _bench = BenchSession(**session)
-    return {"pipeline": _bench.pipeline, "l2_set_aside": _bench.l2_set_aside}
+    return {"pipeline": _bench.pipeline, "l2_set_aside": _bench.l2_set_aside, "sm_clock_mhz": sm_clock_mhz()}
 
 
 def bench_block(*, pairs: int, check_set: int = 0) -> dict:

@@ -52,6 +52,7 @@ def synthetic_benchmarks(required: float = 1.5) -> GateResult:
                       reason="; ".join(slower), flags=flags, summary="synthetic", seconds=12.0,
                       details={"rows": rows, "required_speedup": required, "min_roofline_fraction": None,
                                "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12, "source": "declared"},
+                               "sm_clock_mhz": {"alone": 1980.0, "beside": 1965.0, "max": 1980.0},
                                "method": "synthetic samples", "recheck_failures": []})
 
 

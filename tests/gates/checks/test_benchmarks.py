@@ -149,6 +149,9 @@ def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
         assert 0 < row["speedup"] < 2 and 0 < row["roofline_fraction"] < 1
         assert row["speedup_ci"][0] <= row["speedup"] <= row["speedup_ci"][1]
         assert row["kernels"]["candidate"] > row["kernels"]["standard"] >= 1  # many small ops vs FLA's fused ones
+    clock = result.details["sm_clock_mhz"]
+    assert 300 < clock["alone"] < 4000 and 300 < clock["beside"] < 4000, clock  # measured in both processes
+    assert clock["max"] is None or clock["max"] > 300
 
 
 def test_summary_names_a_points_shape_only_where_it_differs():
@@ -326,7 +329,8 @@ class _FakeClean:
         self.requests.append((kind, kw))
         if self.pipeline is None:
             raise benchmarks.SandboxError("the candidate's process died (exit code 1)")
-        return {"pipeline_us": {"standard": list(self.pipeline)}} if kind == "bench_block" else {}
+        return ({"pipeline_us": {"standard": list(self.pipeline)}} if kind == "bench_block" else
+                {"sm_clock_mhz": 1980.0} if kind == "bench_start" else {})
 
 
 @pytest.mark.parametrize("pipeline", [[10.0, 11.0, 12.0], None])
@@ -348,14 +352,26 @@ def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline
         drawn.append(point.label)
         return [problem.generate_input(point, k, "normal") for k in range(2)]
 
-    alone, flags = benchmarks.standard_alone(ctx, points, draw, arg_names(problem.reference))
+    clocks: list[float] = []
+    alone, flags = benchmarks.standard_alone(ctx, points, draw, arg_names(problem.reference), clocks)
     starts = [kw for kind, kw in requests if kind == "bench_start"]
     assert starts and all(list(kw["impls"]) == ["standard"] for kw in starts)  # never the candidate
     if pipeline:
         assert alone == {p.label: 11.0 for p in points} and flags == [] and drawn == [p.label for p in points]
+        assert clocks == [1980.0] * len(points)  # each session's SM clock, for clock_flags
         assert sum(kind == "bench_block" for kind, _ in requests) == 2 * benchmarks.YARDSTICK_BLOCKS
     else:
         assert alone == {} and len(flags) == 1 and "could not be timed alone" in flags[0]
+
+
+def test_clocks_that_moved_between_the_standard_alone_and_the_candidate_or_sit_low_are_flagged():
+    assert benchmarks.clock_flags([1980.0, 1965.0], [1970.0], 1980.0) == []
+    assert benchmarks.clock_flags([], [], 1980.0) == benchmarks.clock_flags([1980.0], [1500.0], None)[1:] == []
+    moved = benchmarks.clock_flags([1980.0], [1500.0], None)
+    assert len(moved) == 1 and "1500 MHz while the candidate's process was timed and 1980 MHz" in moved[0]
+    low = benchmarks.clock_flags([1200.0], [1210.0], 1980.0)
+    assert len(low) == 1 and "1200 MHz while timed, 61% of its 1980 MHz maximum" in low[0]
+    assert len(benchmarks.clock_flags([1980.0], [1200.0], 1980.0)) == 2
 
 
 def test_l2_set_aside_by_the_candidate_is_an_error():

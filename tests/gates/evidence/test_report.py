@@ -44,6 +44,9 @@ def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
     assert "| batch 17 · heads 12 · head_dim 128 · bf16 (drawn) |" in md and ">drawn</span>" in bench
     assert "a drawn point is one the contract admits besides its own" in md
     assert 'text-anchor="middle">17</text>' not in bench and 'text-anchor="middle">33</text>' in bench
+    clock = ("SM clock at the start of the timed sessions: 1965 MHz in the candidate's process, 1980 MHz with the "
+             "standard alone (the GPU's maximum 1980 MHz).")
+    assert clock in md and clock in bench
 
 
 def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
