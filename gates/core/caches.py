@@ -21,7 +21,6 @@ process. A guard over the entries that exist (CacheGuard) cannot see such a plan
 
 from __future__ import annotations
 
-import atexit
 import getpass
 import hashlib
 import os
@@ -31,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from gates.core.machine import folder_of_this_process
 from kernels.cute import CACHE_ENV, compile_cache_dir
 
 
@@ -62,7 +62,6 @@ CACHES: dict[str, Callable[[], Path | None]] = {
 }
 
 _lock = threading.Lock()  # sandboxes start from several threads (the evals beside the numerics)
-_private: list[Path] = []  # this process's folder of candidate copies, made on first use
 
 
 def gate_caches() -> dict[str, Path]:
@@ -82,11 +81,7 @@ def gate_caches() -> dict[str, Path]:
 
 def private_root() -> Path:
     """The folder holding this process's candidate copies (removed when it exits)."""
-    with _lock:
-        if not _private:
-            _private.append(Path(tempfile.mkdtemp(prefix="k3forge-candidate-caches-")))
-            atexit.register(shutil.rmtree, _private[0], ignore_errors=True)
-        return _private[0]
+    return folder_of_this_process("k3forge-candidate-caches-")
 
 
 def _top_up(source: Path, copy: Path) -> None:

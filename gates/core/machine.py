@@ -1,16 +1,20 @@
 """The machine the gates run on (kernels.arch describes it): the software versions a bundle records, the thread
-setting the gates use for their CPU tensor work, and the process setting that keeps one of its processes out of
-another's reach."""
+setting the gates use for their CPU tensor work, the process setting that keeps one of its processes out of
+another's reach, and the folders a process keeps for its lifetime."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,39 +54,42 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _driver() -> str | None:
+def _nvidia_smi(fields: str) -> list[list[str]] | None:
+    """nvidia-smi's answer to `--query-gpu=FIELDS`, one row of fields per GPU (units left out), or None where it
+    cannot be asked."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True,
                              text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.splitlines()[0].strip() if out.strip() else None
+    return [[field.strip() for field in line.split(",")] for line in out.strip().splitlines()]
+
+
+def _driver() -> str | None:
+    rows = _nvidia_smi("driver_version")
+    return rows[0][0] if rows else None
 
 
 def max_sm_clock_mhz() -> float | None:
     """The current CUDA device's maximum SM clock in MHz (nvidia-smi's clocks.max.sm, matched to the device by its
-    PCI address), or None where it cannot be read."""
+    PCI address, domain:bus:device.function in hex), or None where it cannot be read."""
     import torch
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None or not torch.cuda.is_available():
+    if not torch.cuda.is_available() or not (rows := _nvidia_smi("pci.bus_id,clocks.max.sm")):
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=pci.bus_id,clocks.max.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        rows = {}
-        for line in out.strip().splitlines():
-            bus_id, mhz = (field.strip() for field in line.split(","))
-            domain, bus, device = bus_id.split(":")[0], bus_id.split(":")[1], bus_id.split(":")[2].split(".")[0]
-            rows[(int(domain, 16), int(bus, 16), int(device, 16))] = float(mhz)
         address = (props.pci_domain_id, props.pci_bus_id, props.pci_device_id)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError, AttributeError):
+        for bus_id, mhz in rows:
+            domain, bus, device_function = bus_id.split(":")
+            if (int(domain, 16), int(bus, 16), int(device_function.split(".")[0], 16)) == address:
+                return float(mhz)
+    except (ValueError, AttributeError):
         return None
-    return rows.get(address)
+    return None
 
 
 def _cpu_name() -> str:
@@ -106,6 +113,20 @@ def environment(machine: ArchInfo) -> Environment:
         python=sys.version.split()[0], platform=platform.platform(), cpu=_cpu_name(), torch=torch.__version__,
         triton=_version("triton"), cutlass_dsl=_version("nvidia-cutlass-dsl"), fla=_version("fla-core"),
     )
+
+
+_folders: dict[tuple[str, str | None], Path] = {}
+_folders_lock = threading.Lock()
+
+
+def folder_of_this_process(prefix: str, root: str | None = None) -> Path:
+    """A folder of this process's own under `root` (the temporary folder by default), named `prefix`..., made on the
+    first ask and removed when the process exits; every later ask gets the same one."""
+    with _folders_lock:
+        if (prefix, root) not in _folders:
+            _folders[(prefix, root)] = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+            atexit.register(shutil.rmtree, _folders[(prefix, root)], ignore_errors=True)
+        return _folders[(prefix, root)]
 
 
 PR_SET_DUMPABLE = 4  # linux/prctl.h

@@ -32,7 +32,6 @@ no other process of the user reads the seed from the gate's memory or the key fr
 
 from __future__ import annotations
 
-import atexit
 import functools
 import io
 import json
@@ -52,7 +51,7 @@ from pathlib import Path
 import torch
 
 from gates.core import caches, isolation, strays, worker
-from gates.core.machine import undumpable
+from gates.core.machine import folder_of_this_process, undumpable
 from gates.core.sources import REPO_ROOT
 from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR
 
@@ -82,22 +81,13 @@ def confinement(runs_candidate: bool = True) -> dict:
                           gate_places=gate_places)
 
 
-_request_folders: dict[str, Path] = {}
-_request_lock = threading.Lock()
-
-
 def request_folders() -> dict[str, Path]:
     """This process's folders of its sandboxes' request folders, one in memory (/dev/shm, where it exists) and one
     in the temporary folder, each made once and removed at exit. Every child sees them read-only: a child loads
     its requests as the gate's (trusted, a pickle), so a request put in place of another by a candidate's process
     would run its code in that child, the standard's among them."""
     roots = [root for root in (INBOX_ROOT, tempfile.gettempdir()) if os.path.isdir(root)]
-    with _request_lock:
-        for root in roots:
-            if root not in _request_folders:
-                _request_folders[root] = Path(tempfile.mkdtemp(prefix="k3forge-requests-", dir=root))
-                atexit.register(shutil.rmtree, _request_folders[root], ignore_errors=True)
-        return {root: _request_folders[root] for root in roots}
+    return {root: folder_of_this_process("k3forge-requests-", root) for root in roots}
 
 
 @functools.cache
