@@ -12,8 +12,9 @@ process. A guard over the entries that exist (CacheGuard) cannot see such a plan
 - the gate's processes (the gate itself, a sandbox that runs only the standard) use each cache where this machine
   keeps it (`gate_caches`); every one is created before a child starts, so that no candidate makes it first;
 - a process that runs candidate code has each cache's variable pointed at a private copy (`candidate_env`), made
-  once a gate process from the gate's and topped up with the gate's new entries whenever such a process starts. It
-  compiles nothing twice, and what it writes reaches only processes that run candidate code. The standard beside
+  from the gate's for each op gated (`copies_of_its_own`) and topped up with the gate's new entries whenever such a
+  process starts. It compiles nothing twice, and what it writes reaches only processes that run the same candidate's
+  code. The standard beside
   the candidate in its own process is at the candidate's mercy anyway: that is why it is also timed alone;
 - a confined process (gates.core.isolation) sees the gate's caches read-only, and where none can be confined the
   guard below holds their existing entries to their bytes.
@@ -27,6 +28,7 @@ import os
 import shutil
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -82,6 +84,30 @@ def gate_caches() -> dict[str, Path]:
 def private_root() -> Path:
     """The folder holding this process's candidate copies (removed when it exits)."""
     return folder_of_this_process("k3forge-candidate-caches-")
+
+
+@contextmanager
+def copies_of_its_own():
+    """While one op is gated, its candidate's processes start from fresh copies: the copies an earlier op's
+    candidate worked in are removed before and after. Otherwise what one op's candidate wrote into its copy (an
+    entry under the key of another op's kernel, computed from that op's source) would be what the next op's
+    candidate loads in place of the binary its own source compiles to, and that op's evidence would be of a binary
+    nothing it covers made. The processes of one op (numerics, benchmarks, evals, the production replay) share
+    one set of copies: they run one candidate's code."""
+    _empty(private_root())
+    try:
+        yield
+    finally:
+        _empty(private_root())
+
+
+def _empty(root: Path) -> None:
+    with _lock:
+        for entry in list(root.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def _top_up(source: Path, copy: Path) -> None:

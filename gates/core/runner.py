@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gates.core import sandbox
+from gates.core import caches, sandbox
 from gates.core.contracts import load_contracts, parsed_contract_problems
 from gates.core.machine import Environment, environment, one_thread
 from gates.core.registry import Gate, GateContext, GateOptions, preload, registered, verdict_of
@@ -203,7 +203,7 @@ def gate_all(contracts_dir: Path, out_dir: Path, ops: list[str] | None = None, o
     options = options or new_options()
     outcome = Outcome(contract_problems=problems)
     for path, contract in selected:
-        with compile_cache_of_its_own():
+        with compile_cache_of_its_own(), caches.copies_of_its_own():
             results = run_gates(contract, path, machine, options, problems, reporter)
         bundle = make_bundle(contract, path, machine, env, git, harness, options, results, command)
         directory = Path(out_dir) / contract.op / machine.arch

@@ -116,3 +116,23 @@ def test_no_child_can_put_a_request_in_place_of_another_childs(tmp_path, monkeyp
         seen = _children_see(tmp_path, monkeypatch, runs_candidate=True, tried=[standard._inbox])
         assert seen["tried"][str(standard._inbox)] == "Read-only file system"
         assert list(standard._inbox.iterdir()) == []
+
+
+def test_each_op_gated_starts_from_fresh_copies(tmp_path, monkeypatch):
+    """What one op's candidate wrote into its copy (an entry under another op's kernel's key) is gone when the next
+    op's candidate starts: the copies are made again from the gate's."""
+    gate = tmp_path / "triton"
+    (gate / "A").mkdir(parents=True)
+    (gate / "A" / "k.cubin").write_bytes(b"gate's")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(gate))
+    with caches.copies_of_its_own():
+        copy = Path(caches.candidate_env()["TRITON_CACHE_DIR"])
+        (copy / "A" / "k.cubin").write_bytes(b"op one's candidate's")
+        (copy / "B").mkdir()
+        (copy / "B" / "next_ops_kernel.cubin").write_bytes(b"planted")
+    assert not copy.exists()
+    with caches.copies_of_its_own():
+        copy = Path(caches.candidate_env()["TRITON_CACHE_DIR"])
+        assert (copy / "A" / "k.cubin").read_bytes() == b"gate's"
+        assert not (copy / "B").exists()
+    assert (gate / "A" / "k.cubin").read_bytes() == b"gate's" and not (gate / "B").exists()
