@@ -9,7 +9,8 @@ ones that can only be cheating fail the contracts gate, before any candidate cal
   with (gates.core.worker.GUARDED), rewriting a function's code, or editing `sys.modules`;
 - walking frames into callers (`sys._getframe`, `f_back`, `f_globals`, `inspect.stack`, ...) or reaching other
   objects through the garbage collector (`gc.get_objects`, `gc.get_referrers`);
-- naming the gate harness in a string (`"gates.core.worker" in sys.modules`, the child's process name);
+- naming the gate harness in a string (`"gates.core.worker" in sys.modules`, the child's process name, the
+  production replay's module), or importing the production replay;
 - writing, moving or deleting a file named from `__file__` or a repository path.
 The rest is listed for review, never failed: other monkeypatching, reading `sys.modules`, `gc`, `inspect`,
 environment and process inspection (`os.environ`, `sys.argv`, `psutil`, `/proc`), dynamic imports
@@ -64,7 +65,8 @@ CAPTURE_CALLS = frozenset({"torch.cuda.is_current_stream_capturing", "torch.cuda
                            "torch._dynamo.is_compiling"})
 WRITE_METHODS = frozenset({"write_text", "write_bytes", "unlink", "touch", "rmdir", "symlink_to", "hardlink_to"})
 REPO_PATH = re.compile(r"(^|/)(gates|contracts|evidence|kernels|model|tests|agent_tasks)/|__pycache__|\.pyc$")
-HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate")
+REPLAY_MODULE = "model.kimi_k3.replay"  # the numerics gate's production replay: only the gate runs it
+HARNESS_NAME = re.compile(r"^gates\.\w+(\.\w+)*$|k3forge-candidate|kimi_k3\.replay\b")
 # Keeping lines in the L2 across calls: the set-aside for persisting accesses and the access policy windows that use it
 # (CUDA runtime and driver names), eviction-priority hints (PTX `L2::evict_last`, the CuTe DSL's and Triton's
 # spellings of it), and the device-wide limits they are set with.
@@ -133,11 +135,15 @@ class _Reader(ast.NodeVisitor):
         for alias in node.names:
             if alias.name != "*":
                 self.bound[alias.asname or alias.name] = f"{module}.{alias.name}"
-        self._imported(node, module)
+        replay = [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" == REPLAY_MODULE]
+        self._imported(node, replay[0] if replay else module)  # `from model.kimi_k3 import replay` names it too
 
     def _imported(self, node: ast.AST, module: str) -> None:
         top = module.split(".")[0]
-        if top == HARNESS_PACKAGE:
+        if module == REPLAY_MODULE:
+            self.add(node, "harness", True, f"imports {module}, the gate's production replay, which serving never "
+                     "loads: code that knows it can be right only where it is replayed")
+        elif top == HARNESS_PACKAGE:
             self.add(node, "harness", False, f"imports the gate's own code ({module}); the kernel runs in serving "
                      "without it")
         elif top in REVIEWED_IMPORTS:

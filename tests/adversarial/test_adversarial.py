@@ -316,6 +316,9 @@ SCREENED = [
     ("tests.adversarial.patches_timer:kda_decode", "assigns time.perf_counter, which the gate judges or times"),
     ("tests.adversarial.knows_it_is_judged:by_imported_modules", "names the gate harness ('gates.core.worker')"),
     ("tests.adversarial.knows_it_is_judged:by_call_stack", "calls sys._getframe: reads the frames of whoever"),
+    ("tests.adversarial.knows_it_is_judged:by_production_replay", "names the gate harness ('model.kimi_k3.replay')"),
+    ("tests.adversarial.knows_it_is_judged:by_importing_the_replay",
+     "imports model.kimi_k3.replay, the gate's production replay"),
     ("tests.adversarial.writes_tree:kda_decode", ".write_text(): writes into the repository"),
 ]
 
