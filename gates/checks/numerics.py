@@ -3,7 +3,8 @@
 Per point (gates.problems.envelope_points: every value of every listed shape, the corners of the ranges, and batch
 and speculative-token counts drawn across their ranges from the secret seed), `trials` seeded
 inputs from each distribution (normal, heavy-tailed, large magnitude, mixed rows), drawn in the gate from a
-secret seed and sent to the candidate's process as tensors. Each input runs `runs` times on the same buffers:
+secret seed and sent to the candidate's process as tensors; then one input at every other batch of the range, at
+the cheapest shape (gates.problems.batch_sweep). Each input runs `runs` times on the same buffers:
 first right after the reference ran in that process (its freed result lying in memory), then after memory the
 size of every output was filled with NaN. The first run's outputs and in-place state must pass the graded
 tolerance (gates.core.compare); every later run must be bitwise identical to it; no run may change its other
@@ -42,6 +43,7 @@ from gates.problems import (
     Point,
     Problem,
     ProblemError,
+    batch_sweep,
     coverage,
     envelope_points,
     seed_for,
@@ -294,6 +296,32 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sand
             rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
                      for dist in DISTRIBUTIONS]
     return rows, standard_failure
+
+
+def check_sweep(ctx: GateContext, problem: Problem, box: Sandbox, sweep: list[Point], names: list[str],
+                findings: Findings) -> dict:
+    """One input (its rows cycling through the distributions: `mixed`) at each point of the batch sweep
+    (gates.problems.batch_sweep), judged as the envelope's points are: a kernel wrong at one batch fails here."""
+    failed = []
+    for point in sweep:
+        ctx.progress(f"numerics: sweep, {point.label}")
+        seed = seed_for(ctx.options.seed, NAME, "sweep", point.label)
+        case = problem.generate_input(point, seed, "mixed")
+        expected = reference_run(problem, case, names, ctx.device)
+        if (bad := _nonfinite_reference(expected)) is not None:
+            raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, mixed: the problem "
+                               f"{problem.source.name} drew inputs outside the op's domain")
+        specs = [(tuple(t.shape), t.dtype) for _, t in expected.outputs]
+        reply = box.request("cases", candidate=ctx.contract.implementation, reference=ctx.contract.reference,
+                            device=ctx.device, names=names, cases=[case], runs=ctx.options.runs, output_specs=specs)
+        before = sum(findings.counts.values())
+        judge_case(problem, case, expected, reply["cases"][0], names, ctx.contract,
+                   f"{point.label}, batch sweep (input seed {seed})", findings)
+        if sum(findings.counts.values()) > before:
+            failed.append(point.label)
+    batches = sorted({p.batch for p in sweep})
+    return {"points": len(sweep), "batches": batches, "series": sweep[0].series if sweep else None,
+            "failed": failed}
 
 
 def check_trajectory(ctx: GateContext, problem: Problem, box: Sandbox, point: Point, names: list[str],
@@ -601,10 +629,12 @@ def run(ctx: GateContext) -> GateResult:
     try:
         problem = ctx.problem()
         points = envelope_points(ctx.contract, problem, seed_for(ctx.options.seed, NAME, "points"))
+        swept = batch_sweep(ctx.contract, problem, points, seed_for(ctx.options.seed, NAME, "sweep"))
         names = arg_names(problem.reference)
         findings = Findings()
         with Sandbox() as box, Sandbox(runs_candidate=False) as std_box:
             rows, standard_failure = check_points(ctx, problem, box, std_box, points, names, findings)
+            sweep = check_sweep(ctx, problem, box, swept, names, findings)
             trajectories = ([check_trajectory(ctx, problem, box, p, names, findings) for p in points]
                             if problem.stateful else [])
             late = check_late_calls(ctx, problem, box, smallest(points), names, findings)
@@ -622,7 +652,8 @@ def run(ctx: GateContext) -> GateResult:
               if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")]
     tol = ctx.contract.tolerance
     details = {
-        "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points),
+        "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points + swept),
+        "sweep": sweep,
         "distributions": list(DISTRIBUTIONS),
         "trials": ctx.options.trials, "runs": ctx.options.runs,
         "tolerance": tol.model_dump(),

@@ -39,8 +39,20 @@ def _env() -> Environment:
         pretty=lambda v: json.dumps(v, indent=2, default=str),
         md_cell=lambda v: str(v).replace("|", "\\|").replace("\n", " "),
         cell=_cell,
+        ranges=_ranges,
     )
     return env
+
+
+def _ranges(values: list[int]) -> str:
+    """Sorted integers as runs: [1, 2, 3, 5, 7, 8] reads "1–3, 5, 7–8"."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _cell(value) -> str:

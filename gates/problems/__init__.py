@@ -180,6 +180,25 @@ def envelope_points(contract: Contract, problem: Problem, seed: int) -> list[Poi
     return points
 
 
+SWEEP_MAX = 128  # batches the sweep calls: every one of a range up to this wide, a stratified draw of a wider one
+
+
+def batch_sweep(contract: Contract, problem: Problem, points: list[Point], seed: int) -> list[Point]:
+    """Every batch the contract admits, at its cheapest shape (each shape key's smallest value, a corner that
+    `envelope_points` checks too), speculative tokens drawn per batch from `seed`, less what `points` already
+    check: a kernel wrong at one batch of its range (one entry of a config table, a tile's tail at one size)
+    cannot count on the draws missing it. A range wider than SWEEP_MAX is swept by a stratified draw of that many."""
+    _require_shapes(contract, problem)
+    rng = random.Random(seed)
+    shape = tuple((k, min(contract.shapes[k])) for k in problem.shape_keys)
+    b, s = contract.batch, contract.spec_tokens
+    batches = (range(b.min, b.max + 1) if b.max - b.min < SWEEP_MAX
+               else sorted(set(stratified(b.min, b.max, SWEEP_MAX, rng))))
+    checked = set(points)
+    sweep = [Point(batch, rng.randint(s.min, s.max), shape, contract.dtypes.activations) for batch in batches]
+    return [p for p in sweep if p not in checked]
+
+
 def drawn_points(contract: Contract, problem: Problem, seed: int, n: int) -> list[Point]:
     """`n` points the contract admits besides its benchmark points, drawn from `seed` (the gate's secret one) among
     the points `envelope_points` would check with it: the benchmarks time these too, so a kernel tuned only where

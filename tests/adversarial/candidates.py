@@ -192,6 +192,13 @@ def wrong_for_short_batches(proj, conv_state, ssm_state, slots, w):
     return out.flip(0) if 1 < proj.shape[0] < 5 else out
 
 
+def wrong_at_one_batch(proj, conv_state, ssm_state, slots, w):
+    """Right at every batch but 6, where its rows come out in the wrong order (one entry of a config table with a
+    bad tile): a handful of drawn batches misses one value of a range more often than not."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out.flip(0) if proj.shape[0] == 6 else out
+
+
 _calls = 0
 
 

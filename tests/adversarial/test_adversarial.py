@@ -96,6 +96,20 @@ def test_batches_between_the_edges_are_drawn(seed):
     assert {r["batch"] for r in result.details["rows"] if not r["passed"]} <= {2, 3, 4}
 
 
+@pytest.mark.parametrize("seed", [1, 2, 20260101])
+def test_a_kernel_wrong_at_one_batch_fails_whichever_batches_are_drawn(seed):
+    """Every batch of the range runs at the cheapest shape: batch 6 fails among the drawn points or in the sweep
+    (at the fixtures' seed 20260101 the draws miss it)."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"{CANDIDATES}:wrong_at_one_batch"), seed=seed)
+    assert result.status is Status.FAILED_NUMERICS, result.reason
+    failed_rows = {r["batch"] for r in result.details["rows"] if not r["passed"]}
+    failed_sweep = result.details["sweep"]["failed"]
+    assert failed_rows | {int(label.split()[1]) for label in failed_sweep} == {6}
+    assert result.details["coverage"]["batch"]["exercised"] == list(range(1, 9))
+    if seed == 20260101:
+        assert not failed_rows and failed_sweep == ["batch 6 · heads 2 · head_dim 16 · bf16"]
+
+
 def test_timer_patch_is_an_error_of_the_candidate():
     result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.patches_timer:kda_decode"))
     assert result.status is Status.ERROR

@@ -28,6 +28,10 @@ def test_markdown_says_what_ran_and_what_did_not(gated):
     assert ("- **Model-level evals**: the eval model never entered this kernel's envelope (required on cpu: the "
             "verdict cannot be PASSED without it)") in text
     assert "| outputs share no memory with inputs | ✓ | 0 |" in text
+    # every batch of 1-8 ran: the drawn points' and the sweep's, the runs of consecutive values written as ranges
+    assert "Envelope covered: batch 1–8: 1–8;" in text
+    assert re.search(r"Batch sweep: one mixed input at each of \d more batches \([\d–, ]+\) at heads 2 · head_dim 16 · "
+                     r"bf16, each run \d times: ✓ every one passed\.", text), text
 
 
 def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
