@@ -198,8 +198,10 @@ def _spot_problems(spot: dict, at: str) -> list[str]:
 
 
 def judge_point(point: Point, blocks: list[dict], finish: dict, floor_us: float | None, required: float,
-                min_fraction: float | None) -> tuple[dict, list[str], list[str]]:
-    """The row for one point from raw samples, its flags, and the reasons it is slower than the contract asks."""
+                min_fraction: float | None, alone_us: float | None = None) -> tuple[dict, list[str], list[str]]:
+    """The row for one point from raw samples, its flags, and the reasons it is slower than the contract asks
+    (the speedup judged over the standard alone, `alone_us`, where the candidate's process slowed it:
+    yardstick_scale)."""
     def samples(key: str) -> dict[str, dict]:
         return {k: timing([t for b in blocks for t in b[key][k]]) for k in IMPLS}
 
@@ -234,6 +236,10 @@ def judge_point(point: Point, blocks: list[dict], finish: dict, floor_us: float 
                          "judged by the mean")
     if speedup.mean < required:
         slower.append(f"{point.label}: {speedup.mean:.2f}× over the standard, contract requires {required:g}×")
+    elif (judged := speedup.mean * yardstick_scale(std["median_us"], alone_us)) < required:
+        slower.append(f"{point.label}: {judged:.2f}× over the standard as timed alone ({speedup.mean:.2f}× over it in "
+                      f"the candidate's process, where it ran {std['median_us'] / alone_us:.2f}× slower), contract "
+                      f"requires {required:g}×")
     if fraction is not None and min_fraction is not None and fraction.mean < min_fraction:
         slower.append(f"{point.label}: {fraction.mean:.1%} of the roofline, contract requires {min_fraction:.0%}")
     return row, flags, slower
@@ -360,6 +366,11 @@ def audit(result: GateResult) -> list[str]:
             problems.append("PASSED with no point measured")
         problems += [f"{r.point}: {r.speedup:.2f}× is under the required {r.required_speedup:g}×, yet the gate PASSED"
                      for r in rows if r.speedup < r.required_speedup]
+        for r in rows:
+            judged = r.speedup * yardstick_scale(r.standard.median_us, r.standard_alone_us)
+            if r.speedup >= r.required_speedup > judged:
+                problems.append(f"{r.point}: {judged:.2f}× over the standard as timed alone is under the required "
+                                f"{r.required_speedup:g}×, yet the gate PASSED")
         problems += [f"{r.point}: {r.roofline_fraction:.1%} of the roofline is under the required "
                      f"{r.min_roofline_fraction:.0%}, yet the gate PASSED" for r in rows
                      if r.min_roofline_fraction and (r.roofline_fraction or 0.0) < r.min_roofline_fraction]
@@ -440,6 +451,13 @@ def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]
     return alone, []
 
 
+def yardstick_scale(beside_us: float, alone_us: float | None) -> float:
+    """What a point's paired speedup is multiplied by to be judged: alone / beside where the standard took more
+    than YARDSTICK_FLAG times its time alone in the candidate's process (the speedup is then judged over the
+    standard as it runs without the candidate, so slowing it buys nothing past the flag), else 1."""
+    return alone_us / beside_us if alone_us and beside_us > YARDSTICK_FLAG * alone_us else 1.0
+
+
 def yardstick(label: str, beside_us: float, alone_us: float | None) -> tuple[str | None, str | None]:
     """(error, flag) from the standard's in-pipeline median beside the candidate and alone (standard_alone)."""
     if not alone_us:
@@ -450,7 +468,7 @@ def yardstick(label: str, beside_us: float, alone_us: float | None) -> tuple[str
     if ratio > YARDSTICK_ERROR:
         return f"{text}: the candidate's process slows the yardstick, so the speedup is not over the standard", None
     if ratio > YARDSTICK_FLAG:
-        return None, f"{text}: slower beside the candidate than alone"
+        return None, f"{text}: slower beside the candidate than alone, so its speedup is judged over the time alone"
     return None, None
 
 
@@ -513,10 +531,12 @@ def run(ctx: GateContext) -> GateResult:
                     else:
                         flags.append(f"{point.label}: the standard rounds differently from the reference, outside "
                                      f"the candidate's tolerance and within {STANDARD_SLACK:g}x it ({first(found)})")
-                row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction)
+                row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction,
+                                                             alone.get(point.label))
                 if drawn:
                     row["drawn"] = True
-                    point_slower = [slower_between(point.label, row["speedup"], required)] if point_slower else []
+                    judged = row["speedup"] * yardstick_scale(row["standard"]["median_us"], alone.get(point.label))
+                    point_slower = [slower_between(point.label, judged, required)] if point_slower else []
                 row["pipeline"] = started["pipeline"]
                 impossible += [error] if (error := l2_set_aside(point.label, started["l2_set_aside"])) else []
                 row["standard_alone_us"] = alone.get(point.label)

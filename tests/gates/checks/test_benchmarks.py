@@ -10,7 +10,7 @@ from gates.checks.numerics import reference_run
 from gates.core.estimate import Estimate, enough, paired_speedup
 from gates.core.registry import GateOptions, arg_names
 from gates.core.sources import REPO_ROOT
-from gates.core.status import Status
+from gates.core.status import GateResult, Status
 from gates.problems import Point, bench_point, load_problem
 from kernels.contract import load_contract
 from tests.gates.fixtures.helpers import CPU_EXAMPLE, LAUNCH_US, kda_contract, paired_block, run_gate, timed
@@ -46,6 +46,23 @@ def test_the_headline_is_in_pipeline_and_one_call_per_graph_stands_beside_it():
     assert one["speedup"] == pytest.approx((20.0 + LAUNCH_US) / (10.0 + LAUNCH_US))
     assert one["candidate"]["median_us"] == pytest.approx(10.0 + LAUNCH_US)
     assert one["roofline_fraction"] == pytest.approx(5.0 / (10.0 + LAUNCH_US))
+
+
+@pytest.mark.parametrize("alone, slower_text", [(20.0, None), (19.0, None), (17.0, "1.70× over the standard as timed "
+                                                "alone (2.00× over it in the candidate's process, where it ran 1.18× "
+                                                "slower), contract requires 1.8×"), (None, None)])
+def test_a_yardstick_slowed_beside_the_candidate_buys_nothing_past_the_flag(alone, slower_text):
+    """The standard takes 20 µs beside a 10 µs candidate: 2.0× paired. Alone it took 20 or 19 µs (drift under
+    YARDSTICK_FLAG): judged 2.0×. Alone 17 µs (1.18×: flagged, not yet an ERROR): judged over 17 µs, 1.7×, under
+    the required 1.8×; the audit holds a PASSED bundle to the same."""
+    row, _, slower = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=None, required=1.8,
+                                 min_fraction=None, alone_us=alone)
+    assert slower == ([f"{POINT.label}: {slower_text}"] if slower_text else [])
+    row["standard_alone_us"] = alone
+    passed = GateResult(gate="benchmarks", title="t", status=Status.PASSED, details={"rows": [row]})
+    problems = benchmarks.audit(passed)
+    assert problems == ([f"{POINT.label}: 1.70× over the standard as timed alone is under the required 1.8×, yet the "
+                         "gate PASSED"] if slower_text else [])
 
 
 @pytest.mark.parametrize("required, min_fraction, expected", [(2.5, None, "contract requires 2.5×"),
