@@ -570,8 +570,9 @@ def run(ctx: GateContext) -> GateResult:
                          f"their bound or within ±{opts.precision:.0%} ({opts.min_blocks}-{opts.max_blocks} blocks); "
                          f"host wall time over {opts.host_iters} one-call replays with a device-wide synchronize; "
                          f"the standard also timed alone first ({YARDSTICK_BLOCKS} blocks in a process that never "
-                         f"imports the candidate), flagged when it is {YARDSTICK_FLAG:g}× slower beside the "
-                         f"candidate, an ERROR at {YARDSTICK_ERROR:g}×; besides the contract's points, "
+                         f"imports the candidate): more than {YARDSTICK_FLAG:g}× slower beside the candidate is "
+                         f"flagged and the speedup judged over its time alone, {YARDSTICK_ERROR:g}× an ERROR; "
+                         f"besides the contract's points, "
                          f"{opts.drawn_points} points it admits drawn from the secret seed and timed the same way, "
                          f"where the candidate must be at least {between:g}× the standard",
                "recheck_failures": [m for ms in findings.examples.values() for m in ms], "loaded": sorted(box.loaded)}
