@@ -328,6 +328,8 @@ class RecordedRow(BaseModel):
     pipeline: Literal["flushed", "cold_sets"] | None = None
     # the standard's in-pipeline median timed alone (standard_alone); absent before that check, None where it failed
     standard_alone_us: PositiveFloat | None = None
+    # the kernels a call of the standard launched there; absent before they were counted, None where that failed
+    standard_alone_kernels: NonNegativeInt | None = None
     drawn: bool = False  # a point drawn between the contract's (drawn_points); absent before they were
 
     @model_validator(mode="after")
@@ -420,17 +422,20 @@ def clock_flags(alone: list[float], beside: list[float], max_mhz: float | None) 
 
 
 def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str],
-                   clocks: list[float]) -> tuple[dict[str, float], list]:
-    """Per point (label) the standard's in-pipeline median over YARDSTICK_BLOCKS blocks, timed in a process that
+                   clocks: list[float]) -> tuple[dict[str, float], dict[str, int], list]:
+    """Per point (label) the standard's in-pipeline median over YARDSTICK_BLOCKS blocks and the kernels one of its
+    calls launches (`kernels.timing.count_kernels`, on every stream), timed and counted in a process that
     never imports the candidate, before the candidate's process starts (so that nothing of the candidate runs
     meanwhile, on the host or on the GPU), on the inputs the point is timed on; and flags where that could not be
     done. The yardstick as it runs without the candidate: a candidate whose process slows the standard (a patched
-    library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`). `draw`
+    library function, a hog on another stream) shows as the standard beside it being slower (`yardstick`), or, if
+    it adds work, launching more kernels (`extra_kernels`). `draw`
     draws a point's sets, here and again for the candidate's process: holding every point's sets between the two
     phases would hold gigabytes (a 32K MLA cache, a 96-head KDA state) for the whole gate. Each session's SM clock
     goes to `clocks`."""
     c, opts = ctx.contract, ctx.options
     alone: dict[str, float] = {}
+    kernels: dict[str, int] = {}
     try:
         with Sandbox(runs_candidate=False) as clean:
             for point in points:
@@ -444,11 +449,22 @@ def standard_alone(ctx: GateContext, points: list[Point], draw, names: list[str]
                     samples += clean.request("bench_block", pairs=opts.bench_pairs, check_set=0,
                                              timeout_s=BLOCK_TIMEOUT_S)["pipeline_us"]["standard"]
                 alone[point.label] = statistics.median(samples)
+                kernels[point.label] = clean.request("bench_finish", host_iters=0,
+                                                     timeout_s=BLOCK_TIMEOUT_S)["kernels"]["standard"]
     except Exception as e:  # the check's own failure must not decide the gate: said, and the speed judged without it
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return alone, [f"the standard could not be timed alone ({reason}): nothing shows whether the candidate's "
-                       "process slows it"]
-    return alone, []
+        return alone, kernels, [f"the standard could not be timed alone ({reason}): nothing shows whether the "
+                                "candidate's process slows it"]
+    return alone, kernels, []
+
+
+def extra_kernels(label: str, beside: int, alone: int | None) -> str | None:
+    """The flag for a standard that launches more kernels a call in the candidate's process than alone (work added
+    to the yardstick: a patched library function), or None."""
+    if alone is None or beside <= alone:
+        return None
+    return (f"{label}: the standard launched {beside} kernels a call in the candidate's process and {alone} alone: "
+            "something in the candidate's process adds work to the yardstick")
 
 
 def yardstick_scale(beside_us: float, alone_us: float | None) -> float:
@@ -502,7 +518,7 @@ def run(ctx: GateContext) -> GateResult:
                     for k in range(opts.input_sets)]
 
         clocks: dict[str, list[float]] = {"alone": [], "beside": []}  # SM MHz at each session's start
-        alone, alone_flags = standard_alone(ctx, points, draw, names, clocks["alone"])
+        alone, alone_kernels, alone_flags = standard_alone(ctx, points, draw, names, clocks["alone"])
         flags += alone_flags
         with Sandbox() as box:
             for point, required, min_fraction, drawn in timed:
@@ -540,6 +556,9 @@ def run(ctx: GateContext) -> GateResult:
                 row["pipeline"] = started["pipeline"]
                 impossible += [error] if (error := l2_set_aside(point.label, started["l2_set_aside"])) else []
                 row["standard_alone_us"] = alone.get(point.label)
+                row["standard_alone_kernels"] = alone_kernels.get(point.label)
+                if flag := extra_kernels(point.label, row["kernels"]["standard"], alone_kernels.get(point.label)):
+                    flags.append(flag)
                 error, flag = yardstick(point.label, row["standard"]["median_us"], alone.get(point.label))
                 impossible += [error] if error else []
                 rows.append(row), flags.extend(point_flags + ([flag] if flag else [])), slower.extend(point_slower)

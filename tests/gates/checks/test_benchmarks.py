@@ -347,7 +347,8 @@ class _FakeClean:
         if self.pipeline is None:
             raise benchmarks.SandboxError("the candidate's process died (exit code 1)")
         return ({"pipeline_us": {"standard": list(self.pipeline)}} if kind == "bench_block" else
-                {"sm_clock_mhz": 1980.0} if kind == "bench_start" else {})
+                {"sm_clock_mhz": 1980.0} if kind == "bench_start" else
+                {"kernels": {"standard": 3}} if kind == "bench_finish" else {})
 
 
 @pytest.mark.parametrize("pipeline", [[10.0, 11.0, 12.0], None])
@@ -370,15 +371,25 @@ def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline
         return [problem.generate_input(point, k, "normal") for k in range(2)]
 
     clocks: list[float] = []
-    alone, flags = benchmarks.standard_alone(ctx, points, draw, arg_names(problem.reference), clocks)
+    alone, kernels, flags = benchmarks.standard_alone(ctx, points, draw, arg_names(problem.reference), clocks)
     starts = [kw for kind, kw in requests if kind == "bench_start"]
     assert starts and all(list(kw["impls"]) == ["standard"] for kw in starts)  # never the candidate
     if pipeline:
         assert alone == {p.label: 11.0 for p in points} and flags == [] and drawn == [p.label for p in points]
+        assert kernels == {p.label: 3 for p in points}
+        finishes = [kw for kind, kw in requests if kind == "bench_finish"]
+        assert len(finishes) == len(points) and all(kw["host_iters"] == 0 for kw in finishes)
         assert clocks == [1980.0] * len(points)  # each session's SM clock, for clock_flags
         assert sum(kind == "bench_block" for kind, _ in requests) == 2 * benchmarks.YARDSTICK_BLOCKS
     else:
-        assert alone == {} and len(flags) == 1 and "could not be timed alone" in flags[0]
+        assert alone == kernels == {} and len(flags) == 1 and "could not be timed alone" in flags[0]
+
+
+@pytest.mark.parametrize("beside, alone, flagged", [(3, 3, False), (2, 3, False), (4, 3, True), (4, None, False)])
+def test_a_standard_that_launches_more_kernels_beside_the_candidate_than_alone_is_flagged(beside, alone, flagged):
+    flag = benchmarks.extra_kernels("batch 1", beside, alone)
+    assert (flag is not None) == flagged
+    assert flag is None or "launched 4 kernels a call in the candidate's process and 3 alone" in flag
 
 
 def test_clocks_that_moved_between_the_standard_alone_and_the_candidate_or_sit_low_are_flagged():
