@@ -173,6 +173,18 @@ def test_a_candidate_that_slows_the_standard_is_judged_against_the_standard_alon
 
 
 @pytest.mark.gpu
+def test_a_candidate_that_adds_a_kernel_to_the_standard_is_flagged_and_judged_against_the_standard_alone():
+    """The same, one GEMM more: whatever the time says (a flag past 1.08x, the speedup then judged over the standard
+    alone; an ERROR past 1.25x), the standard's extra launch is flagged."""
+    contract = kda_contract(implementation="tests.adversarial.slows_the_standard_a_little:kda_decode",
+                            benchmark={"points": [{"batch": 1}], "required_speedup": 0.1})
+    result = run_gate(benchmarks.GATE, contract)
+    assert any("adds work to the yardstick" in flag for flag in result.flags), (result.status, result.flags)
+    (row,) = result.details["rows"]
+    assert row["kernels"]["standard"] > row["standard_alone_kernels"]
+
+
+@pytest.mark.gpu
 def test_a_candidate_fast_only_at_the_contracts_points_is_slower_between_them():
     """Timed against the reference as its standard (so the candidate's tuned path is exactly 1x): at batch 1 and 8 it
     meets the contract's 0.8x, at the batches drawn between them (2-7) it is ~0.25x."""
