@@ -4,8 +4,10 @@
 #   1. train ~MINUTES minutes (default 4), quantize the experts to MXFP4, write the checkpoint to $OUT/mini_k3
 #      (config.json, model.safetensors, tokenizer.json, training.json with the held-out scores);
 #   2. the accuracy eval: reference and standard over 2 eval seeds (their differences calibrate the margins,
-#      written into $OUT/mini_k3/calibration.json), then latency_specialized and the known-bad kernels of
-#      tests/adversarial/broken_decode.py judged against the reference; report in $OUT/accuracy.json.
+#      written into $OUT/mini_k3/calibration.json), then latency_specialized, the KDA steps right by construction
+#      of tests/adversarial/correct_decode.py (what a bf16 NLL floor would be set from, as the CPU one was) and
+#      the known-bad kernels of tests/adversarial/broken_decode.py judged against the reference; report in
+#      $OUT/accuracy.json.
 # Usage, repo root on the H200:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh [MINUTES]
 #                              (TRAIN_ARGS="--window-steps 150": more options of the training command)
 #                         or:  OUT=/some/dir bash model/kimi_k3/train/gpu_run.sh eval   (step 2 alone, on the
@@ -26,7 +28,8 @@ else
 fi
 left=$(( 525 - ($(date +%s) - start) ))
 mapfile -t KERNELS < <(python -c "from tests.adversarial.broken_decode import BROKEN
-for name, (op, impl) in BROKEN.items(): print(f'--kernel={name}={op}={impl}')")
+from tests.adversarial.correct_decode import CORRECT
+for name, (op, impl) in {**CORRECT, **BROKEN}.items(): print(f'--kernel={name}={op}={impl}')")
 timeout "$left" python -m gates.evals.accuracy --ckpt "$OUT/mini_k3" --device cuda --seeds 2 --calibrate \
     "${KERNELS[@]}" --seconds $(( left - 45 )) --json "$OUT/accuracy.json"
 echo "total $(( $(date +%s) - start )) s"
