@@ -13,9 +13,11 @@
 # mla_decode's ~655 s (gate 5: compile 21, numerics 271, benchmarks 147, evals 215), both before the evals ran beside
 # the numerics (a gate now takes compile + the longer of the two + benchmarks); after a gate, `cache` brings
 # Triton's autotuned cache back for the next fresh machine.
-# `wall` (one call carrying .wheelhouse/small; no CuTe kernel needed) runs the gate's own checks on the GPU before
-# any regate that follows a change to gates/core: the sandbox, adversarial, numerics, benchgate, l2 and compare test
-# groups, and the L2 probe ($OUT/l2.json): what confines and watches candidate code, on the machine that gates.
+# `wall` (carrying .wheelhouse/small; no CuTe kernel needed) runs the gate's own checks on the GPU before any regate
+# that follows a change to gates/core: the sandbox, adversarial, numerics, benchgate, l2 and compare test groups,
+# and the L2 probe ($OUT/l2.json): what confines and watches candidate code, on the machine that gates. They take
+# three calls (session 28, a fresh H100): TEST_GROUPS=sandbox (~400 s), then adversarial (~540 s), then
+# benchgate,numerics,compare,l2 (~250 s).
 # `tests` runs each GPU test group under its own time limit (a hang costs that group, not the call) with
 # verbose logs; TEST_GROUPS=route,experts (names in run_tests) runs only those. COMMIT is the hash of the
 # working tree's commit, taken on the machine that sends the call: the runner's copy of the tree can sit on
@@ -79,15 +81,15 @@ run_tests() {
     "situ_mlp 150 tests/specialized/test_situ_mlp.py"
     "mla 360 tests/specialized/test_mla_decode*.py"  # mla_decode both paths (~116 GPU tests), mla_decode_fp8
     "kernels 60 tests/kernels"
-    "adversarial 300 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"  # 3 more GPU gates (s23)
-    "benchgate 90 tests/gates/checks/test_benchmarks.py"
+    "adversarial 540 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"  # ~13 GPU gates: 5 took 294 s (s28)
+    "benchgate 240 tests/gates/checks/test_benchmarks.py"  # 94 s on a fresh H100, FLA compiling first (s28)
     "numerics 120 --all tests/gates/checks/test_numerics_gate.py -k reference_as_candidate"  # the honest candidate: `concurrent`, `kept` on a GPU
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU
     "l2 60 tests/gates/core/test_l2.py"  # the L2 set-aside the benchmarks read and release
     # the candidate's process confined (no capability, the tree and /usr read-only) and its leftovers stopped, on
     # the GPU machine first: a CUDA, CUPTI or compile-cache need the confinement misses shows here (session 26;
     # the compile caches split by trust, session 27)
-    "sandbox 300 --all tests/gates/core/test_isolation.py tests/gates/core/test_strays.py tests/gates/core/test_sandbox.py tests/gates/core/test_caches.py tests/adversarial/test_adversarial.py::test_the_standards_compiled_kernels_are_out_of_the_candidates_reach tests/adversarial/test_adversarial.py::test_a_candidate_cannot_write_into_the_tree tests/adversarial/test_adversarial.py::test_a_startup_hook_planted_in_the_installation_never_lands tests/adversarial/test_adversarial.py::test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write tests/gates/checks/test_numerics_gate.py::test_the_reference_as_candidate_passes_every_check"
+    "sandbox 480 --all tests/gates/core/test_isolation.py tests/gates/core/test_strays.py tests/gates/core/test_sandbox.py tests/gates/core/test_caches.py tests/adversarial/test_adversarial.py::test_the_standards_compiled_kernels_are_out_of_the_candidates_reach tests/adversarial/test_adversarial.py::test_a_candidate_cannot_write_into_the_tree tests/adversarial/test_adversarial.py::test_a_startup_hook_planted_in_the_installation_never_lands tests/adversarial/test_adversarial.py::test_a_process_the_candidate_leaves_behind_is_stopped_before_it_can_write tests/gates/checks/test_numerics_gate.py::test_the_reference_as_candidate_passes_every_check"
     "model 120 tests/model --ignore=tests/model/test_dispatch.py"  # the layers' GPU tests (MoE side streams in a graph)
     "accuracy 420 tests/adversarial/test_accuracy_bites.py"
     "dispatch 90 tests/model/test_dispatch.py"

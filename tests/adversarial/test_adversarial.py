@@ -136,10 +136,16 @@ def test_benchmarks_reject_on_gpu(implementation):
 @pytest.mark.parametrize("name", ["shares_a_workspace", "ignores_the_stream"])
 def test_two_calls_at_once_on_two_streams_must_equal_each_call_alone(name):
     """Right in every call made alone (numerics, late calls); beside another call on another stream, as serving runs
-    an op's calls side by side, the workspace kept between calls or the launch on the default stream shows."""
+    an op's calls side by side, the workspace kept between calls or the launch on the default stream shows. A call
+    on the default stream may read its slot indices while the other stream still writes them, poisoned first: an
+    index out of bounds then kills the process's CUDA context (a device-side assert, as on the H100 in session 28),
+    and the gate ends in ERROR at this check."""
     result = numerics_of(name)
-    assert result.status is Status.FAILED_NUMERICS, result.reason
-    assert "concurrent" in failed_checks(result), failed_checks(result)
+    if result.status is Status.ERROR:
+        assert result.reason.startswith("concurrent:") and "device-side assert" in result.reason, result.reason
+    else:
+        assert result.status is Status.FAILED_NUMERICS, result.reason
+        assert "concurrent" in failed_checks(result), failed_checks(result)
 
 
 @pytest.mark.gpu
@@ -180,7 +186,7 @@ def test_a_candidate_that_adds_a_kernel_to_the_standard_is_flagged_and_judged_ag
                             benchmark={"points": [{"batch": 1}], "required_speedup": 0.1})
     result = run_gate(benchmarks.GATE, contract)
     assert any("adds work to the yardstick" in flag for flag in result.flags), (result.status, result.flags)
-    (row,) = result.details["rows"]
+    (row,) = [r for r in result.details["rows"] if not r.get("drawn")]
     assert row["kernels"]["standard"] > row["standard_alone_kernels"]
 
 
