@@ -481,9 +481,10 @@ def _replay(request_path: Path, result_path: Path, env: dict[str, str]) -> dict:
     (registered while it lives: gates.core.strays), and read its result, or say why there is none."""
     argv, plan = confined_command([sys.executable, "-m", "model.kimi_k3.replay", str(request_path),
                                    str(result_path)])
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env | plan, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    strays.register(proc.pid)
+    with strays.starting():  # in a session of its own from its fork: registered before any scan sees it
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env | plan, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        strays.register(proc.pid)
     try:
         try:
             _, stderr = proc.communicate(timeout=REPLAY_TIMEOUT_S)

@@ -343,9 +343,9 @@ class Sandbox:
         self._proc = ctx.Process(target=worker.serve, args=(child, env, self._stacks), daemon=True,
                                  name="k3forge-candidate")
         undumpable()
-        with _starting_child(runs_candidate):
+        with _starting_child(runs_candidate), strays.starting():
             self._proc.start()
-        strays.register(self._proc.pid)
+            strays.register(self._proc.pid)
         child.close()
         self.timeout_s = timeout_s
 

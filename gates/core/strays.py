@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
@@ -34,6 +35,10 @@ REAP_WAIT_S = 5.0  # a killed process stuck in a driver call may take a while to
 
 _registered: set[int] = set()
 _lock = threading.Lock()
+# Held while the gate starts a process in a session of its own and registers it, and while a scan looks for
+# strays: such a child is outside the gate's session from its fork on, before the call that starts it returns its
+# pid, so a scan from another thread (the evals run beside the numerics) would otherwise take it for a stray.
+_starting = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,13 @@ def adopt_orphans() -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+@contextmanager
+def starting():
+    """Start a process in a session of its own and `register` it inside this block: no scan runs meanwhile."""
+    with _starting:
+        yield
 
 
 def register(pid: int) -> None:
@@ -95,7 +107,9 @@ def table() -> dict[int, Process]:
 def strays(procs: dict[int, Process] | None = None, sessions: set[int] | None = None) -> list[Process]:
     """This process's children outside its session and not registered; with `sessions`, only those in one of
     them (a sandbox that runs only the standard answers for its own worker's session, never for a candidate's)."""
-    procs = table() if procs is None else procs
+    if procs is None:
+        with _starting:
+            return strays(table(), sessions)
     me, mine = os.getpid(), os.getsid(0)
     with _lock:
         registered = set(_registered)
@@ -161,8 +175,10 @@ def stop(sessions: set[int] | None = None, grace_s: float = 0.0) -> list[Process
         time.sleep(0.05)
     frozen: dict[int, Process] = {}
     for _ in range(FREEZE_ROUNDS):
-        procs = table()
-        new = [p for p in _below(procs, strays(procs, sessions)) if p.pid not in frozen]
+        with _starting:
+            procs = table()
+            found = strays(procs, sessions)
+        new = [p for p in _below(procs, found) if p.pid not in frozen]
         if not new:
             break
         for p in new:

@@ -87,6 +87,29 @@ def test_the_gates_own_children_are_not_strays():
         strays.forget(own.pid)
 
 
+def test_a_child_being_started_in_a_session_of_its_own_is_no_stray_to_a_scan_from_another_thread():
+    """Outside the gate's session from its fork, before its pid is known and registered: a scan from another thread
+    (the evals beside the numerics: CI, session 28, stopped the production replay so) waits until it is."""
+    import threading
+
+    scans: list[list] = []
+    with strays.starting():
+        own = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        until(lambda: strays._read(own.pid) is not None and strays._read(own.pid).session == own.pid, "its setsid")
+        scan = threading.Thread(target=lambda: scans.append(strays.stop()))
+        scan.start()
+        time.sleep(0.2)
+        assert scans == []  # the scan waits for the registration
+        strays.register(own.pid)
+    scan.join(10)
+    try:
+        assert scans == [[]] and own.poll() is None
+    finally:
+        own.kill()
+        own.wait()
+        strays.forget(own.pid)
+
+
 def test_a_watch_over_the_standard_answers_only_for_its_own_session():
     """A standard-only process's watch leaves a stray of another session to the candidate's watch, which stops it
     and says so."""
