@@ -547,19 +547,19 @@ def run(ctx: GateContext) -> GateResult:
                     else:
                         flags.append(f"{point.label}: the standard rounds differently from the reference, outside "
                                      f"the candidate's tolerance and within {STANDARD_SLACK:g}x it ({first(found)})")
+                alone_us, kernels_alone = alone.get(point.label), alone_kernels.get(point.label)
                 row, point_flags, point_slower = judge_point(point, blocks, finish, floor_us, required, min_fraction,
-                                                             alone.get(point.label))
+                                                             alone_us)
                 if drawn:
                     row["drawn"] = True
-                    judged = row["speedup"] * yardstick_scale(row["standard"]["median_us"], alone.get(point.label))
+                    judged = row["speedup"] * yardstick_scale(row["standard"]["median_us"], alone_us)
                     point_slower = [slower_between(point.label, judged, required)] if point_slower else []
                 row["pipeline"] = started["pipeline"]
                 impossible += [error] if (error := l2_set_aside(point.label, started["l2_set_aside"])) else []
-                row["standard_alone_us"] = alone.get(point.label)
-                row["standard_alone_kernels"] = alone_kernels.get(point.label)
-                if flag := extra_kernels(point.label, row["kernels"]["standard"], alone_kernels.get(point.label)):
+                row["standard_alone_us"], row["standard_alone_kernels"] = alone_us, kernels_alone
+                if flag := extra_kernels(point.label, row["kernels"]["standard"], kernels_alone):
                     flags.append(flag)
-                error, flag = yardstick(point.label, row["standard"]["median_us"], alone.get(point.label))
+                error, flag = yardstick(point.label, row["standard"]["median_us"], alone_us)
                 impossible += [error] if error else []
                 rows.append(row), flags.extend(point_flags + ([flag] if flag else [])), slower.extend(point_slower)
                 if floor_us and row["candidate"]["median_us"] < floor_us:

@@ -91,11 +91,15 @@ def reference_run(problem: Problem, case: Case, names: list[str], device: str) -
                     states=[(n, t.cpu()) for n, t in state_leaves(args, case.state, names)])
 
 
-def _nonfinite_reference(expected: Expected) -> str | None:
+def finite_reference_run(problem: Problem, case: Case, names: list[str], device: str, where: str) -> Expected:
+    """reference_run on an input the gate drew (`where`: its point and distribution), which must give finite
+    results: NaN or inf there means the problem drew outside the op's domain, a ProblemError."""
+    expected = reference_run(problem, case, names, device)
     for name, t in expected.outputs + expected.states:
         if t.is_floating_point() and not torch.isfinite(t).all():
-            return name
-    return None
+            raise ProblemError(f"the reference returned NaN/inf in {name} at {where}: the problem "
+                               f"{problem.source.name} drew inputs outside the op's domain")
+    return expected
 
 
 class Findings:
@@ -253,10 +257,7 @@ def draw_cases(ctx: GateContext, problem: Problem, point: Point, names: list[str
         for t in range(ctx.options.trials):
             seed = seed_for(ctx.options.seed, NAME, point.label, dist, t)
             case = problem.generate_input(point, seed, dist)
-            exp = reference_run(problem, case, names, ctx.device)
-            if (bad := _nonfinite_reference(exp)) is not None:
-                raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, {dist}: "
-                                   f"the problem {problem.source.name} drew inputs outside the op's domain")
+            exp = finite_reference_run(problem, case, names, ctx.device, f"{point.label}, {dist}")
             cases.append(case), expected.append(exp), labels.append((dist, t, seed))
     return cases, expected, labels
 
@@ -307,10 +308,7 @@ def check_sweep(ctx: GateContext, problem: Problem, box: Sandbox, sweep: list[Po
         ctx.progress(f"numerics: sweep, {point.label}")
         seed = seed_for(ctx.options.seed, NAME, "sweep", point.label)
         case = problem.generate_input(point, seed, "mixed")
-        expected = reference_run(problem, case, names, ctx.device)
-        if (bad := _nonfinite_reference(expected)) is not None:
-            raise ProblemError(f"the reference returned NaN/inf in {bad} at {point.label}, mixed: the problem "
-                               f"{problem.source.name} drew inputs outside the op's domain")
+        expected = finite_reference_run(problem, case, names, ctx.device, f"{point.label}, mixed")
         specs = [(tuple(t.shape), t.dtype) for _, t in expected.outputs]
         reply = box.request("cases", candidate=ctx.contract.implementation, reference=ctx.contract.reference,
                             device=ctx.device, names=names, cases=[case], runs=ctx.options.runs, output_specs=specs)

@@ -53,7 +53,7 @@ def judged(device: str, path_of) -> list[str]:
     return [c.name for c in checks if not c.passed]
 
 
-def broken(name: str, variants: dict = BROKEN):
+def kernel(name: str, variants: dict = BROKEN):
     op, implementation = variants[name]
     return lambda model: accuracy.kernel_path(model, op, implementation, name)
 
@@ -64,13 +64,13 @@ def test_contracted_kernels_pass():
 
 
 def test_an_expert_id_off_fails_on_cpu():
-    assert judged("cpu", broken("expert_id_off"))
+    assert judged("cpu", kernel("expert_id_off"))
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
 def test_kda_steps_right_by_construction_pass_on_cpu(name):
     """What the NLL floor is set from: a correct step that rounds otherwise moves no score past it."""
-    assert judged("cpu", broken(name, CORRECT)) == []
+    assert judged("cpu", kernel(name, CORRECT)) == []
 
 
 # the broken kernels the checkpoint's GPU budget cannot see (see the module doc)
@@ -80,7 +80,7 @@ UNSEEN_ON_GPU = pytest.mark.xfail(strict=True, reason="bf16 floors of 0.02 nats:
 
 @pytest.mark.parametrize("name", sorted(n for n, (op, _) in BROKEN.items() if op == "kda_decode"))
 def test_the_kda_variants_fail_on_cpu(name):
-    assert judged("cpu", broken(name))
+    assert judged("cpu", kernel(name))
 
 
 def expected(names) -> list:
@@ -91,7 +91,7 @@ def expected(names) -> list:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", expected(sorted(BROKEN)))
 def test_every_broken_kernel_fails_on_gpu(name):
-    assert judged("cuda", broken(name))
+    assert judged("cuda", kernel(name))
 
 
 @pytest.mark.gpu
