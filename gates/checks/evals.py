@@ -11,8 +11,14 @@ cache, beside a standard over the same cache (the yardstick then on the CPU too)
 are NOT_RUN, never silently dropped. An eval model that never entered the kernel's envelope makes the gate NOT_RUN: it
 would compare the standard path with itself.
 
-The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights as the reference and
-standard paths here; only logits and states come back, and every statistic is computed here.
+Then the accuracy eval (gates.evals.accuracy) on the trained mini-K3, where the kernel's envelope covers that checkpoint
+(the KDA decode kernel at its 6 local heads of K3's head shape; K3's projections and MoE never): the candidate's scores
+on tasks with checkable answers beside the reference's and the standard's, held to the reference's minus a margin. A
+kernel whose envelope leaves the checkpoint out gets an accuracy row that says so, and no verdict from it.
+
+The candidate path runs in the sandbox's child (gates.evals.remote), over the same seeded weights (or the same
+checkpoint) as the reference and standard paths here; only logits and states come back, and every statistic is
+computed here.
 """
 
 from __future__ import annotations
@@ -27,11 +33,12 @@ from rich.progress import Progress
 from gates.core.registry import Gate, GateContext
 from gates.core.sandbox import Sandbox, SandboxError
 from gates.core.status import GateResult, Status, worst
-from gates.evals import EVALS, run_eval
+from gates.evals import EVALS, accuracy, run_eval
 from gates.evals.exact import EXACT, exact_path
 from gates.evals.long_context import LongContextConfig
 from gates.evals.paths import DecodePath
 from gates.evals.remote import RemoteCandidate
+from gates.evals.result import EvalResult
 from gates.evals.sampling import SamplingConfig
 from gates.evals.structured import StructuredConfig
 from gates.evals.subject import load_pair
@@ -54,10 +61,56 @@ GPU_BUDGETS = {
 }
 
 
+# The accuracy eval's GPU budget in the gate: `k3forge eval`'s (accuracy.AccuracyConfig.gpu) took ~100 s a path and
+# seed on the H200 before the version 2 items (~50 ms a decode step of 64 sequences, ~2,000 steps); the gate runs
+# three paths after the other evals, so its buckets are shorter (~1,300 steps) and its batches smaller; every metric
+# stays.
+ACCURACY_GPU_BUDGET = accuracy.AccuracyConfig.model_fields["gpu"].default.model_copy(update={
+    "recall_lengths": (256, 512), "recall_per_length": 8, "json_prompts": 16, "short_prompts": 16, "draws": 1024,
+    "recency_lengths": (512,), "recency_per_length": 8, "window_length": 512, "window_prompts": 16})
+
+
 def configs(device: str) -> dict:
     if device == "cpu":
         return {name: gate.config() for name, gate in EVALS.items()}
     return {name: gate.config().model_copy(update={"gpu": GPU_BUDGETS[name]}) for name, gate in EVALS.items()}
+
+
+def accuracy_config(device: str, ckpt) -> accuracy.AccuracyConfig:
+    """The checkpoint's accuracy config (its calibration for this device kind), on the GPU at the gate's budget."""
+    config = accuracy.config_for(ckpt, torch.device(device), seed=0)
+    return config if device == "cpu" else config.model_copy(update={"gpu": ACCURACY_GPU_BUDGET})
+
+
+def in_budget(ctx: GateContext, start: float, name: str, evaluate: Callable[[], EvalResult]) -> dict:
+    """An eval's result, or NOT_RUN once the gate's eval time (counted from `start`) is spent."""
+    if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
+        return {"name": name, "status": "NOT_RUN",
+                "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
+    ctx.progress(f"eval {name}")
+    return evaluate().model_dump(mode="json")
+
+
+def trained_accuracy(box: Sandbox, ctx: GateContext, progress: Progress, start: float) -> dict:
+    """The accuracy eval on the trained mini-K3 with the candidate in `box`'s child (its K3-shape model replaced),
+    the reference and the standard (the table's yardstick) here; NOT_RUN, and `applies` False, where the tree has no
+    trained checkpoint or the kernel's envelope never takes it (checked before the eval time left is)."""
+    ckpt = accuracy.default_ckpt()
+    if ckpt is None:
+        return {"name": accuracy.NAME, "status": "NOT_RUN", "applies": False,
+                "reason": f"no trained checkpoint at {accuracy.TRAINED_CKPT.relative_to(accuracy.REPO_ROOT)}"}
+    gpu = ctx.device == "cuda"
+    subject = {"ckpt": str(ckpt), "device": ctx.device, "dtype": torch.bfloat16 if gpu else torch.float32}
+    candidate = RemoteCandidate(box, ctx.contract, str(ctx.contract_path), subject)
+    if not candidate.chooses_kernel():
+        return {"name": accuracy.NAME, "status": "NOT_RUN", "applies": False,
+                "reason": "the trained checkpoint's shapes lie outside this kernel's envelope"}
+    pair = load_pair(candidate.over, yardstick=True, **subject)
+    result = in_budget(ctx, start, accuracy.NAME, partial(run_eval, accuracy.NAME, pair, progress,
+                                                           accuracy_config(ctx.device, ckpt), gate=accuracy.GATE))
+    model = f"model: the trained mini-K3 ({ckpt.relative_to(accuracy.REPO_ROOT)}), {subject['dtype']}"
+    return {**result, "notes": [model, *result.get("notes", [])], "applies": True,
+            "kernel_calls": candidate.report()["ops"].get(ctx.contract.op, {})}
 
 
 def eval_subject(contract: Contract, gpu: bool) -> tuple[dict, str]:
@@ -98,13 +151,9 @@ def run(ctx: GateContext) -> GateResult:
             pair = load_pair(lambda model: candidate.path, yardstick=yardstick(ctx.contract, gpu, kv_cache_dtype),
                              kv_cache_dtype=kv_cache_dtype, **subject)
             for name, config in configs(ctx.device).items():
-                if time.perf_counter() - start > TIME_LIMIT_S[ctx.device]:
-                    results[name] = {"name": name, "status": "NOT_RUN",
-                                     "reason": f"the gate's {TIME_LIMIT_S[ctx.device]:.0f} s eval budget was spent"}
-                    continue
-                ctx.progress(f"eval {name}")
-                results[name] = run_eval(name, pair, progress, config).model_dump(mode="json")
-            ops = candidate.report()["ops"].get(ctx.contract.op, {})
+                results[name] = in_budget(ctx, start, name, partial(run_eval, name, pair, progress, config))
+            ops = candidate.report()["ops"].get(ctx.contract.op, {})  # before the checkpoint replaces the model
+            results[accuracy.NAME] = trained_accuracy(box, ctx, progress, start)
     except SandboxError as e:
         return GateResult(gate=NAME, title=TITLE, status=Status.ERROR, reason=str(e),
                           summary="the candidate's process failed during the evals",
@@ -115,9 +164,10 @@ def run(ctx: GateContext) -> GateResult:
         return GateResult(gate=NAME, title=TITLE, status=Status.NOT_RUN, details=details,
                           reason="the eval model never entered this kernel's envelope",
                           summary="not run: the kernel was never chosen on the eval model")
-    status = worst(Status(r["status"]) for r in results.values())
-    failed = [n for n, r in results.items() if r["status"] not in ("PASSED", "NOT_RUN")]
-    summary = (f"{sum(r['status'] == 'PASSED' for r in results.values())}/{len(results)} evals passed; "
+    judged = {n: r for n, r in results.items() if r.get("applies", True)}  # accuracy only where it applies
+    status = worst(Status(r["status"]) for r in judged.values())
+    failed = [n for n, r in judged.items() if r["status"] not in ("PASSED", "NOT_RUN")]
+    summary = (f"{sum(r['status'] == 'PASSED' for r in judged.values())}/{len(judged)} evals passed; "
                f"kernel chosen {ops['specialized']} times")
     return GateResult(gate=NAME, title=TITLE, status=status, details=details, summary=summary,
                       reason="; ".join(f"{n}: {results[n]['status']} {results[n].get('reason', '')}".strip()

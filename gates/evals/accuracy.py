@@ -37,10 +37,8 @@ import math
 import random
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import jsonschema
 import torch
@@ -178,18 +176,6 @@ def kernel_path(model: KimiK3Model, op: str, implementation: str, name: str | No
     return dispatched_path(model, ops, name or implementation.rpartition(":")[2])
 
 
-@contextmanager
-def engine_on(model: KimiK3Model, ops: Dispatcher, max_len: int, slots: int) -> Iterator[Engine]:
-    """An engine of `slots` sequences whose steps run through `ops` (the shared model's own dispatcher is put back)."""
-    shared = model.ops
-    engine = Engine(model, max_len, num_slots=slots)
-    model.ops = ops
-    try:
-        yield engine
-    finally:
-        model.ops = shared
-
-
 # ---- one path's scores --------------------------------------------------------------------------------------------
 
 
@@ -228,7 +214,6 @@ class Items:
 def measure(path: DecodePath, model: KimiK3Model, tasks: Tasks, items: Items, budget: AccuracyBudget,
             progress: Progress) -> dict[str, float]:
     """A path's scores on the items: {metric: value}."""
-    ops = path_ops(path)
     recall, dynamics = [s for samples in items.recall.values() for s in samples], items.dynamics
     short = len(items.pick) + len(items.arithmetic)
     slots = max(len(recall), len(items.json), short, len(dynamics))
@@ -239,24 +224,26 @@ def measure(path: DecodePath, model: KimiK3Model, tasks: Tasks, items: Items, bu
     total = longest + fed + 2 * budget.json_max_tokens + 1
     task = progress.add_task(f"{NAME}: {path.name}", total=total)
     scores: dict[str, float] = {}
-    with engine_on(model, ops, max(longest, fed) + budget.json_max_tokens + 2 * budget.spec_tokens, slots) as engine:
-        rows = iter(_fed(engine, [s.tokens for s in recall], [s.targets for s in recall], path, progress, task))
-        for n, samples in items.recall.items():
-            right, nll = [], []
-            for s, row in zip(samples, rows):
-                for p, answer in zip(s.targets, s.meta["answers"]):
-                    right.append(int(row[p].argmax()) == answer)
-                    nll.append(-torch.log_softmax(row[p], -1)[answer].item())
-            scores[f"recall@{n}"] = sum(right) / len(right)
-            scores[f"recall_nll@{n}"] = sum(nll) / len(nll)
-        if dynamics:
-            scores.update(_dynamics(engine, items, dynamics, path, progress, task))
-        for k in (0, budget.spec_tokens):
-            valid, fields = _json(engine, tasks, items.json, budget.json_max_tokens, k)
-            suffix = f"@spec{k}" if k else ""
-            scores[f"json_valid{suffix}"], scores[f"json_fields{suffix}"] = valid, fields
-            progress.advance(task, budget.json_max_tokens)
-        scores.update(_known_distributions(engine, items, budget, path))
+    # a path of this process runs through its dispatcher over the shared model; the gate's sandboxed candidate
+    # steps its own copy of the checkpoint in the child (gates.evals.remote.RemoteEngine)
+    engine = path.make_engine(max(longest, fed) + budget.json_max_tokens + 2 * budget.spec_tokens, num_slots=slots)
+    rows = iter(_fed(engine, [s.tokens for s in recall], [s.targets for s in recall], path, progress, task))
+    for n, samples in items.recall.items():
+        right, nll = [], []
+        for s, row in zip(samples, rows):
+            for p, answer in zip(s.targets, s.meta["answers"]):
+                right.append(int(row[p].argmax()) == answer)
+                nll.append(-torch.log_softmax(row[p], -1)[answer].item())
+        scores[f"recall@{n}"] = sum(right) / len(right)
+        scores[f"recall_nll@{n}"] = sum(nll) / len(nll)
+    if dynamics:
+        scores.update(_dynamics(engine, items, dynamics, path, progress, task))
+    for k in (0, budget.spec_tokens):
+        valid, fields = _json(engine, tasks, items.json, budget.json_max_tokens, k)
+        suffix = f"@spec{k}" if k else ""
+        scores[f"json_valid{suffix}"], scores[f"json_fields{suffix}"] = valid, fields
+        progress.advance(task, budget.json_max_tokens)
+    scores.update(_known_distributions(engine, items, budget, path))
     progress.update(task, completed=total)
     return scores
 
@@ -387,9 +374,6 @@ def run(config: AccuracyConfig, paths: PathPair, progress: Progress) -> EvalResu
         return EvalResult(name=NAME, status=Status.NOT_RUN, reason="random weights answer nothing: the accuracy "
                           f"eval needs a trained checkpoint (one with {RECORD_FILE})")
     others = [p for p in (paths.candidate, paths.standard) if p is not None]
-    if not all(isinstance(p, DecodePath) for p in (paths.reference, *others)):
-        return EvalResult(name=NAME, status=Status.NOT_RUN, reason="the accuracy eval steps many sequences through "
-                          "one engine; a sandboxed candidate serves one sequence at a time")
     budget = config.budget(paths.device)
     tasks = Tasks(paths.tokenizer, paths.cfg)
     items = Items.draw(tasks, budget, config.seed, config.data_version)

@@ -54,10 +54,11 @@ class ReferenceDispatcher(Dispatcher):
 class DispatchedEngine(Engine):
     """An engine whose steps run through its own dispatcher (the model, and its `ops`, are shared by paths)."""
 
-    def __init__(self, model: KimiK3Model, max_len: int, ops: Dispatcher, kv_cache_dtype: str = "auto"):
+    def __init__(self, model: KimiK3Model, max_len: int, ops: Dispatcher, kv_cache_dtype: str = "auto",
+                 num_slots: int = 1):
         shared = model.ops
         # Engine installs a dispatcher on the shared model: undone below
-        super().__init__(model, max_len, num_slots=1, kv_cache_dtype=kv_cache_dtype)
+        super().__init__(model, max_len, num_slots=num_slots, kv_cache_dtype=kv_cache_dtype)
         model.ops = shared
         self.ops = ops
 
@@ -73,7 +74,8 @@ class DispatchedEngine(Engine):
 @dataclass(frozen=True)
 class DecodePath:
     name: str
-    make_engine: Callable[[int], Engine]  # max_len -> an engine with one cache slot
+    # (max_len, num_slots=1) -> an engine with that many cache slots (a session's has one; the accuracy eval's many)
+    make_engine: Callable[..., Engine]
     logit_transforms: tuple[LogitTransform, ...] = ()
     sampler: Sampler = sample
     # the dispatcher the path's engines run through, in this process (None: a path whose engines live elsewhere,

@@ -5,23 +5,28 @@ to the reference and standard paths it runs in its own process. A kernel that ta
 touches only its own numbers, and a replaced timing, copy or serialization function is reported as tampering.
 
 Parent side: `RemoteCandidate(box, contract_path, subject)` and its `path` (a `DecodePath` look-alike whose
-sessions are `RemoteSession`s). Child side: the `eval_*` handlers the worker serves (`CHILD_HANDLERS`). The child
-keeps one session at a time (every eval steps one candidate sequence at a time): a new one replaces the last.
+sessions are `RemoteSession`s, and whose engines of many sequences, for the accuracy eval, are `RemoteEngine`s).
+Child side: the `eval_*` handlers the worker serves (`CHILD_HANDLERS`). The child keeps one session and one engine
+at a time: a new one replaces the last.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from gates.core.sandbox import Sandbox
 from kernels.contract import Contract
+from model.kimi_k3.batch import StepBatch
+from model.kimi_k3.cache import ModelCache
 from model.kimi_k3.dispatch import Dispatcher, Target, judged_here
+from model.kimi_k3.engine import Engine, NonFiniteError
+from model.kimi_k3.model import KimiK3Model
 from model.kimi_k3.ops.registry import Specialized
 from model.kimi_k3.sampling import sample
 
-from .paths import LogitTransform, Sampler, Session, dispatched_path
+from .paths import DispatchedEngine, LogitTransform, Sampler, Session, dispatched_path
 from .subject import load_subject
 
 
@@ -39,6 +44,18 @@ class RemoteCandidate:
         """The child's dispatcher report: how often the kernel was chosen, and every fallback."""
         return self.box.request("eval_report")["report"]
 
+    def over(self, model: KimiK3Model) -> "RemotePath":
+        """The path, given this process's copy of the subject (load_pair's candidate function)."""
+        return replace(self.path, model=model)
+
+    def chooses_kernel(self, tokens: tuple[int, ...] = (0, 1)) -> bool:
+        """Whether the candidate's dispatcher picks the contract's kernel on this subject: a one-token prefill
+        then one decode step of one sequence, and the child's count of specialized calls after it."""
+        session = self.path.session(len(tokens))
+        for t in tokens:
+            session.feed([t])
+        return any(counts["specialized"] for counts in self.report()["ops"].values())
+
 
 @dataclass(frozen=True)
 class RemotePath:
@@ -49,9 +66,17 @@ class RemotePath:
     logit_transforms: tuple[LogitTransform, ...] = ()
     sampler: Sampler = sample
     ops: None = None  # the dispatcher is the child's: its counts come from `eval_report`, not from an eval's table
+    # this process's copy of the subject (config, TP group and dtype: what an engine's generation code reads here)
+    model: KimiK3Model | None = field(default=None, repr=False, compare=False)
 
     def session(self, max_len: int) -> "RemoteSession":
         return RemoteSession(self, max_len)
+
+    def make_engine(self, max_len: int, num_slots: int = 1) -> "RemoteEngine":
+        if self.model is None:
+            raise TypeError(f"{self.name}: an engine of many sequences needs the model's config here "
+                            "(RemoteCandidate.over(model))")
+        return RemoteEngine(self.remote, self.model, max_len, num_slots)
 
 
 class RemoteSession(Session):
@@ -82,6 +107,65 @@ class RemoteSession(Session):
         return reply
 
 
+class RemoteEngine(Engine):
+    """An engine of `num_slots` sequences whose steps run in the child; what the accuracy eval steps many sequences
+    through. Generation (drafting, verification, sampling) runs here, as Engine's own code, over this process's copy
+    of the model (its config and TP group only); each forward step is one request, whose logits come back as plain
+    copies. The cache's bookkeeping (lengths, verification commits) is kept here on a meta-device twin of the child's
+    cache (`RemoteCache`), so the positions the steps are built from are never the child's to report."""
+
+    def __init__(self, remote: RemoteCandidate, model: KimiK3Model, max_len: int, num_slots: int):
+        self.model, self.device, self.graphs = model, remote.device, None
+        self._remote = remote
+        remote.box.request("eval_engine", max_len=max_len, num_slots=num_slots)
+        self.cache = RemoteCache(remote, model, max_len, num_slots)
+
+    def step(self, token_ids: list[int] | torch.Tensor, batch: StepBatch, every_token: bool = False) -> torch.Tensor:
+        for slot, n in zip(batch.slots, batch.query_lens):
+            self.cache.check_room(slot, n)
+        logits = self._remote.box.request(
+            "eval_engine_step", tokens=torch.as_tensor(token_ids).tolist(), slots=batch.slots,
+            query_lens=batch.query_lens, context_lens=batch.context_lens, spec_tokens=batch.spec_tokens,
+            every_token=every_token)["logits"].to(self.device)
+        self.cache.advance(batch)
+        rows = batch.num_tokens if every_token else batch.batch_size
+        if logits.shape != (rows, self.model.cfg.vocab_size):
+            raise ValueError(f"the candidate's engine returned logits of shape {tuple(logits.shape)}, expected "
+                             f"({rows}, {self.model.cfg.vocab_size})")
+        if not torch.isfinite(logits).all():
+            raise NonFiniteError("generate: the candidate's logits are not finite")
+        return logits
+
+
+class RemoteCache(ModelCache):
+    """The bookkeeping of the child's engine cache, on the meta device (no memory), each change also made there."""
+
+    def __init__(self, remote: RemoteCandidate, model: KimiK3Model, max_len: int, num_slots: int):
+        self._remote = remote
+        super().__init__(model.cfg, model.tp, num_slots, max_len, model.act_dtype, "meta")
+
+    def _mirror(self, action: str, **args) -> None:
+        self._remote.box.request("eval_engine_cache", action=action, **args)
+
+    def reserve_spec(self, spec_tokens: int) -> None:
+        if spec_tokens > self.spec_tokens:
+            self._mirror("reserve_spec", spec_tokens=spec_tokens)
+        super().reserve_spec(spec_tokens)
+
+    def allocate(self) -> int:
+        slot = super().allocate()
+        self._mirror("allocate", slot=slot)
+        return slot
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self._mirror("release", slot=slot)
+
+    def commit(self, slots: list[int], kept: list[int]) -> None:
+        super().commit(slots, kept)
+        self._mirror("commit", slots=list(slots), kept=list(kept))
+
+
 # ---- the child's side -------------------------------------------------------------------------------------
 
 _child: dict = {}
@@ -110,7 +194,7 @@ def eval_open(*, contract: dict, contract_path: str, subject: dict, kv_cache_dty
     spec = Specialized(contract, contract_path, load(contract.implementation))
     ops = Dispatcher(target, "latency_specialized", {contract.op: spec})
     path = dispatched_path(model, ops, f"latency_specialized[{contract.op}]", kv_cache_dtype)
-    _child.update(path=path, ops=ops, session=None, id=-1)
+    _child.update(model=model, path=path, ops=ops, kv_cache_dtype=kv_cache_dtype, session=None, id=-1, engine=None)
     return {"name": path.name}
 
 
@@ -144,9 +228,49 @@ def eval_states(*, id: int) -> dict:  # noqa: A002
             "length": session.length}
 
 
+def eval_engine(*, max_len: int, num_slots: int) -> dict:
+    _child.update(engine=None)  # free the last one's caches first
+    _child.update(engine=DispatchedEngine(_child["model"], max_len, _child["ops"], _child["kv_cache_dtype"],
+                                          num_slots=num_slots))
+    return {}
+
+
+def _engine() -> Engine:
+    if _child.get("engine") is None:
+        raise RuntimeError("no eval engine is open (eval_engine first)")
+    return _child["engine"]
+
+
+def eval_engine_step(*, tokens: list[int], slots: tuple[int, ...], query_lens: tuple[int, ...],
+                     context_lens: tuple[int, ...], spec_tokens: int, every_token: bool) -> dict:
+    batch = StepBatch(tuple(slots), tuple(query_lens), tuple(context_lens), spec_tokens=spec_tokens)
+    return {"logits": _plain("logits", _engine().step(tokens, batch, every_token))}
+
+
+def eval_engine_cache(*, action: str, **args) -> dict:
+    """The parent's change to its twin of the cache, made to the engine's own: the same slot allocated, released,
+    room for drafts reserved, a verification committed."""
+    cache = _engine().cache
+    if action == "allocate":
+        slot = cache.allocate()
+        if slot != args["slot"]:
+            raise RuntimeError(f"the engine allocated slot {slot}, the gate's twin of its cache slot {args['slot']}")
+    elif action == "release":
+        cache.release(args["slot"])
+    elif action == "reserve_spec":
+        cache.reserve_spec(args["spec_tokens"])
+    elif action == "commit":
+        cache.commit(args["slots"], args["kept"])
+    else:
+        raise ValueError(f"eval_engine_cache: unknown action {action!r}")
+    return {}
+
+
 def eval_report() -> dict:
     return {"report": _child["ops"].report()}
 
 
 CHILD_HANDLERS = {"eval_open": eval_open, "eval_session": eval_session, "eval_step": eval_step,
-                  "eval_keep": eval_keep, "eval_states": eval_states, "eval_report": eval_report}
+                  "eval_keep": eval_keep, "eval_states": eval_states, "eval_engine": eval_engine,
+                  "eval_engine_step": eval_engine_step, "eval_engine_cache": eval_engine_cache,
+                  "eval_report": eval_report}
