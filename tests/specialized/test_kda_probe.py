@@ -1,6 +1,7 @@
 """The dependency-chain probe (model/kimi_k3/specialized/kda_decode/probe.py) reads and writes what it claims:
-its stores equal the same formula in torch, only the slots' state rows change, and every v_split covers every
-row. A probe that skipped a load or a store would time less than the step moves and understate the bound."""
+its stores equal the same formula in torch, only the slots' state rows change, and every v_split (and the persistent
+grid) covers every row. A probe that skipped a load or a store would time less than the step moves and understate
+the bound."""
 
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ def probe_in_torch(case, slots):
     return s, s.sum(-1).reshape(len(slots), -1).to(torch.bfloat16)
 
 
-@pytest.mark.parametrize("heads,batch,v_split", [(12, 1, 4), (12, 4, 2), (6, 3, 1), (12, 2, 8)])
-def test_probe_stores_what_it_loaded(heads, batch, v_split):
+@pytest.mark.parametrize("heads,batch,flow", [(12, 1, {"v_split": 4}), (12, 4, {"v_split": 2}), (6, 3, {"v_split": 1}),
+                                              (12, 2, {"v_split": 8}), (12, 64, {"persistent": 1, "stages": 2}),
+                                              (6, 5, {"persistent": 2, "stages": 1})])
+def test_probe_stores_what_it_loaded(heads, batch, flow):
     case = make_case(heads, batch, device="cuda", seed=batch)
     slots = case.slots
     want_state, want_out = probe_in_torch(case, slots)
     before = case.ssm_state.clone()
-    out = chain_probe(*case.args(), v_split=v_split)
+    out = chain_probe(*case.args(), **flow)
     torch.cuda.synchronize()
     torch.testing.assert_close(case.ssm_state[slots], want_state, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out.float(), want_out.float(), rtol=2e-2, atol=2e-2)

@@ -14,7 +14,9 @@ variant's ratio to the first one is the median of the per-round ratios, with the
 
 Also times a one-kernel graph (a 4-byte fill) with the same method: the floor of the measurement itself
 (graph launch + events) on this machine; --probe adds the dependency-chain probe (probe.py: the step's bytes in
-its dependency order, no math), a measured lower bound for any one-kernel step.
+its dependency order, no math), a measured lower bound for any one-kernel step in that data flow, the same bytes
+walked by a persistent grid (another data flow), and the state bytes alone scaled in place (what a plain copy of
+them costs in this timing).
 """
 
 from __future__ import annotations
@@ -101,12 +103,18 @@ def main(argv=None):
             raise SystemExit(f"--standard: {why}")
         variants.append(("standard", kda_decode_standard, True))
     if a.probe:
-        from model.kimi_k3.specialized.kda_decode.probe import available, chain_probe
+        from functools import partial
+
+        from model.kimi_k3.specialized.kda_decode.probe import available, chain_probe, state_scale
 
         ok, why = available()
         if not ok:
             raise SystemExit(f"--probe: {why}")
         variants.append(("chain probe (no math)", chain_probe, False))
+        for per_sm, stages in ((1, 1), (1, 2), (1, 3), (2, 1)):
+            variants.append((f"chain probe, persistent {per_sm}/SM x{stages}",
+                             partial(chain_probe, persistent=per_sm, stages=stages), False))
+        variants.append(("state bytes, contiguous scale", state_scale, False))
 
     tiny = torch.zeros(1, device="cuda")
     empty = time_op(lambda: tiny.fill_(1.0), iters=a.iters)
@@ -120,6 +128,13 @@ def main(argv=None):
         for batch in a.batches:
             floor_us = step_floor(heads, batch, info).floor_us
             args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
+            for name, impl, checked in list(variants):  # a probe that cannot launch here (resources) is dropped
+                try:
+                    impl(*args)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - reported, and the others still run
+                    print(f"  {name}: dropped ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+                    variants.remove((name, impl, checked))
             errors = {name: check_against_reference(impl, heads, batch, seed=batch, exact_gemm=True)[:2]
                       if checked else None for name, impl, checked in variants}
             samples = {name: [] for name, _, _ in variants}
