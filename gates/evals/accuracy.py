@@ -22,7 +22,8 @@ envelopes allow), on the same items (drawn from the eval seed):
 A check per metric: the candidate's score no worse than the reference's by more than the margin. The margin is the
 larger of the budget's floor and what the checkpoint's calibration measured for this device kind: slack x the
 largest difference between the standard path and the reference over several eval seeds (two correct paths apart
-by rounding alone; `python -m gates.evals.accuracy --calibrate` measures it and writes calibration.json).
+by rounding alone; `python -m gates.evals.accuracy --calibrate` measures it and writes calibration.json); where the
+standard runs beside (the evals gate), also slack x its difference on the same items.
 
 `python -m gates.evals.accuracy` also judges kernels given as `op=module:function` (known-bad ones from
 tests/adversarial/broken_decode.py): each is registered as its op's specialized kernel under a contract whose
@@ -379,11 +380,15 @@ def run(config: AccuracyConfig, paths: PathPair, progress: Progress) -> EvalResu
     items = Items.draw(tasks, budget, config.seed, config.data_version)
     reference, *scored = (measure(p, paths.model, tasks, items, budget, progress) for p in (paths.reference, *others))
     candidate, standard = scored[0], scored[1] if paths.standard else None
-    checks, table = judge(reference, candidate, margins(budget, config.calibration, reference), standard)
+    margin = margins(budget, config.calibration, reference)
     source = "the checkpoint's calibration" if config.calibration else "the budget's floors (no calibration)"
+    notes = [f"margins: the larger of {source} and the floors"]
+    if standard is not None:  # the yardstick: two correct paths apart by rounding alone, on these very items
+        margin = {m: max(v, config.slack * abs(standard[m] - reference[m])) for m, v in margin.items()}
+        notes.append(f"and of {config.slack:g}x the standard's own distance from the reference on these items")
+    checks, table = judge(reference, candidate, margin, standard)
     return EvalResult.from_checks(NAME, checks, metrics={f"{k}_candidate": v for k, v in candidate.items()},
-                                  tables=[table], notes=[f"margins: the larger of {source} and the floors"],
-                                  budget={"seed": config.seed, **budget.model_dump()})
+                                  tables=[table], notes=notes, budget={"seed": config.seed, **budget.model_dump()})
 
 
 def trained(ckpt: str | Path | None) -> bool:
