@@ -82,6 +82,7 @@ run_tests() {
     "mla 360 tests/specialized/test_mla_decode*.py"  # mla_decode both paths (~116 GPU tests), mla_decode_fp8
     "kernels 60 tests/kernels"
     "adversarial 540 tests/adversarial --ignore=tests/adversarial/test_accuracy_bites.py"  # ~13 GPU gates: 5 took 294 s (s28)
+    "evalgate 360 tests/gates/checks/test_evals_gate.py"  # the accuracy eval in the gate on the KDA kernel
     "benchgate 240 tests/gates/checks/test_benchmarks.py"  # 94 s on a fresh H100, FLA compiling first (s28)
     "numerics 120 --all tests/gates/checks/test_numerics_gate.py -k reference_as_candidate"  # the honest candidate: `concurrent`, `kept` on a GPU
     "compare 60 tests/gates/core/test_compare.py"  # the judge's comparison of large tensors on the GPU

@@ -124,3 +124,29 @@ def test_the_eval_model_reaches_the_kernels_layers_and_cache():
     assert mla["layers"] == fp8["layers"] == 4 and (mla_cache, fp8_cache) == ("auto", "fp8")
     cpu, cpu_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode_fp8.yaml")), gpu=False)
     assert cpu["preset_name"] == "tiny" and cpu["layers"] is None and cpu_cache == "fp8"
+
+
+@pytest.mark.gpu
+@needs_checkpoint
+def test_on_the_gpu_the_kda_kernel_is_judged_on_the_trained_checkpoint(monkeypatch):
+    """The contracted KDA decode kernel (6 local heads of 128 at TP1 are in its envelope) runs the accuracy eval in
+    the sandbox's child in bf16, beside the reference and the standard; the K3-shape evals are left out here (their
+    model is loaded, no eval runs on it) and the accuracy budget is cut to one short bucket a family."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    monkeypatch.setattr(evals, "configs", lambda device: {})
+
+    def small(device, ckpt):
+        config = FULL_ACCURACY(device, ckpt)
+        return config.model_copy(update={"gpu": config.gpu.model_copy(update={**ACCURACY_CUTS, "window_prompts": 4,
+                                                                               "window_length": 256})})
+
+    monkeypatch.setattr(evals, "accuracy_config", small)
+    path = Path("contracts/kda_decode.yaml")
+    result = run_gate(evals.GATE, load_contract(path), path)
+    scored = result.details["evals"][accuracy.NAME]
+    assert scored["applies"] and scored["kernel_calls"]["specialized"] > 0, scored
+    assert scored["status"] == "PASSED", scored.get("reason")
+    assert any("standard's own distance" in n for n in scored["notes"])
