@@ -28,6 +28,8 @@
 # budgets (k3 shapes, 4 layers: every structured-output schema, long context up to 128K tokens; ~8 minutes)
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log (EVAL_ARGS adds options:
 # "--kv-cache-dtype fp8" runs them over the FP8 MLA cache, "--only long_context" that eval alone).
+# `accuracy` starts the accuracy eval on the committed mini-K3 as a background job (the GPU calibration and the
+# known-bad kernels; ~25 minutes, so `collect` over several calls; $OUT/accuracy.json, $OUT/calibration.json).
 # `train MINUTES` starts the mini-K3's training as a background job (the GPU tests may share the GPU with it, the
 # gate and the probes may not: alongside other GPU work it ran at a tenth of its speed); `collect` brings back
 # $OUT/mini_k3. `probes` runs the kernels' timing probes (moe_experts path pairs, mla_decode points, the router's
@@ -232,7 +234,7 @@ start_job() {
 }
 
 collect() {
-  local jobs=(gate evals train)
+  local jobs=(gate evals train accuracy)
   while [ "$(left)" -gt 15 ]; do
     local running=0
     for j in "${jobs[@]}"; do alive "$j" && running=1; done
@@ -253,6 +255,8 @@ collect() {
   [ -d "$RUN/evidence" ] && ! alive gate && tar -C "$RUN" -cf "$OUT/evidence.tar" evidence
   [ -s "$RUN/evals.json" ] && ! alive evals && cp -r "$RUN/evals.json" "$RUN/evals_report" "$OUT/"
   [ -s "$RUN/mini_k3/model.safetensors" ] && ! alive train && cp -r "$RUN/mini_k3" "$RUN/train.json" "$OUT/"
+  [ -s "$RUN/accuracy.json" ] && cp "$RUN/accuracy.json" "$OUT/"  # partial while the job runs
+  [ -f "$RUN/mini_k3_eval/calibration.json" ] && ! alive accuracy && cp "$RUN/mini_k3_eval/calibration.json" "$OUT/"
   return 0
 }
 
@@ -272,6 +276,19 @@ while [ $# -gt 0 ]; do
       # shellcheck disable=SC2086  # EVAL_ARGS: more of the eval command's options, e.g. --kv-cache-dtype fp8
       start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report" \
         ${EVAL_ARGS:-}
+      collect; shift ;;
+    accuracy)
+      # the accuracy eval on the committed mini-K3 (gates/evals/accuracy.py) as a background job: reference and
+      # standard over 2 eval seeds (their differences are the GPU calibration, written into its copy), then
+      # latency_specialized, the KDA steps right by construction and the known-bad kernels, each judged against the
+      # reference. ~150 s a measurement: `collect` in the calls after brings back $OUT/accuracy.json (rewritten
+      # after each measurement) and $OUT/calibration.json (commit its cuda entry into the checkpoint's)
+      rm -rf "$RUN/mini_k3_eval" && cp -r model/kimi_k3/train/mini_k3 "$RUN/mini_k3_eval"
+      mapfile -t KERNELS < <(python3 -c "from tests.adversarial.broken_decode import BROKEN
+from tests.adversarial.correct_decode import CORRECT
+for name, (op, impl) in {**CORRECT, **BROKEN}.items(): print(f'--kernel={name}={op}={impl}')")
+      start_job accuracy "" python3 -m gates.evals.accuracy --ckpt "$RUN/mini_k3_eval" --device cuda --seeds 2 \
+        --calibrate "${KERNELS[@]}" --json "$RUN/accuracy.json"
       collect; shift ;;
     train)
       # the mini-K3 (model/kimi_k3/train/NOTES.md) in the background for $2 minutes: FLA's first compile counts
@@ -293,6 +310,6 @@ while [ $# -gt 0 ]; do
     decode) run_decode "$2"; shift 2 ;;
     tp2) run_tp2; shift ;;
     tp2bench) run_tp2_bench; shift ;;
-    *) echo "usage: gpu_session.sh [wall] [tests] [gate COMMIT] [evals] [train MINUTES] [probes] [profile] [profile-experts] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
+    *) echo "usage: gpu_session.sh [wall] [tests] [gate COMMIT] [evals] [accuracy] [train MINUTES] [probes] [profile] [profile-experts] [cache] [collect] [decode COMMIT] [tp2] [tp2bench]" >&2; exit 2 ;;
   esac
 done

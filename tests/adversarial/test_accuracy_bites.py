@@ -9,8 +9,8 @@ scaled by 1.01 (+3.3e-4 nats of window-count NLL) and the fp16 state (+5.0e-5). 
 until the checkpoint is calibrated there) the decay and the fp16 state are still expected to pass unseen: bf16
 kernels legitimately move NLL by more than they do. Those are expected failures, strict, so the day a
 better-trained checkpoint makes them fail there, the expectation has to be updated.
-`model/kimi_k3/train/gpu_run.sh` makes the checkpoint and runs the same judgement as one command (`python -m
-gates.evals.accuracy`); these tests skip while the tree has none.
+`model/kimi_k3/train/gpu_run.sh` makes the checkpoint and `kernels/gpu_session.sh accuracy` runs the same judgement
+on the GPU (`python -m gates.evals.accuracy`); these tests skip while the tree has none.
 """
 
 from __future__ import annotations

@@ -140,8 +140,8 @@ def test_on_the_gpu_the_kda_kernel_is_judged_on_the_trained_checkpoint(monkeypat
 
     def small(device, ckpt):
         config = FULL_ACCURACY(device, ckpt)
-        return config.model_copy(update={"gpu": config.gpu.model_copy(update={**ACCURACY_CUTS, "recall_pairs": 8, "window_prompts": 4,
-                                                                               "window_length": 256})})
+        cuts = {**ACCURACY_CUTS, "recall_pairs": 8, "window_prompts": 4, "window_length": 256}
+        return config.model_copy(update={"gpu": config.gpu.model_copy(update=cuts)})
 
     monkeypatch.setattr(evals, "accuracy_config", small)
     path = Path("contracts/kda_decode.yaml")
