@@ -81,6 +81,9 @@ def main(argv=None):
                     help="config overrides per variant, e.g. v_split=1 v_split=4,chunk_rows=2 (default: 'default')")
     ap.add_argument("--standard", action="store_true", help="time the standard path (FLA + cuBLAS) beside them")
     ap.add_argument("--probe", action="store_true", help="time the dependency-chain probe beside them")
+    ap.add_argument("--slots", choices=("scattered", "contiguous", "offset"), default="scattered",
+                    help="the batch's cache slots (gates.problems.kda_decode.make_slots): the gate's scattered "
+                         "ones, or a contiguous run, which separates the tiles' scatter from their access pattern")
     ap.add_argument("--iters", type=int, default=300, help="timed replays per variant and point, over all rounds")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json")
@@ -127,7 +130,7 @@ def main(argv=None):
     for heads in a.heads:
         for batch in a.batches:
             floor_us = step_floor(heads, batch, info).floor_us
-            args = make_case(heads, batch, device="cuda", seed=heads + batch).args()
+            args = make_case(heads, batch, device="cuda", seed=heads + batch, slot_pattern=a.slots).args()
             for name, impl, checked in list(variants):  # a probe that cannot launch here (resources) is dropped
                 try:
                     impl(*args)
