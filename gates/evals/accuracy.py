@@ -19,7 +19,8 @@ envelopes allow), on the same items (drawn from the eval seed):
   recency_nll@L) and of the marker count over the window (window@L, window_nll@L). Their answers depend on how
   the KDA state forgets, which recall's never-forget answers do not (model/kimi_k3/train/NOTES.md).
 
-A check per metric: the candidate's score no worse than the reference's by more than the margin. The margin is the
+A check per metric: the candidate's score no worse than the reference's by more than the margin (a likelihood: no
+further from the reference's than the margin, either way: `judge` says why). The margin is the
 larger of the budget's floor and what the checkpoint's calibration measured for this device kind: slack x the
 largest difference between the standard path and the reference over several eval seeds (two correct paths apart
 by rounding alone; `python -m gates.evals.accuracy --calibrate` measures it and writes calibration.json); where the
@@ -355,17 +356,28 @@ def margins(budget: AccuracyBudget, calibration: dict[str, dict], names) -> dict
 
 def judge(reference: dict[str, float], candidate: dict[str, float], margin: dict[str, float],
           standard: dict[str, float] | None = None) -> tuple[list[Check], Table]:
-    """A check per metric (candidate no worse than the reference by more than its margin) and the side-by-side
-    table (reference, standard where it ran, candidate, bound, the candidate's drop)."""
-    checks, table = [], Table(title="scores per metric (the bound: the reference's score minus the margin)",
+    """A check per metric and the side-by-side table (reference, standard where it ran, candidate, bound, the
+    candidate's drop). Scores and distances: the candidate no worse than the reference by more than its margin.
+    Likelihoods (the _nll metrics): the candidate's within the margin of the reference's either way, since a path
+    right by construction moves them by rounding alone (~1e-7 in fp32) while a perturbed one moves them by orders
+    of magnitude more, and in either direction item by item (train/NOTES.md, session 29): the mean NLL of a
+    slightly wrong recurrence is as likely to fall as to rise on a given item set."""
+    checks, table = [], Table(title="scores per metric (the bound: the reference's score minus the margin; for "
+                                    "a likelihood, the reference's plus or minus it)",
                               columns=["metric", "reference", "standard", "candidate", "bound", "drop"])
     for name, ref in reference.items():
         m, cand = metric(name), candidate[name]
         bound = ref - margin[name] if m.higher_is_better else ref + margin[name]
         drop = ref - cand if m.higher_is_better else cand - ref
         detail = f"reference {ref:.4g}, margin {margin[name]:.3g}"
-        checks.append(Check.at_least(name, cand, bound, detail) if m.higher_is_better
-                      else Check.at_most(name, cand, bound, detail))
+        if m.kind == "nll":
+            check = Check.at_most(name, abs(cand - ref), margin[name], f"{detail}; |candidate - reference|, "
+                                  "either way")
+        elif m.higher_is_better:
+            check = Check.at_least(name, cand, bound, detail)
+        else:
+            check = Check.at_most(name, cand, bound, detail)
+        checks.append(check)
         table.add(name, ref, None if standard is None else standard[name], cand, bound, drop)
     return checks, table
 

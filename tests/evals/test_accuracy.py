@@ -65,6 +65,22 @@ def test_margins_are_the_larger_of_floor_and_calibration():
     assert margins(budget, measured, measured) == pytest.approx({"recall@64": 0.1, "pick_tv@T1": 0.03})
 
 
+def test_a_likelihood_is_judged_either_way_and_a_score_one_way():
+    """A mean NLL further than the margin from the reference's fails whether it rose or fell (a perturbed
+    recurrence moves it either way item by item); a score or a distance fails only for the worse."""
+    reference = {"window_nll@256": 1.5, "recall@128": 0.9, "pick_tv@T1": 0.3}
+    margin = {"window_nll@256": 1e-5, "recall@128": 0.05, "pick_tv@T1": 0.01}
+
+    def failed(**candidate):
+        checks, _ = accuracy.judge(reference, {**reference, **candidate}, margin)
+        return [c.name for c in checks if not c.passed]
+
+    assert failed(**{"window_nll@256": 1.5 - 3e-5}) == failed(**{"window_nll@256": 1.5 + 3e-5}) == ["window_nll@256"]
+    assert failed(**{"window_nll@256": 1.5 - 5e-6}) == []
+    assert failed(**{"recall@128": 1.0, "pick_tv@T1": 0.1}) == []  # better scores pass
+    assert failed(**{"recall@128": 0.8, "pick_tv@T1": 0.32}) == ["recall@128", "pick_tv@T1"]
+
+
 def test_random_weights_are_not_judged(capsys):
     code = main(["eval", "--preset", "tiny", "--only", "accuracy", "--json"])
     (result,) = json.loads(capsys.readouterr().out)["results"]
