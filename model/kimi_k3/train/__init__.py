@@ -8,5 +8,5 @@ the model-level evals measure accuracy (gates/evals/accuracy.py) and a subtly wr
 - `loop.py`: the training loop; `export.py`: MXFP4 quantization and the Hugging Face layout checkpoint.
 
 `python -m model.kimi_k3.train --out DIR --seed S --minutes M --device cuda` trains and writes DIR; NOTES.md has
-the size and time plan, `gpu_run.sh` the one-command H200 training run.
+the size and time plan, `gpu_run.sh` the one-command H200 run.
 """
