@@ -59,7 +59,7 @@ from model.kimi_k3.train.export import RECORD_FILE
 
 from . import EvalGate
 from .config import EvalConfig
-from .paths import DecodePath, DispatchedEngine, PathPair, dispatched_path
+from .paths import DecodePath, PathPair, dispatched_path
 from .result import Check, EvalResult, Status, Table
 
 NAME = "accuracy"
@@ -146,15 +146,6 @@ def metric(name: str) -> Metric:
 # ---- paths ------------------------------------------------------------------------------------------------------
 
 
-def path_ops(path: DecodePath) -> Dispatcher:
-    """The dispatcher a path's engines run through (a DispatchedEngine's)."""
-    engine = path.make_engine(1)
-    if not isinstance(engine, DispatchedEngine):
-        raise TypeError(f"{path.name}: the accuracy eval steps many sequences through one dispatcher; this path's "
-                        f"engine is a {type(engine).__name__}")
-    return engine.ops
-
-
 def kernel_path(model: KimiK3Model, op: str, implementation: str, name: str | None = None) -> DecodePath:
     """The model with `implementation` (module:function) as `op`'s specialized kernel, under a contract whose
     envelope is where the model runs (this arch and TP size, its activation dtype, batch 1-64, up to 7 drafts)."""
@@ -213,7 +204,7 @@ class Items:
         return [s for samples in self.recency.values() for s in samples] + self.window
 
 
-def measure(path: DecodePath, model: KimiK3Model, tasks: Tasks, items: Items, budget: AccuracyBudget,
+def measure(path: DecodePath, tasks: Tasks, items: Items, budget: AccuracyBudget,
             progress: Progress) -> dict[str, float]:
     """A path's scores on the items: {metric: value}."""
     recall, dynamics = [s for samples in items.recall.values() for s in samples], items.dynamics
@@ -390,7 +381,7 @@ def run(config: AccuracyConfig, paths: PathPair, progress: Progress) -> EvalResu
     budget = config.budget(paths.device)
     tasks = Tasks(paths.tokenizer, paths.cfg)
     items = Items.draw(tasks, budget, config.seed, config.data_version)
-    reference, *scored = (measure(p, paths.model, tasks, items, budget, progress) for p in (paths.reference, *others))
+    reference, *scored = (measure(p, tasks, items, budget, progress) for p in (paths.reference, *others))
     candidate, standard = scored[0], scored[1] if paths.standard else None
     margin = margins(budget, config.calibration, reference)
     source = "the checkpoint's calibration" if config.calibration else "the budget's floors (no calibration)"
@@ -493,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             if time.perf_counter() - start > args.seconds:
                 break
             items = Items.draw(tasks, budget, seed, config.data_version)
-            scores[name, seed] = measure(path, model, tasks, items, budget, progress)
+            scores[name, seed] = measure(path, tasks, items, budget, progress)
             report = _report(args, budget, config, scores, candidates, time.perf_counter() - start)
             args.json.write_text(json.dumps(report, indent=1))
     if args.calibrate and report["calibration"]:
@@ -524,7 +515,7 @@ def _report(args, budget: AccuracyBudget, config: AccuracyConfig, scores: dict, 
         failed = [c.name for c in checks if not c.passed]
         report["kernels"][name] = {"status": "FAILED_EVAL" if failed else "PASSED", "failed": failed,
                                    "rows": [dict(zip(table.columns, row)) for row in table.rows],
-                                   "dispatch": path_ops(path).report()["ops"]}
+                                   "dispatch": path.dispatch_counts()}
     return report
 
 

@@ -41,14 +41,14 @@ def subject(device: str):
     budget = config.budget(torch.device(device))
     tasks = Tasks(tokenizer, model.cfg)
     items = accuracy.Items.draw(tasks, budget, 0, config.data_version)
-    reference = accuracy.measure(backend_path(model, "reference"), model, tasks, items, budget, Progress(disable=True))
+    reference = accuracy.measure(backend_path(model, "reference"), tasks, items, budget, Progress(disable=True))
     return model, tasks, items, budget, reference, accuracy.margins(budget, config.calibration, reference)
 
 
 def judged(device: str, path_of) -> list[str]:
     """The metrics on which the path falls below the reference's score minus its margin."""
     model, tasks, items, budget, reference, margin = subject(device)
-    scores = accuracy.measure(path_of(model), model, tasks, items, budget, Progress(disable=True))
+    scores = accuracy.measure(path_of(model), tasks, items, budget, Progress(disable=True))
     checks, _ = accuracy.judge(reference, scores, margin)
     return [c.name for c in checks if not c.passed]
 

@@ -39,9 +39,9 @@ def test_a_registered_kernel_is_the_one_that_runs(tiny_model, tiny_tokenizer, pr
     path = kernel_path(tiny_model, "kda_decode", "tests.adversarial.broken_decode:decay_scaled", "decay")
     tasks = Tasks(tiny_tokenizer, tiny_model.cfg)
     items = Items.draw(tasks, SMALL, 0)
-    broken = measure(path, tiny_model, tasks, items, SMALL, progress)
-    reference = measure(backend_path(tiny_model, "reference"), tiny_model, tasks, items, SMALL, progress)
-    calls = accuracy.path_ops(path).report()["ops"]["kda_decode"]
+    broken = measure(path, tasks, items, SMALL, progress)
+    reference = measure(backend_path(tiny_model, "reference"), tasks, items, SMALL, progress)
+    calls = path.dispatch_counts()["kda_decode"]
     assert calls["specialized"] > 0 and not calls["fallbacks"]
     assert broken["recall_nll@64"] != reference["recall_nll@64"]
 
@@ -50,8 +50,8 @@ def test_version_2_items_add_their_metrics_and_change_no_other(tiny_model, tiny_
     """A data version 2 checkpoint's items add recency and window scores (fed in their own batch); the version 1
     metrics come out the same as without them."""
     tasks, path = Tasks(tiny_tokenizer, tiny_model.cfg), backend_path(tiny_model, "reference")
-    v1 = measure(path, tiny_model, tasks, Items.draw(tasks, SMALL, 0), SMALL, progress)
-    v2 = measure(path, tiny_model, tasks, Items.draw(tasks, SMALL, 0, data_version=2), SMALL, progress)
+    v1 = measure(path, tasks, Items.draw(tasks, SMALL, 0), SMALL, progress)
+    v2 = measure(path, tasks, Items.draw(tasks, SMALL, 0, data_version=2), SMALL, progress)
     assert set(v2) - set(v1) == {"recency@64", "recency_nll@64", "window@64", "window_nll@64"}
     assert {k: v2[k] for k in v1} == v1
     assert 0 <= v2["window@64"] <= 1 and v2["recency_nll@64"] > 0
