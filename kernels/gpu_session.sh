@@ -284,11 +284,14 @@ while [ $# -gt 0 ]; do
       # reference. ~150 s a measurement: `collect` in the calls after brings back $OUT/accuracy.json (rewritten
       # after each measurement) and $OUT/calibration.json (commit its cuda entry into the checkpoint's)
       rm -rf "$RUN/mini_k3_eval" && cp -r model/kimi_k3/train/mini_k3 "$RUN/mini_k3_eval"
+      # ACCURACY_ARGS replaces the calibration run's options, e.g. "--budget gate --seeds 1": the known-bad kernels
+      # judged on the evals gate's own items, its margin (2x the standard's distance on them), in a third the time
       mapfile -t KERNELS < <(python3 -c "from tests.adversarial.broken_decode import BROKEN
 from tests.adversarial.correct_decode import CORRECT
 for name, (op, impl) in {**CORRECT, **BROKEN}.items(): print(f'--kernel={name}={op}={impl}')")
-      start_job accuracy "" python3 -m gates.evals.accuracy --ckpt "$RUN/mini_k3_eval" --device cuda --seeds 2 \
-        --calibrate "${KERNELS[@]}" --json "$RUN/accuracy.json"
+      # shellcheck disable=SC2086  # ACCURACY_ARGS: options, words
+      start_job accuracy "" python3 -m gates.evals.accuracy --ckpt "$RUN/mini_k3_eval" --device cuda \
+        ${ACCURACY_ARGS:---seeds 2 --calibrate} "${KERNELS[@]}" --json "$RUN/accuracy.json"
       collect; shift ;;
     train)
       # the mini-K3 (model/kimi_k3/train/NOTES.md) in the background for $2 minutes: FLA's first compile counts

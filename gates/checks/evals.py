@@ -61,15 +61,6 @@ GPU_BUDGETS = {
 }
 
 
-# The accuracy eval's GPU budget in the gate: `k3forge eval`'s (accuracy.AccuracyConfig.gpu) took ~100 s a path and
-# seed on the H200 before the version 2 items (~50 ms a decode step of 64 sequences, ~2,000 steps); the gate runs
-# three paths after the other evals, so its buckets are shorter (~1,300 steps) and its batches smaller; every metric
-# stays.
-ACCURACY_GPU_BUDGET = accuracy.AccuracyConfig.model_fields["gpu"].default.model_copy(update={
-    "recall_lengths": (256, 512), "recall_per_length": 8, "json_prompts": 16, "short_prompts": 16, "draws": 1024,
-    "recency_lengths": (512,), "recency_per_length": 8, "window_length": 512, "window_prompts": 16})
-
-
 def configs(device: str) -> dict:
     if device == "cpu":
         return {name: gate.config() for name, gate in EVALS.items()}
@@ -79,7 +70,7 @@ def configs(device: str) -> dict:
 def accuracy_config(device: str, ckpt) -> accuracy.AccuracyConfig:
     """The checkpoint's accuracy config (its calibration for this device kind), on the GPU at the gate's budget."""
     config = accuracy.config_for(ckpt, torch.device(device), seed=0)
-    return config if device == "cpu" else config.model_copy(update={"gpu": ACCURACY_GPU_BUDGET})
+    return config if device == "cpu" else config.model_copy(update={"gpu": accuracy.GATE_GPU_BUDGET})
 
 
 def in_budget(ctx: GateContext, start: float, name: str, evaluate: Callable[[], EvalResult]) -> dict:

@@ -127,6 +127,15 @@ class AccuracyConfig(EvalConfig[AccuracyBudget]):
     slack: float = Field(2.0, ge=1)
 
 
+# The accuracy eval's GPU budget in the evals gate: `k3forge eval`'s (AccuracyConfig.gpu) took ~100 s a path and
+# seed on the H200 before the version 2 items (~50 ms a decode step of 64 sequences, ~2,000 steps); the gate runs
+# three paths after the other evals, so its buckets are shorter (~1,300 steps) and its batches smaller; every metric
+# stays.
+GATE_GPU_BUDGET = AccuracyConfig.model_fields["gpu"].default.model_copy(update={
+    "recall_lengths": (256, 512), "recall_per_length": 8, "json_prompts": 16, "short_prompts": 16, "draws": 1024,
+    "recency_lengths": (512,), "recency_per_length": 8, "window_length": 512, "window_prompts": 16})
+
+
 @dataclass(frozen=True)
 class Metric:
     kind: str  # a Floors field
@@ -451,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                                                             f"{CALIBRATION_FILE} (this device kind's entry)")
     p.add_argument("--kernel", action="append", default=[], metavar="NAME=OP=MODULE:FUNCTION",
                    help="judge this implementation as op's kernel (repeatable); latency_specialized always runs")
+    p.add_argument("--budget", choices=("eval", "gate"), default="eval",
+                   help="the items: `k3forge eval`'s budget, or the evals gate's (on the GPU: shorter buckets, so a "
+                        "known-bad kernel is judged on what the gate itself draws)")
     p.add_argument("--seconds", type=float, default=math.inf,
                    help="start no measurement after this long (the report is rewritten after each one)")
     p.add_argument("--json", type=Path, required=True, help="write the report here")
@@ -458,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [spec.split("=", 2) for spec in args.kernel]
     problems = [f"--kernel {s!r}: expected NAME=OP=MODULE:FUNCTION" for s, k in zip(args.kernel, kernels)
                 if len(k) != 3 or ":" not in k[2]]
+    if args.calibrate and args.budget != "eval":
+        problems.append("--calibrate: the calibration is measured at the eval's own budget (--budget eval)")
     if not trained(args.ckpt):
         problems.append(f"--ckpt {args.ckpt}: no {RECORD_FILE}; the accuracy eval needs the trained checkpoint")
     if problems:
@@ -468,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device,
                                        dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
     config = config_for(args.ckpt, device, 0)
+    if args.budget == "gate":
+        config = config.model_copy(update={"gpu": GATE_GPU_BUDGET})
     budget, tasks = config.budget(device), Tasks(tokenizer, model.cfg)
     ref_path, std_path = backend_path(model, "reference"), backend_path(model, "auto")
     candidates = {"latency_specialized": backend_path(model, "latency_specialized")}
