@@ -29,7 +29,8 @@
 # as $OUT/evals.json and $OUT/evals_report/eval_report.{html,md}, every log as $OUT/*.log (EVAL_ARGS adds options:
 # "--kv-cache-dtype fp8" runs them over the FP8 MLA cache, "--only long_context" that eval alone).
 # `accuracy` starts the accuracy eval on the committed mini-K3 as a background job (the GPU calibration and the
-# known-bad kernels; ~25 minutes, so `collect` over several calls; $OUT/accuracy.json, $OUT/calibration.json).
+# known-bad kernels; ~25 minutes, so `collect` over several calls; $OUT/accuracy.json, $OUT/calibration.json);
+# ACCURACY_ARGS="--budget gate --seeds 1" judges them on the evals gate's own items instead (~1/3 of the time).
 # `train MINUTES` starts the mini-K3's training as a background job (the GPU tests may share the GPU with it, the
 # gate and the probes may not: alongside other GPU work it ran at a tenth of its speed); `collect` brings back
 # $OUT/mini_k3. `probes` runs the kernels' timing probes (moe_experts path pairs, mla_decode points, the router's

@@ -455,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gates.evals.accuracy", description=__doc__.split("\n\n")[0])
     p.add_argument("--ckpt", type=Path, default=TRAINED_CKPT, help="the trained checkpoint (default: committed)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="the model's activations (auto: bf16 on a GPU, fp32 on a CPU; bf16 on a CPU rounds as the "
+                        "GPU does, slowly, to see what bf16 hides without one)")
     p.add_argument("--seeds", type=int, default=2, help="eval seeds the reference and standard run on (calibration)")
     p.add_argument("--calibrate", action="store_true", help=f"write the margins into the checkpoint's "
                                                             f"{CALIBRATION_FILE} (this device kind's entry)")
@@ -470,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [spec.split("=", 2) for spec in args.kernel]
     problems = [f"--kernel {s!r}: expected NAME=OP=MODULE:FUNCTION" for s, k in zip(args.kernel, kernels)
                 if len(k) != 3 or ":" not in k[2]]
-    if args.calibrate and args.budget != "eval":
-        problems.append("--calibrate: the calibration is measured at the eval's own budget (--budget eval)")
+    if args.calibrate and (args.budget != "eval" or args.dtype != "auto"):
+        problems.append("--calibrate: the calibration is measured at the eval's own budget and dtype "
+                        "(--budget eval --dtype auto)")
     if not trained(args.ckpt):
         problems.append(f"--ckpt {args.ckpt}: no {RECORD_FILE}; the accuracy eval needs the trained checkpoint")
     if problems:
@@ -479,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch_device(args.device)
     start = time.perf_counter()
-    model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device,
-                                       dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device, dtype=dtype)
     config = config_for(args.ckpt, device, 0)
     if args.budget == "gate":
         config = config.model_copy(update={"gpu": GATE_GPU_BUDGET})
@@ -519,7 +524,7 @@ def _report(args, budget: AccuracyBudget, config: AccuracyConfig, scores: dict, 
     seeds = [s for s in range(args.seeds) if ("reference", s) in scores and ("standard", s) in scores]
     calibration = calibrate([scores["reference", s] for s in seeds], [scores["standard", s] for s in seeds],
                             config.slack) if seeds else {}
-    report = {"ckpt": str(args.ckpt), "device": args.device, "seconds": round(seconds, 1),
+    report = {"ckpt": str(args.ckpt), "device": args.device, "dtype": args.dtype, "seconds": round(seconds, 1),
               "budget": budget.model_dump(), "calibration": calibration, "kernels": {}}
     reference = scores.get(("reference", 0))
     for name, path in candidates.items():

@@ -85,3 +85,20 @@ def test_random_weights_are_not_judged(capsys):
     code = main(["eval", "--preset", "tiny", "--only", "accuracy", "--json"])
     (result,) = json.loads(capsys.readouterr().out)["results"]
     assert code == 0 and result["status"] == "NOT_RUN" and "trained checkpoint" in result["reason"]
+
+
+@pytest.mark.parametrize("options", [["--budget", "gate"], ["--dtype", "bfloat16"]])
+def test_the_cli_refuses_a_calibration_off_its_own_budget_and_dtype(options, capsys, tmp_path):
+    """calibration.json holds a device kind's margins at the eval's own budget and dtype: a calibration measured on
+    the gate's items or a bf16 run on a CPU must not replace them (one line, before any model loads)."""
+    assert accuracy.main([*options, "--calibrate", "--json", str(tmp_path / "a.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --calibrate") and "\n" not in err and not (tmp_path / "a.json").exists()
+
+
+def test_the_gate_budget_is_the_evals_gates_own():
+    from gates.checks.evals import accuracy_config
+
+    gpu = accuracy_config("cuda", accuracy.TRAINED_CKPT)
+    assert gpu.gpu == accuracy.GATE_GPU_BUDGET and gpu.cpu == AccuracyConfig().cpu
+    assert max(accuracy.GATE_GPU_BUDGET.recall_lengths) < max(AccuracyConfig().gpu.recall_lengths)
