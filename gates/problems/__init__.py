@@ -33,8 +33,11 @@ from kernels.sources import REPO_ROOT
 from model.kimi_k3.ops.op import Cost
 
 # Inputs a shortcut can't fit: normal, heavy-tailed (Student-t, 2 degrees of freedom), large magnitude, and a
-# batch mixing all three row by row (well- and ill-conditioned sequences in one step).
+# batch mixing all three row by row with every fourth row zero (well- and ill-conditioned sequences in one step, and
+# the rows a serving engine pads a batch with, a fresh sequence's state: a norm or a division without its guard
+# makes NaN there and nowhere else).
 DISTRIBUTIONS = ("normal", "heavy_tailed", "large", "mixed")
+MIXED_PARTS = ("normal", "heavy_tailed", "large", "zero")
 LARGE_SCALE = 64.0
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -229,8 +232,8 @@ def bench_point(contract: Contract, problem: Problem, point: BenchPoint) -> Poin
 
 
 def part_distribution(dist: str, i: int) -> str:
-    """The distribution of part i of a draw: for "mixed", the others in turn (`sample`'s rows, a cache's slots)."""
-    return DISTRIBUTIONS[i % 3] if dist == "mixed" else dist
+    """The distribution of part i of a draw: for "mixed", MIXED_PARTS in turn (`sample`'s rows, a cache's slots)."""
+    return MIXED_PARTS[i % len(MIXED_PARTS)] if dist == "mixed" else dist
 
 
 def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
@@ -238,6 +241,8 @@ def sample(shape: tuple[int, ...], dist: str, gen: torch.Generator, dtype: torch
     if dist == "mixed":
         rows = [sample(shape[1:], part_distribution(dist, i), gen, torch.float32) for i in range(shape[0])]
         return torch.stack(rows).to(dtype) if rows else torch.empty(shape, dtype=dtype)
+    if dist == "zero":  # a part of "mixed" only
+        return torch.zeros(shape, dtype=dtype)
     if dist == "heavy_tailed":
         return student_t2(shape, gen).to(dtype)
     if dist not in ("normal", "large"):

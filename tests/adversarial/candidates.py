@@ -107,6 +107,14 @@ def nan_on_large_inputs(proj, conv_state, ssm_state, slots, w):
     return (out.float() * naive / torch.sigmoid(g)).to(out.dtype)
 
 
+def scales_rows_without_a_floor(proj, conv_state, ssm_state, slots, w):
+    """Scales each token's projection row by its largest magnitude and back (the per-token dynamic scale of an FP8
+    fast path, here lossless) with no floor for a row that is all zeros: 0 / 0 is NaN for exactly the rows a serving
+    engine pads its batches with."""
+    amax = proj.float().abs().amax(-1, keepdim=True)
+    return kda_decode((proj.float() / amax * amax).to(proj.dtype), conv_state, ssm_state, slots, w)
+
+
 def fails_at_batch_edge(proj, conv_state, ssm_state, slots, w):
     """Claims batch 1-8 but handles at most 7 sequences (an off-by-one in its grid): the 8th gets zeros."""
     n = min(proj.shape[0], 7)

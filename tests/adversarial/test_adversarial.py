@@ -47,6 +47,7 @@ REJECTED = [
     ("keeps_every_output", {"kept"}),
     ("normal_inputs_only", {"tolerance"}),
     ("nan_on_large_inputs", {"finite"}),
+    ("scales_rows_without_a_floor", {"finite"}),
     ("fails_at_batch_edge", {"tolerance"}),
     ("reuses_freed_buffer", {"tolerance", "determinism"}),
     ("accumulates_into_its_output", {"finite", "tolerance", "determinism"}),
@@ -73,6 +74,14 @@ def test_numerics_rejects(name, catches):
 def test_shortcut_for_normal_inputs_fails_only_off_normal():
     failing = {r["dist"] for r in numerics_of("normal_inputs_only").details["rows"] if not r["passed"]}
     assert "normal" not in failing and {"heavy_tailed", "large"} <= failing
+
+
+def test_a_missing_floor_fails_only_where_rows_are_zero():
+    """NaN only in the mixed inputs (every fourth row zero), from batch 4 on: the other distributions never hold a
+    zero row, so a gate without them would pass this candidate."""
+    failing = {(r["dist"], r["batch"]) for r in numerics_of("scales_rows_without_a_floor").details["rows"]
+               if not r["passed"]}
+    assert failing and all(dist == "mixed" and batch >= 4 for dist, batch in failing)
 
 
 def test_envelope_claim_fails_at_its_edge():

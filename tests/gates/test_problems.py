@@ -77,8 +77,9 @@ def test_distributions_differ():
     normal, heavy, large = (sample((100_000,), d, gen(), torch.float32) for d in ("normal", "heavy_tailed", "large"))
     assert heavy.abs().max() > 10 * normal.abs().max()
     assert large.std() == pytest.approx(64, rel=0.05)
-    mixed = sample((6, 1000), "mixed", gen(), torch.float32)
-    assert mixed[2].std() > 10 * mixed[0].std()  # rows alternate normal, heavy-tailed, large
+    mixed = sample((8, 1000), "mixed", gen(), torch.float32)
+    assert mixed[2].std() > 10 * mixed[0].std()  # rows cycle normal, heavy-tailed, large, zero
+    assert [bool(row.any()) for row in mixed] == [True, True, True, False] * 2
 
 
 def test_heavy_tailed_is_student_t_with_two_degrees_of_freedom():
