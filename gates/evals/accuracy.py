@@ -112,13 +112,16 @@ class AccuracyConfig(EvalConfig[AccuracyBudget]):
                                          recency_lengths=(256,), recency_per_length=4, window_length=256,
                                          window_prompts=4,
                                          floors=Floors(accuracy=1 / 32, nll=1e-5, tv=0.01))
-    # H200, bf16: 64 sequences step together (the KDA kernel's whole batch envelope); the floors are for an
-    # uncalibrated checkpoint, the calibration's margins replace them where larger.
+    # H200, bf16: 64 sequences step together (the KDA kernel's whole batch envelope); the calibration's margins
+    # replace the floors where larger. The NLL and TV floors are ~7x and ~4x the most that any right path moved a score
+    # on the GPU at the gate's budget (session 30, an H100 in bf16: the contracted CuTe KDA kernel 7.5e-4 nats, the
+    # step in float64 3.3e-4, the standard path 4.9e-4 nats and 1.4e-3 TV); the expert off by one moves recency NLL
+    # by 9e-3 and the pick TVs by 6e-3 to 1.4e-2. The guess they replace (0.02) let that kernel pass.
     gpu: AccuracyBudget = AccuracyBudget(recall_lengths=(256, 512, 1024, 2048), recall_per_length=16,
                                          recall_pairs=16, json_prompts=32, short_prompts=32, draws=2048,
                                          recency_lengths=(512, 1024), recency_per_length=16, recency_keys=8,
                                          window_length=1024, window_prompts=32,
-                                         floors=Floors(accuracy=1 / 64, nll=0.02, tv=0.02))
+                                         floors=Floors(accuracy=1 / 64, nll=0.005, tv=0.005))
     trained: bool = Field(True, description="the subject is a trained checkpoint (random weights score nothing)")
     data_version: int = Field(1, ge=1, description="the data the checkpoint was trained on (training.json); the "
                                                    "recency and windowed-count items from version 2 on")

@@ -74,8 +74,9 @@ def test_kda_steps_right_by_construction_pass_on_cpu(name):
 
 
 # the broken kernels the checkpoint's GPU budget cannot see (see the module doc)
-UNSEEN_ON_GPU = pytest.mark.xfail(strict=True, reason="bf16 floors of 0.02 nats: a 1 % decay error or fp16 state "
-                                                      "rounding moves no score past them (train/NOTES.md, run 2)")
+UNSEEN_ON_GPU = pytest.mark.xfail(strict=True, reason="in bf16 a 1 % decay error or fp16 state rounding moves no "
+                                                      "score further than a right kernel's rounding does "
+                                                      "(train/NOTES.md, session 30)")
 
 
 @pytest.mark.parametrize("name", sorted(n for n, (op, _) in BROKEN.items() if op == "kda_decode"))
