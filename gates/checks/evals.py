@@ -69,8 +69,7 @@ def configs(device: str) -> dict:
 
 def accuracy_config(device: str, ckpt) -> accuracy.AccuracyConfig:
     """The checkpoint's accuracy config (its calibration for this device kind), on the GPU at the gate's budget."""
-    config = accuracy.config_for(ckpt, torch.device(device), seed=0)
-    return config if device == "cpu" else config.model_copy(update={"gpu": accuracy.GATE_GPU_BUDGET})
+    return accuracy.gate_config(ckpt, torch.device(device))
 
 
 def in_budget(ctx: GateContext, start: float, name: str, evaluate: Callable[[], EvalResult]) -> dict:

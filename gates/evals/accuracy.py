@@ -424,6 +424,11 @@ def config_for(ckpt: str | Path | None, device: torch.device, seed: int) -> Accu
     return AccuracyConfig(seed=seed, calibration=calibration, trained=trained(ckpt), data_version=data_version(ckpt))
 
 
+def gate_config(ckpt: str | Path | None, device: torch.device) -> AccuracyConfig:
+    """`config_for` at the evals gate's budget (GATE_GPU_BUDGET on a GPU; a CPU's budget is the eval's own)."""
+    return config_for(ckpt, device, seed=0).model_copy(update={"gpu": GATE_GPU_BUDGET})
+
+
 def default_ckpt() -> Path | None:
     """The committed trained checkpoint, when the tree has it."""
     return TRAINED_CKPT if trained(TRAINED_CKPT) else None
@@ -489,9 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype != "auto" else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
     model, tokenizer, _ = load_subject(ckpt=args.ckpt, device=device, dtype=dtype)
-    config = config_for(args.ckpt, device, 0)
-    if args.budget == "gate":
-        config = config.model_copy(update={"gpu": GATE_GPU_BUDGET})
+    config = gate_config(args.ckpt, device) if args.budget == "gate" else config_for(args.ckpt, device, 0)
     budget, tasks = config.budget(device), Tasks(tokenizer, model.cfg)
     ref_path, std_path = backend_path(model, "reference"), backend_path(model, "auto")
     candidates = {"latency_specialized": backend_path(model, "latency_specialized")}
