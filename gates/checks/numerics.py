@@ -65,7 +65,8 @@ CHECKS = {
     "fresh": "outputs in memory of their own each call (not memory an earlier call returned, still held)",
     "bounds": "no write outside the tensors the call was given (canary zones on both sides of each)",
     "process": "leaves the process as it found it (default dtype and device, grad mode, matmul precision, RNG streams)",
-    "determinism": "bitwise identical over runs (after the reference, after poisoned memory)",
+    "determinism": "bitwise identical over runs (after the reference, after poisoned memory, other bytes around "
+                   "each tensor)",
     "trajectory": "outputs and final state over consecutive steps",
     "repeat": "a repeated input with an evolved state (no stale cached result)",
     "late": "the same outputs after many calls (no warm-up phase, no call counter)",
@@ -187,7 +188,8 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
             for name, d in run["outputs"] + run["states"]:
                 if name in base and d != base[name]:
                     findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
-                                 "reference's freed result; this run followed poisoned memory)")
+                                 "reference's freed result; this run followed poisoned memory, with other bytes "
+                                 "around every tensor: a result that reads past its tensors differs too)")
         for name, d in run["inputs"]:
             if d != pristine.get(name):
                 findings.add("mutation", f"{at}: input {name} changed")

@@ -267,7 +267,14 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
 
 
 GUARD_BYTES = 4096  # the least canary zone on each side of an argument tensor (a multiple of any alignment asked)
-CANARY = 0xA5  # every byte of a zone
+CANARY = 0xA5  # every byte of a zone, unless a run asks for another (CANARIES)
+# The zones' byte in run r of an input (run_cases): bytes a kernel reads past its tensors must change its result, so
+# each run puts other bytes there and the runs' outputs must still agree bit for bit. 0xA5 reads as about -3e-16 in
+# bf16 and fp32 (as good as the zeros a padding row is assumed to hold); 0xFF is NaN in every float format and -1
+# as an integer; 0x7F is 3.4e38 in bf16 and fp32, NaN in fp16 and e4m3, a large positive integer; 0x01 a tiny
+# positive subnormal. A masked over-read (NaN x 0 is NaN, a huge value added then subtracted is not the value) or
+# an index read past an integer tensor then shows in some run even where another run's bytes look like padding.
+CANARIES = (CANARY, 0xFF, 0x7F, 0x01)
 
 
 class Guards:
@@ -280,6 +287,14 @@ class Guards:
 
     def __init__(self) -> None:
         self.zones: dict[int, tuple[torch.Tensor, int, int]] = {}  # id(view) -> (buffer, start, end) in bytes
+        self.canary = CANARY  # the byte every zone holds now
+
+    def refill(self, canary: int) -> None:
+        """Every zone filled with `canary`, which `overruns` then checks for."""
+        self.canary = canary
+        for buffer, start, end in self.zones.values():
+            buffer[:start].fill_(canary)
+            buffer[end:].fill_(canary)
 
     def place(self, obj: Any) -> Any:
         """A copy of `obj` with every tensor placed between canary zones."""
@@ -290,7 +305,7 @@ class Guards:
         item, extent = copy.element_size(), copy.untyped_storage().nbytes()  # a fresh copy spans its storage
         slice_bytes = copy.stride(0) * item if copy.dim() else 0
         zone = -(-max(GUARD_BYTES, slice_bytes) // GUARD_BYTES) * GUARD_BYTES
-        buffer = torch.full((zone + extent + zone,), CANARY, dtype=torch.uint8, device=copy.device)
+        buffer = torch.full((zone + extent + zone,), self.canary, dtype=torch.uint8, device=copy.device)
         view = torch.empty(0, dtype=copy.dtype, device=copy.device).set_(
             buffer.untyped_storage(), zone // item, copy.shape, copy.stride())
         _ORIGINAL["torch.Tensor.copy_"](view, copy)
@@ -307,11 +322,11 @@ class Guards:
                     continue
                 buffer, start, end = placed
                 for side, zone in (("before", buffer[:start]), ("after", buffer[end:])):
-                    changed = int((zone != CANARY).sum())
+                    changed = int((zone != self.canary).sum())
                     if changed:
                         found.append(f"{changed} byte(s) {side} {name} changed: a write outside the tensors the "
                                      "call was given")
-                        zone.fill_(CANARY)
+                        zone.fill_(self.canary)
         return found
 
 
@@ -331,7 +346,8 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     """Every case of one envelope point on persistent buffers (same pointers, fresh contents, as a serving engine
     calls a kernel; one set per layout, see persistent_buffers). Run 0 follows the reference in this process,
     whose result has just been freed, and returns its tensors; the other runs follow poisoned memory and return
-    digests, which must match run 0's bit for bit."""
+    digests, which must match run 0's bit for bit. Run r's canary zones hold CANARIES[r]: a result that depends on
+    bytes past its tensors differs between the runs."""
     ref = load(reference, trusted=True)
     fn = load(candidate)
     pool: list = []
@@ -343,6 +359,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
         keep: list = []
         per_run = []
         for r in range(runs):
+            guards.refill(CANARIES[r % len(CANARIES)])
             copy_into(buffers, pristine)
             if r == 0:
                 ref(*clone(pristine))  # its result is freed right here: the trap a candidate must not fall into

@@ -232,6 +232,15 @@ def writes_past_its_state(proj, conv_state, ssm_state, slots, w):
     return out
 
 
+def reads_past_its_input(proj, conv_state, ssm_state, slots, w):
+    """Right wherever the bytes after the projection are zeros or tiny: a vectorized load of its last row reads 8
+    elements past the end (no bound check) and masks them by multiplying with zero. NaN x 0 is NaN: on a GPU the
+    memory there is another tensor's, and whatever it holds leaks into every output."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    flat = proj.new_empty(0).set_(proj.untyped_storage(), proj.storage_offset(), (proj.numel() + 8,), (1,))
+    return (out.float() + flat[proj.numel():].float().sum() * 0.0).to(out.dtype)
+
+
 def reseeds_the_rng(proj, conv_state, ssm_state, slots, w):
     """Right outputs and state; it seeds torch's global RNG on every call (for a reproducible stochastic rounding
     it never applies): in a serving process every later sample then repeats the same draws."""

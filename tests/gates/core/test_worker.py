@@ -54,6 +54,25 @@ def test_guarded_tensors_keep_their_layout_and_contents_and_report_writes_outsid
     assert guards.overruns(placed, names) == []  # the zones are whole again: the next call answers for itself
 
 
+def test_each_run_puts_other_bytes_around_the_tensors():
+    """run_cases refills the zones before each run, so what a call reads past its tensors changes from run to run,
+    and a write is still found against the byte the zones hold now."""
+    guards = worker.Guards()
+    placed = guards.place((torch.zeros(4),))
+    names = ["x"]
+    buffer, start, end = guards.zones[id(placed[0])]
+    seen = []
+    for canary in worker.CANARIES:
+        guards.refill(canary)
+        assert bool((buffer[:start] == canary).all()) and bool((buffer[end:] == canary).all())
+        assert torch.equal(placed[0], torch.zeros(4)) and guards.overruns(placed, names) == []
+        seen.append(placed[0].new_empty(0).set_(placed[0].untyped_storage(), placed[0].storage_offset() + 4, (1,),
+                                                (1,)).item())
+    assert len(set(map(repr, seen))) == len(worker.CANARIES) and any(v != v for v in seen)  # NaN among them
+    buffer[end] = 0  # a write past the end, against the last canary
+    assert len(guards.overruns(placed, names)) == 1
+
+
 def test_a_zone_is_at_least_one_slice_of_the_leading_dimension():
     """A cache slot is 64 KiB: a write to the slot one past the end lands inside the zone after the cache."""
     guards = worker.Guards()
