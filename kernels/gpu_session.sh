@@ -52,8 +52,17 @@
 # multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, exported
 # here and set again in every TP rank): on these shared machines a program using it can take the host's GPUs
 # out of service.
+#
+# A branch's code on the device: `git diff main...BRANCH > device.patch` here and carry `device.patch` (ignored, so
+# never committed by accident); this script applies it to the call's copy of the tree before anything runs (the
+# device tool copies the tree afresh at every call, so carry it in every call that runs the branch's code; jobs
+# started then run their own copy of the patched tree). A patch that does not apply stops the call.
 set -u
 OUT=${OUT:-/tmp/out}
+if [ -f device.patch ]; then
+  patch -p1 -s --forward < device.patch || { echo "device.patch does not apply to this tree" >&2; exit 2; }
+  rm device.patch
+fi
 # Every call needs the wheels on PYTHONPATH and Triton's cache dir: a call that did not source the installer itself
 # (an easy slip between back-to-back calls) gets them here instead of failing on `import cutlass` minutes in.
 if [ -z "${TRITON_CACHE_DIR:-}" ] || ! python3 -c "import cutlass" 2>/dev/null; then
