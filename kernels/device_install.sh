@@ -19,18 +19,19 @@ for count in "$WH"/*.parts; do
   # shellcheck disable=SC2086 # the parts' names are words
   ls $parts >/dev/null 2>&1 && cat $parts > "$whl" && rm -f $parts "$count"
 done
-# complete wheels only (a lone .part00 is not matched by *.whl); --upgrade replaces an earlier install;
-# a later call on the same warm machine with the same wheels skips the install
-if [ "$(ls "$WH"/*.whl 2>/dev/null)" != "$(cat "$SITE/.k3forge-wheels" 2>/dev/null)" ]; then
+export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# what the wheels here must make importable (the compiler only where its wheel has arrived)
+modules="fla, pydantic, jsonschema"
+ls "$WH"/nvidia_cutlass_dsl-*.whl >/dev/null 2>&1 && modules="cutlass, $modules"
+# complete wheels only (a lone .part00 is not matched by *.whl); --upgrade replaces an earlier install. A later call
+# on the same warm machine with the same wheels skips the install, unless one of them does not import once every
+# part is in (session 31: an install left pydantic out while cutlass and fla imported, and the tests' conftest
+# failed minutes later)
+if [ "$(ls "$WH"/*.whl 2>/dev/null)" != "$(cat "$SITE/.k3forge-wheels" 2>/dev/null)" ] ||
+  { ! ls "$WH"/*.part?? >/dev/null 2>&1 && ls "$WH"/*.whl >/dev/null 2>&1 &&
+    ! python3 -c "import $modules" 2>/dev/null; }; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl &&
     ls "$WH"/*.whl > "$SITE/.k3forge-wheels"
-fi
-export PYTHONPATH="$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# every part has arrived but a wheel does not import: install them all once more (session 31: one install left
-# pydantic out while cutlass and fla imported, and the tests' conftest failed minutes later)
-if ! ls "$WH"/*.part?? >/dev/null 2>&1 && ls "$WH"/*.whl >/dev/null 2>&1 &&
-  ! python3 -c "import cutlass, fla, pydantic, jsonschema" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" "$WH"/*.whl
 fi
 python3 -c "import cutlass, fla; print('cutlass', cutlass.__version__, 'fla', fla.__version__)" 2>&1 | tail -1
 # Triton's cache, with autotuning results (FLA's chunked KDA autotunes for ~6 minutes on a fresh machine): in
