@@ -216,6 +216,7 @@ def _errors(checks: list[list[TensorCheck]], state_names: set[str]) -> dict:
         "close_fraction": min((c.close_fraction for c in outs), default=1.0),
         "rel_l2": max((c.rel_l2 for c in outs), default=0.0),
         "state_rel_l2": max((c.rel_l2 for c in states), default=0.0),
+        "systematic": max((c.systematic for c in outs + states), default=0.0),
     }
 
 
@@ -564,6 +565,7 @@ class RecordedErrors(BaseModel):
     close_fraction: float = Field(ge=0, le=1)
     rel_l2: NonNegativeFloat | None
     state_rel_l2: NonNegativeFloat | None
+    systematic: NonNegativeFloat | None = None  # bundles before session 32 lack it
 
 
 class RecordedRow(RecordedErrors):

@@ -278,3 +278,11 @@ def keeps_every_output(proj, conv_state, ssm_state, slots, w):
     out = kda_decode(proj, conv_state, ssm_state, slots, w)
     _history.append(out.clone())
     return out
+
+
+def scale_folded_slightly_off(proj, conv_state, ssm_state, slots, w):
+    """Right but for a constant folded 0.3 % high (an output scale rounded up): inside every per-element bound and
+    the norm bound, yet every output moves the same way, and 93 layers compound it."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return (out.float() * 1.003).to(out.dtype)
+

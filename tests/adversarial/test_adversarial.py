@@ -57,6 +57,7 @@ REJECTED = [
     ("reads_past_its_input", {"determinism"}),
     ("reseeds_the_rng", {"process"}),
     ("lowers_matmul_precision", {"process"}),
+    ("scale_folded_slightly_off", {"tolerance"}),
 ]
 
 
@@ -90,6 +91,16 @@ def test_a_read_past_the_input_is_caught_though_the_first_run_is_right():
     (NaN, 3.4e38, a subnormal) make it differ, which a single canary byte would never show."""
     result = numerics_of("reads_past_its_input")
     assert not {"tolerance", "finite", "bounds"} & failed_checks(result), failed_checks(result)
+
+
+def test_a_scale_off_inside_every_bound_is_caught_only_as_systematic():
+    """0.3 % high in every element: about a third of a tolerance unit, under half the norm bound, so each failure
+    is the systematic-error bound's (compare.SYSTEMATIC_SHARE) and no other."""
+    result = numerics_of("scale_folded_slightly_off")
+    examples = [e for c in result.details["checks"] if not c["passed"] for e in c["examples"]]
+    assert examples and all("systematic error" in e for e in examples), examples
+    rows = result.details["rows"]
+    assert max(r["max_units"] for r in rows) < 1 and max(r["rel_l2"] for r in rows) < 5e-3
 
 
 def test_envelope_claim_fails_at_its_edge():

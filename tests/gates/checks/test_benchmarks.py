@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 
 from gates.checks import benchmarks
 from gates.checks.benchmarks import judge_point, time_point, timing
@@ -301,13 +302,16 @@ def test_a_candidate_whose_timed_outputs_ignore_their_inputs_fails_the_spot_chec
 
 def _standard_off_by(rel: float) -> tuple:
     """The CPU example attn_res's first benchmark point on one input set, and the reply of a standard whose output
-    is the reference's off by `rel` (relative, every element)."""
+    is the reference's off by `rel` (relative, every element, up or down at random as rounding goes: a uniform
+    scale would be a systematic error, compare.systematic_fit)."""
     contract = load_contract(CPU_EXAMPLE)
     problem = load_problem("attn_res")
     point = bench_point(contract, problem, contract.benchmark.points[0])
     expected = [reference_run(problem, problem.generate_input(point, 0, "normal"), arg_names(problem.reference),
                               "cpu")]
-    replies = [{"problems": [], "outputs": [(n, t * (1 + rel)) for n, t in expected[0].outputs], "states": []}]
+    gen = torch.Generator().manual_seed(0)
+    replies = [{"problems": [], "states": [], "outputs": [
+        (n, t * (1 + rel * (torch.randint(0, 2, t.shape, generator=gen) * 2 - 1))) for n, t in expected[0].outputs]}]
     return problem, contract, point, replies, expected
 
 
