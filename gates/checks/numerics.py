@@ -62,7 +62,8 @@ CHECKS = {
     "state": "state updated in place within tolerance",
     "mutation": "other inputs left untouched",
     "aliasing": "outputs share no memory with inputs",
-    "fresh": "outputs in memory of their own each call (not memory an earlier call returned, still held)",
+    "fresh": "outputs in memory of their own each call (not memory an earlier call returned, still held), and the "
+             "earlier calls' outputs left as they were",
     "bounds": "no write outside the tensors the call was given (canary zones on both sides of each)",
     "process": "leaves the process as it found it (default dtype and device, grad mode, matmul precision, RNG streams)",
     "determinism": "bitwise identical over runs (after the reference, after poisoned memory, other bytes around "
@@ -170,6 +171,7 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
     first: list[TensorCheck] = []
     base: dict[str, str] = {}
     held: list[tuple[str, int, int]] = []  # earlier runs' outputs: (name, storage pointer, bytes)
+    returned: dict[int, dict[str, str]] = {}  # each run's output digests as it returned them
     for r, run in enumerate(runs):
         at = f"{where}, run {r + 1}"
         if "raised" in run:
@@ -200,6 +202,12 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
         for pair in _overlaps(run["output_storage"], held):
             findings.add("fresh", f"{at}: {pair}, which the caller still holds: a later call overwrites an earlier "
                          "result under a caller still reading it")
+        for k, name, d in run.get("earlier_outputs", []):
+            if d != returned.get(k, {}).get(name, d):
+                findings.add("fresh", f"{at}: run {k + 1}'s {name} changed during this call, though the caller still "
+                             "holds it: a call that writes into an earlier result (kept as its workspace) corrupts "
+                             "what serving keeps for later layers")
+        returned[r] = {n: d if isinstance(d, str) else digest(d) for n, d in run["outputs"]}
         held += [(f"run {r + 1}'s {name}", ptr, size) for name, ptr, size in run["output_storage"]]
     return first
 

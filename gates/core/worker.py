@@ -357,6 +357,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
         pristine = clone(case.args, device)
         buffers = persistent_buffers(pool, pristine, guards)
         keep: list = []
+        kept_runs: list[int] = []  # the run of each object in `keep` (a run that raised returned none)
         per_run = []
         for r in range(runs):
             guards.refill(CANARIES[r % len(CANARIES)])
@@ -367,6 +368,11 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
                 poison(output_specs, device)
             per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
             per_run[-1]["overruns"] = guards.overruns(buffers, names)
+            # what the earlier runs returned, as it is now: the caller still holds it (serving keeps a layer's
+            # output for later layers: a residual, an AttnRes block), so a call must not write there
+            per_run[-1]["earlier_outputs"] = [(k, n, _tensor_digest(t)) for k, out in zip(kept_runs, keep)
+                                              for n, t in leaves(out, "out") if type(t) is torch.Tensor]
+            kept_runs += [r] if len(keep) > len(kept_runs) else []
         results.append(per_run)
         del keep
     return {"cases": results}

@@ -43,6 +43,7 @@ REJECTED = [
     ("mutates_input", {"mutation"}),
     ("aliases_input", {"aliasing"}),
     ("returns_its_buffer", {"fresh"}),
+    ("scratches_its_last_output", {"fresh"}),
     ("keeps_prepared_weights", {"kept"}),
     ("keeps_every_output", {"kept"}),
     ("normal_inputs_only", {"tolerance"}),
