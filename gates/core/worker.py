@@ -58,6 +58,7 @@ GUARDED = {
     "torch.save": (torch, "save"),
     "torch.randint": (torch, "randint"),  # redraw_'s factors: patched to a constant, every replay would repeat
     "torch.cuda.memory_allocated": (torch.cuda, "memory_allocated"),  # held_bytes: what the calls keep
+    "torch.cuda.empty_cache": (torch.cuda, "empty_cache"),  # poison: the allocator's cache refilled with poison
     "gc.collect": (gc, "collect"),
     "gc.get_objects": (gc, "get_objects"),
 }
@@ -65,6 +66,14 @@ if cuda_runtime is not None:  # what the benchmarks read and release the L2 set-
     GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in L2_CALLS})
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
+# Scratch a candidate allocates for itself (split-K partials, arrival counters) comes from the caching allocator too.
+# Memory fresh from the driver reads as zeros, so in a fresh process scratch assumed zeroed (partials accumulated
+# with atomics into torch.empty, a semaphore never cleared) is right, and wrong in serving, where the memory was
+# used before. On a GPU, poison() first returns every free cached block to the driver, then caches one block of the
+# large pool (later requests up to its size are split from it) and enough 1 MiB blocks to fill SMALL_POOL_BYTES of
+# the small pool's 2 MiB segments, all 0xFF: NaN in every float format, -1 in every integer.
+SCRATCH_POISON_BYTES = 1 << 30
+SMALL_POOL_BYTES, SMALL_BLOCK_BYTES = 64 << 20, 1 << 20
 # The code that serves a request in this process: the worker, what it copies, digests and times with, and the loader
 # of entry points. Its functions, classes and tables are fingerprinted when this module loads, before any candidate
 # import; so are the reference's and standard's modules, loaded before the candidate (load(trusted=True)).
@@ -257,8 +266,13 @@ def poison_value(dtype: torch.dtype) -> float | int | bool:
 
 def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> None:
     """Fill freed memory of each output's size with NaN (or the max integer): an output the candidate does not
-    write then reads as poison, not as whatever result last lived there."""
+    write then reads as poison, not as whatever result last lived there. On a GPU the allocator's whole cache is
+    poison first (SCRATCH_POISON_BYTES): so is scratch the candidate allocates."""
     held = []
+    if device == "cuda":
+        _ORIGINAL["torch.cuda.empty_cache"]()
+        sizes = [SCRATCH_POISON_BYTES] + [SMALL_BLOCK_BYTES] * (SMALL_POOL_BYTES // SMALL_BLOCK_BYTES)
+        held += [torch.full((n,), 0xFF, dtype=torch.uint8, device=device) for n in sizes]
     for shape, dtype in specs:
         for _ in range(POISON_COPIES):
             held.append(torch.full(shape, poison_value(dtype), dtype=dtype, device=device))

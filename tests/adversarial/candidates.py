@@ -177,6 +177,18 @@ def ignores_the_stream(proj, conv_state, ssm_state, slots, w):
         return kda_decode(proj, conv_state, ssm_state, slots, w)
 
 
+
+def trusts_fresh_scratch(proj, conv_state, ssm_state, slots, w):
+    """GPU: accumulates its result into scratch from torch.empty and clears the scratch when done (the arrival
+    counters a split-K kernel resets for its next launch), never before its first use: memory fresh from the driver
+    reads as zeros and the allocator hands the cleared block back next call, so it is right in a fresh process; in
+    serving the block was some other op's, and the first call adds its garbage."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    scratch = torch.empty(3 << 20, dtype=torch.float32, device=proj.device)[: out.numel()]
+    result = (scratch + out.float().reshape(-1)).reshape(out.shape).to(out.dtype)
+    scratch.zero_()
+    return result
+
 def one_state_element_off(proj, conv_state, ssm_state, slots, w):
     """Right output; one element of the first sequence's new state 8 % off, as a bf16 rounding flip upstream of
     a decay moves it (about 5 tolerance units at rtol 1.6e-2)."""

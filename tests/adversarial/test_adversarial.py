@@ -178,6 +178,15 @@ def test_two_calls_at_once_on_two_streams_must_equal_each_call_alone(name):
 
 
 @pytest.mark.gpu
+def test_scratch_trusted_to_start_zeroed_is_caught_on_the_gpu():
+    """Right in a fresh process and in every later call on the block it cleared; the runs after poison hand it a
+    poisoned block (worker.poison empties the allocator's cache and refills it), as serving hands it a used one."""
+    result = numerics_of("trusts_fresh_scratch")
+    assert result.status is Status.FAILED_NUMERICS, result.reason
+    assert {"determinism", "finite", "tolerance"} & failed_checks(result), failed_checks(result)
+
+
+@pytest.mark.gpu
 def test_a_candidate_wrong_only_in_cuda_graphs_fails_the_production_replay_and_the_benchmarks_recheck():
     """Right in every eager call under the gate; the numerics' production replay (the dispatcher's CUDA graphs, in a
     process without the gate) differs bitwise from those calls, and what the benchmarks' replays computed is compared

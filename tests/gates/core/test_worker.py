@@ -1,4 +1,5 @@
 """The candidate's process: persistent buffers across cases that differ in shape (an MLA cache of another context)."""
+import pytest
 import torch
 
 from gates.core import worker
@@ -94,3 +95,16 @@ def test_poison_reads_as_poison_in_every_dtype():
     args = (torch.zeros(3), (torch.zeros(2, dtype=torch.int32), torch.zeros(1, dtype=torch.bool)), 1.5)
     worker.poison_(args)
     assert args[0].isnan().all() and (args[1][0] == torch.iinfo(torch.int32).max).all() and args[1][1].all()
+
+
+@pytest.mark.gpu
+def test_scratch_allocated_after_poison_reads_poison():
+    """Memory fresh from the driver reads as zeros, which hides a kernel that never clears its scratch: after
+    poison() every size the allocator serves, from both pools, comes from a poisoned block."""
+    torch.empty(3 << 20, dtype=torch.uint8, device="cuda").zero_()  # a cached block that poison must not leave
+    worker.poison([((16,), torch.float32)], "cuda")
+    for nbytes in (256, 4096, 1 << 20, 3 << 20, 100 << 20):
+        scratch = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        assert bool((scratch == 0xFF).all()), nbytes
+        del scratch
+    assert torch.empty(16, device="cuda").isnan().all()
