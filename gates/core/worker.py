@@ -59,19 +59,21 @@ GUARDED = {
     "torch.randint": (torch, "randint"),  # redraw_'s factors: patched to a constant, every replay would repeat
     "torch.cuda.memory_allocated": (torch.cuda, "memory_allocated"),  # held_bytes: what the calls keep
     "torch.cuda.empty_cache": (torch.cuda, "empty_cache"),  # poison: the allocator's cache refilled with poison
+    "torch.cuda.memory_snapshot": (torch.cuda, "memory_snapshot"),  # poison: the free blocks it keeps
     "gc.collect": (gc, "collect"),
     "gc.get_objects": (gc, "get_objects"),
 }
 if cuda_runtime is not None:  # what the benchmarks read and release the L2 set-aside with
-    GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in L2_CALLS})
+    GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in (*L2_CALLS, "cudaMemset")})
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
 # Scratch a candidate allocates for itself (split-K partials, arrival counters) comes from the caching allocator too.
 # Memory fresh from the driver reads as zeros, so in a fresh process scratch assumed zeroed (partials accumulated
 # with atomics into torch.empty, a semaphore never cleared) is right, and wrong in serving, where the memory was
-# used before. On a GPU, poison() first returns every free cached block to the driver, then caches one block of the
-# large pool (later requests up to its size are split from it) and enough 1 MiB blocks to fill SMALL_POOL_BYTES of
-# the small pool's 2 MiB segments, all 0xFF: NaN in every float format, -1 in every integer.
+# used before. On a GPU, poison() first returns every free cached block to the driver and writes 0xFF over the free
+# blocks it keeps (those of segments still partly in use), then caches one block of the large pool (later requests up
+# to its size are split from it) and enough 1 MiB blocks to fill SMALL_POOL_BYTES of the small pool's 2 MiB
+# segments, all 0xFF: NaN in every float format, -1 in every integer.
 SCRATCH_POISON_BYTES = 1 << 30
 SMALL_POOL_BYTES, SMALL_BLOCK_BYTES = 64 << 20, 1 << 20
 # The code that serves a request in this process: the worker, what it copies, digests and times with, and the loader
@@ -271,6 +273,13 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
     held = []
     if device == "cuda":
         _ORIGINAL["torch.cuda.empty_cache"]()
+        # what empty_cache keeps: the free blocks of segments still partly in use (their bytes, written in place)
+        for segment in _ORIGINAL["torch.cuda.memory_snapshot"]():
+            for block in segment["blocks"]:
+                if block["state"] == "inactive":
+                    (err,) = _ORIGINAL["cuda.bindings.runtime.cudaMemset"](block["address"], 0xFF, block["size"])
+                    if err != cuda_runtime.cudaError_t.cudaSuccess:
+                        raise RuntimeError(f"poison: cudaMemset of a free cached block failed ({err})")
         sizes = [SCRATCH_POISON_BYTES] + [SMALL_BLOCK_BYTES] * (SMALL_POOL_BYTES // SMALL_BLOCK_BYTES)
         held += [torch.full((n,), 0xFF, dtype=torch.uint8, device=device) for n in sizes]
     for shape, dtype in specs:
