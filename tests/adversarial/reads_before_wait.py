@@ -11,7 +11,6 @@ import functools
 
 import torch
 
-from gates.core.late_writer import span
 from kernels.cute import import_cutlass
 from model.kimi_k3.ops.kda_decode import kda_decode
 
@@ -60,8 +59,11 @@ def _compiled(wait_first: bool):
 
 
 def pdl_copy(t: torch.Tensor, wait_first: bool) -> torch.Tensor:
-    """A copy of `t` (same shape and strides) made by the PDL kernel."""
-    src = span(t)
+    """A copy of `t` (same shape and strides) made by the PDL kernel, over its storage span (a candidate imports
+    nothing of the gate: the production replay reports one that does)."""
+    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    src = t.new_empty(0, dtype=torch.uint8).set_(t.untyped_storage(), t.storage_offset() * t.element_size(),
+                                                  (extent * t.element_size(),), (1,))
     dst = torch.empty_like(src)
     _compiled(wait_first)(*_args(src.data_ptr(), dst.data_ptr(), src.numel(),
                                  torch.cuda.current_stream(t.device).cuda_stream))

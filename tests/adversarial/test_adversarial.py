@@ -182,7 +182,8 @@ def test_two_calls_at_once_on_two_streams_must_equal_each_call_alone(name):
                                           ("kda_decode_waits_then_reads", False)])
 def test_a_pdl_kernel_that_reads_its_activations_before_waiting_is_caught(name, caught):
     """Right in every call made alone; behind the late writer (it lets the candidate start, then writes the
-    projection) the early read sees poison. The same kernel with griddepcontrol.wait first passes."""
+    projection) the early read sees poison. The same kernel with griddepcontrol.wait first passes (an H100,
+    session 32: `early` failed the first and passed the second)."""
     result = run_gate(numerics.GATE, kda_contract(implementation=f"tests.adversarial.reads_before_wait:{name}"))
     assert ("early" in failed_checks(result)) is caught, result.reason
     assert failed_checks(result) <= {"early"}, failed_checks(result)
