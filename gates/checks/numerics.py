@@ -317,9 +317,19 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sand
             state_names = {n for n, _ in expected[0].states}
             rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
                      for dist in DISTRIBUTIONS]
-            if ctx.device == "cuda":
+            if early_unavailable(ctx.device) is None:
                 check_early(ctx, box, point, names, cases[0], reply["cases"][0], findings)
     return rows, standard_failure
+
+
+def early_unavailable(device: str) -> str | None:
+    """Why the `early` check cannot run here, or None: it needs a GPU and the CuTe DSL for the late writer (a GPU
+    gate machine has both, its kernels need them; `gpu_session.sh wall` carries no DSL and runs without it)."""
+    if device != "cuda":
+        return "no GPU"
+    from gates.core.late_writer import DSL
+
+    return f"the late writer needs the CuTe DSL ({DSL.error})" if DSL.error else None
 
 
 def check_early(ctx: GateContext, box: Sandbox, point: Point, names: list[str], case: Case, runs: list[dict],
@@ -693,7 +703,8 @@ def run(ctx: GateContext) -> GateResult:
     checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
                "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
               for key, what in CHECKS.items()
-              if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")]
+              if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")
+              and (key != "early" or early_unavailable(ctx.device) is None)]
     tol = ctx.contract.tolerance
     details = {
         "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points + swept),
@@ -706,6 +717,7 @@ def run(ctx: GateContext) -> GateResult:
         "trajectories": trajectories, "late_calls": late, "loaded": loaded, "confined": confined,
         "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
+        "early_not_run": early_unavailable(ctx.device) if ctx.device == "cuda" else None,
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:
