@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import PurePath
 
 import yaml
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ import model.kimi_k3.cli
 from gates.evidence.signing import SigningKeyError
 from gates.tasks.schema import TaskError
 from kernels.contract import ContractError
+from kernels.strict_yaml import text_problem
 from kernels.validation import problem_lines
 from model.kimi_k3.config import ConfigError
 from model.kimi_k3.errors import EXIT_USAGE, UsageError
@@ -30,7 +32,7 @@ AREAS = (model.kimi_k3.cli, gates.commands)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 # Errors in what the user asked for or in the files they named; anything else is a bug and keeps its traceback.
 USER_ERRORS = (UsageError, ConfigError, CheckpointError, ContractError, TaskError, SigningKeyError, OSError,
-               json.JSONDecodeError, ValidationError, yaml.YAMLError)
+               json.JSONDecodeError, ValidationError, yaml.YAMLError, UnicodeDecodeError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def undecodable_file(e: UnicodeDecodeError) -> str | None:
+    """The file a UnicodeDecodeError came from, when a Path.read_text on the way raised it (how every reader here
+    opens the files a user names): the error itself carries only the bytes."""
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "read_text" and isinstance(frame.f_locals.get("self"), PurePath):
+            return str(frame.f_locals["self"])
+        tb = tb.tb_next
+    return None
+
+
 def error_message(e: BaseException) -> str:
     """What went wrong, in the words of the file or option concerned: an OSError as `path: reason`, a pydantic
-    error as its `model: field: problem`s on one line."""
+    error as its `model: field: problem`s on one line, a file that is not text as `path: not UTF-8 text`."""
+    if isinstance(e, UnicodeDecodeError):
+        where = undecodable_file(e)
+        return f"{where or 'a file read'}: {text_problem(e)}"
     if isinstance(e, OSError) and e.strerror:
         return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
     if isinstance(e, ValidationError):

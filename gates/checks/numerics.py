@@ -73,10 +73,20 @@ CHECKS = {
     "late": "the same outputs after many calls (no warm-up phase, no call counter)",
     "production": "the same outputs through the production dispatcher, in a process without the gate",
     "concurrent": "the same outputs with two calls at once on two streams, each on the stream it is called on",
+    "early": "the same outputs when the kernel before it writes its activations after letting it start (a kernel "
+             "launched with programmatic dependent launch reads them only after griddepcontrol.wait)",
     "kept": "no memory kept per input, none that grows with calls (a cache keyed on contents, a leak)",
 }
 STATEFUL_CHECKS = ("state", "trajectory", "repeat")
-GPU_CHECKS = ("concurrent",)  # streams: nothing to check on a CPU
+GPU_CHECKS = ("concurrent", "early")  # streams and launches: nothing to check on a CPU
+# What the kernel before an op writes in a decode step, so what the op may read only after griddepcontrol.wait: its
+# activations (weights, caches and states were written steps or layers before). An argument's name takes all its
+# leaves, `name[-1]` the last (AttnRes's newest source); an op not listed, its first argument.
+WRITTEN_BY_PREDECESSOR = {
+    "linear": ("x",), "situ_mlp": ("x",), "moe_route": ("x",), "kda_decode": ("proj",),
+    "mla_decode": ("q_nope", "q_pe"), "mla_decode_fp8": ("q_nope", "q_pe"), "moe_experts": ("z", "ids", "weights"),
+    "attn_res": ("sources[-1]",), "attn_res_norm": ("sources[-1]", "addend"),
+}
 
 
 @dataclass
@@ -307,7 +317,40 @@ def check_points(ctx: GateContext, problem: Problem, box: Sandbox, std_box: Sand
             state_names = {n for n, _ in expected[0].states}
             rows += [_row(point, dist, per_dist[dist], dist in failed_dists, state_names, std_per_dist.get(dist))
                      for dist in DISTRIBUTIONS]
+            if early_unavailable(ctx.device) is None:
+                check_early(ctx, box, point, names, cases[0], reply["cases"][0], findings)
     return rows, standard_failure
+
+
+def early_unavailable(device: str) -> str | None:
+    """Why the `early` check cannot run here, or None: it needs a GPU and the CuTe DSL for the late writer (a GPU
+    gate machine has both, its kernels need them; `gpu_session.sh wall` carries no DSL and runs without it)."""
+    if device != "cuda":
+        return "no GPU"
+    from gates.core.late_writer import DSL
+
+    return f"the late writer needs the CuTe DSL ({DSL.error})" if DSL.error else None
+
+
+def check_early(ctx: GateContext, box: Sandbox, point: Point, names: list[str], case: Case, runs: list[dict],
+                findings: Findings) -> None:
+    """The point's first input again, behind the late writer (worker.run_late_inputs): each leaf the op's
+    predecessor writes must give run 1's outputs and state bit for bit."""
+    if "raised" in runs[0]:
+        return  # judged already
+    first = {n: digest(t) for n, t in runs[0]["outputs"] + runs[0]["states"] if t is not None}
+    written = WRITTEN_BY_PREDECESSOR.get(ctx.contract.op, (names[0],))
+    reply = box.request("late_inputs", candidate=ctx.contract.implementation, names=names, cases=[case],
+                        written=written)
+    for got in reply["cases"][0]:
+        at = f"{point.label}, {got['leaf']} written by the kernel before it after letting it start"
+        if "raised" in got:
+            findings.add("early", f"{at}: {got['raised']}")
+            continue
+        differ = [n for n, d in got["outputs"] + got["states"] if first.get(n, d) != d]
+        if differ:
+            findings.add("early", f"{at}: {', '.join(differ)} differ bitwise from run 1: read before "
+                         "griddepcontrol.wait (programmatic dependent launch), it reads the previous step's values")
 
 
 def check_sweep(ctx: GateContext, problem: Problem, box: Sandbox, sweep: list[Point], names: list[str],
@@ -660,7 +703,8 @@ def run(ctx: GateContext) -> GateResult:
     checks = [{"check": key, "what": what, "passed": not findings.counts.get(key),
                "failures": findings.counts.get(key, 0), "examples": findings.examples.get(key, [])}
               for key, what in CHECKS.items()
-              if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")]
+              if (key not in STATEFUL_CHECKS or problem.stateful) and (key not in GPU_CHECKS or ctx.device == "cuda")
+              and (key != "early" or early_unavailable(ctx.device) is None)]
     tol = ctx.contract.tolerance
     details = {
         "device": ctx.device, "points": len(points), "coverage": coverage(ctx.contract, problem, points + swept),
@@ -673,6 +717,7 @@ def run(ctx: GateContext) -> GateResult:
         "trajectories": trajectories, "late_calls": late, "loaded": loaded, "confined": confined,
         "standard": ctx.contract.standard,
         "standard_not_run": [standard_failure] if standard_failure else [],
+        "early_not_run": early_unavailable(ctx.device) if ctx.device == "cuda" else None,
     }
     inputs = len(rows) * ctx.options.trials
     if not findings:

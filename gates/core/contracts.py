@@ -18,7 +18,7 @@ from gates.core.sources import REPO_ROOT
 from gates.evidence.bundle import Bundle, load_bundle
 from gates.evidence.verify import verify_bundle
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
-from kernels.strict_yaml import load_yaml, yaml_problem
+from kernels.strict_yaml import load_yaml, text_problem, yaml_problem
 from model.kimi_k3.ops.registry import registry_problems
 
 ENTRY_FIELDS = ("implementation", "reference", "standard")
@@ -33,6 +33,9 @@ def load_contracts(contracts_dir: Path) -> tuple[dict[Path, Contract], list[str]
             load_yaml(path.read_text())
         except yaml.YAMLError as e:
             problems.append(f"{path}: <file>: not valid YAML ({yaml_problem(e)})")
+            continue
+        except UnicodeDecodeError as e:
+            problems.append(f"{path}: <file>: {text_problem(e)}")
             continue
         except OSError:
             pass  # load_contract says why the file cannot be read

@@ -401,6 +401,61 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     return {"cases": results}
 
 
+def written_leaves(args: tuple, names: list[str], written: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
+    """The leaves of `args` that `written` names: an argument's name takes all its leaves, `name[-1]` its last (the
+    newest of a list of sources)."""
+    out = []
+    for spec in written:
+        arg = spec.removesuffix("[-1]")
+        if arg in names:
+            found = list(leaves(args[names.index(arg)], arg))
+            out += found[-1:] if spec.endswith("[-1]") else found
+    return out
+
+
+def run_late_inputs(*, candidate: str, names: list[str], cases: list, written: tuple[str, ...]) -> dict:
+    """GPU: each case's call captured in one CUDA graph behind the late writer (gates/core/late_writer.py), once per
+    leaf the op's predecessor writes: the writer lets the candidate start (griddepcontrol.launch_dependents), waits,
+    then writes that leaf, which held poison until then. Per case and leaf the digests of the outputs and the
+    updated state (from the case's state, reset before the replay), to be run 1's bit for bit: a kernel launched
+    with programmatic dependent launch that reads the leaf before griddepcontrol.wait reads the poison."""
+    from gates.core import late_writer
+
+    _watch(late_writer)
+    fn = load(candidate)
+    results = []
+    for case in cases:
+        pristine = clone(case.args, "cuda")
+        per_leaf = []
+        for leaf, original in written_leaves(pristine, names, written):
+            buffers = clone(pristine)
+            target = late_writer.span(dict(written_leaves(buffers, names, written))[leaf])
+            source = late_writer.span(original).clone()
+            held: dict = {}
+
+            def step(buffers=buffers, target=target, source=source, held=held):
+                late_writer.late_write(source, target)
+                held["out"] = fn(*buffers)
+
+            try:
+                graph = capture_graph(step)
+                copy_into(buffers, pristine)
+                target.fill_(0xFF)  # NaN in every float format, -1 as an integer: what a read too early sees
+                _replay(graph)
+                _synchronize()
+            except Exception as e:  # the candidate's failure: a result
+                per_leaf.append({"leaf": leaf, "raised": f"{type(e).__name__}: {e}"})
+                continue
+            problems: list[str] = []
+            per_leaf.append({"leaf": leaf, "problems": problems,
+                             "outputs": [(n, d) for n, t in leaves(held["out"], "out")
+                                         if (d := _digest(n, t, "cuda", problems)) is not None],
+                             "states": [(n, d) for n, t in state_leaves(buffers, case.state, names)
+                                        if (d := _digest(n, t, "cuda", problems)) is not None]})
+        results.append(per_leaf)
+    return {"cases": results}
+
+
 def run_trajectory(*, candidate: str, device: str, names: list[str], initial: tuple, state: tuple[int, ...],
                    steps: list) -> dict:
     """Consecutive decode steps carrying the state in place: each step's outputs, then the final state."""
@@ -835,6 +890,7 @@ def run_compile(*, entry: str, contract: dict, archs: list[str], shard: tuple[in
 
 
 HANDLERS = {"cases": run_cases, "trajectory": run_trajectory, "calls": run_calls, "concurrent": run_concurrent,
+            "late_inputs": run_late_inputs,
             "bench_start": bench_start, "bench_block": bench_block, "bench_finish": bench_finish, "probe": probe,
             "compile": run_compile}
 

@@ -187,6 +187,18 @@ def test_scratch_trusted_to_start_zeroed_is_caught_on_the_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name, caught", [("kda_decode_reads_before_wait", True),
+                                          ("kda_decode_waits_then_reads", False)])
+def test_a_pdl_kernel_that_reads_its_activations_before_waiting_is_caught(name, caught):
+    """Right in every call made alone; behind the late writer (it lets the candidate start, then writes the
+    projection) the early read sees poison. The same kernel with griddepcontrol.wait first passes (an H100,
+    session 32: `early` failed the first and passed the second)."""
+    result = run_gate(numerics.GATE, kda_contract(implementation=f"tests.adversarial.reads_before_wait:{name}"))
+    assert ("early" in failed_checks(result)) is caught, result.reason
+    assert failed_checks(result) <= {"early"}, failed_checks(result)
+
+
+@pytest.mark.gpu
 def test_a_candidate_wrong_only_in_cuda_graphs_fails_the_production_replay_and_the_benchmarks_recheck():
     """Right in every eager call under the gate; the numerics' production replay (the dispatcher's CUDA graphs, in a
     process without the gate) differs bitwise from those calls, and what the benchmarks' replays computed is compared

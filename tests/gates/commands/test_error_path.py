@@ -150,3 +150,26 @@ def test_a_validation_error_is_one_line():
     with pytest.raises(ValidationError) as e:
         Options(trials="x", runs="y")
     assert error_message(e.value).count("\n") == 0 and "Options: trials:" in error_message(e.value)
+
+
+@pytest.mark.parametrize("argv, name", [
+    (lambda d: ["config", "show", "--config", str(d / "config.json")], "config.json"),
+    (lambda d: ["eval", "--ckpt", str(d)], "config.json"),
+    (lambda d: ["task", "list", "--root", str(d)], "agent_tasks/binary.yaml"),
+])
+def test_a_file_that_is_not_text_is_one_line_naming_it(tmp_path, capsys, argv, name):
+    (tmp_path / "agent_tasks").mkdir()
+    for path in (tmp_path / "config.json", tmp_path / "agent_tasks" / "binary.yaml"):
+        path.write_bytes(b"{\xff\xfe")
+    assert main(argv(tmp_path)) == 2
+    assert f"{tmp_path / name}: not UTF-8 text (byte 0xff at offset 1)" in error_line(capsys)
+
+
+def test_a_contract_that_is_not_text_is_one_problem_among_the_others(tmp_path, capsys):
+    contracts = tmp_path / "contracts"
+    shutil.copytree(CONTRACTS, contracts)
+    (contracts / "linear.yaml").write_bytes(b"op: \xff")
+    assert main(["contract", "check", "--root", str(tmp_path)]) != 0
+    printed = capsys.readouterr()
+    assert f"{contracts / 'linear.yaml'}: <file>: not UTF-8 text (byte 0xff at offset 4)" in printed.out + printed.err
+    assert "1 problem(s); 1 contract(s) pass" in printed.err  # the other contract is still checked
