@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from kernels.bytes import copy_bytes
 from kernels.cute import dsl_import, import_cutlass, require_dsl
 
 with dsl_import() as DSL:
@@ -52,12 +53,7 @@ if DSL.error is None:
             start = cute.arch.globaltimer()
             while cute.arch.globaltimer() - start < spin_ns:
                 pass
-            tidx, _, _ = cute.arch.thread_idx()
-            bidx, _, _ = cute.arch.block_idx()
-            i = Int64(bidx * THREADS + tidx)
-            while i < nbytes:
-                mDst[i] = mSrc[i]
-                i += CTAS * THREADS
+            copy_bytes(mSrc, mDst, nbytes, CTAS, THREADS)
 
 
 def launch_args(src_ptr: int, dst_ptr: int, nbytes: int, spin_ns: int, stream: int):
@@ -85,17 +81,6 @@ def compile_report(arch: str = "sm_90a", **kw):
 
     require_dsl(DSL.error)
     return compile_for_arch(LateWriter(), *fake_args(), arch=arch, **kw)
-
-
-def span(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of `t`'s storage from its first element to one past its last (a view's gaps included), as uint8."""
-    if t.numel() == 0:
-        return t.new_empty(0, dtype=torch.uint8)
-    item = t.element_size()
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    raw = t.new_empty(0, dtype=torch.uint8).set_(t.untyped_storage(), t.storage_offset() * item,
-                                                  (extent * item,), (1,))
-    return raw
 
 
 def late_write(src: torch.Tensor, dst: torch.Tensor, spin_ns: int = SPIN_NS) -> None:

@@ -31,6 +31,7 @@ from gates.core.compare import digest as _tensor_digest
 from gates.core.l2 import L2_CALLS, cuda_runtime, persisting_l2_bytes, release_persisting_l2
 from gates.core.machine import undumpable
 from gates.core.sources import in_repository, repository_path
+from kernels.bytes import span
 from kernels.timing import PAD_CYCLES, L2Flusher, capture_graph, capture_pipeline, count_kernels
 from kernels.trees import clone, copy_into, leaves, map_tensors, same_layout, state_leaves
 from model.kimi_k3.ops.registry import import_entry_point
@@ -429,8 +430,8 @@ def run_late_inputs(*, candidate: str, names: list[str], cases: list, written: t
         per_leaf = []
         for leaf, original in written_leaves(pristine, names, written):
             buffers = clone(pristine)
-            target = late_writer.span(dict(written_leaves(buffers, names, written))[leaf])
-            source = late_writer.span(original).clone()
+            target = span(dict(written_leaves(buffers, names, written))[leaf])
+            source = span(original).clone()
             held: dict = {}
 
             def step(buffers=buffers, target=target, source=source, held=held):

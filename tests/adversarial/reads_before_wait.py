@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from kernels.bytes import copy_bytes, span
 from kernels.cute import import_cutlass
 from model.kimi_k3.ops.kda_decode import kda_decode
 
@@ -37,12 +38,7 @@ class PdlCopy:
     def kernel(self, mSrc: cute.Tensor, mDst: cute.Tensor, nbytes: Int64):
         if cutlass.const_expr(self.wait_first):
             cute.arch.griddepcontrol_wait()
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        i = Int64(bidx * THREADS + tidx)
-        while i < nbytes:
-            mDst[i] = mSrc[i]
-            i += CTAS * THREADS
+        copy_bytes(mSrc, mDst, nbytes, CTAS, THREADS)
         if cutlass.const_expr(not self.wait_first):
             cute.arch.griddepcontrol_wait()
 
@@ -59,11 +55,9 @@ def _compiled(wait_first: bool):
 
 
 def pdl_copy(t: torch.Tensor, wait_first: bool) -> torch.Tensor:
-    """A copy of `t` (same shape and strides) made by the PDL kernel, over its storage span (a candidate imports
-    nothing of the gate: the production replay reports one that does)."""
-    extent = 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    src = t.new_empty(0, dtype=torch.uint8).set_(t.untyped_storage(), t.storage_offset() * t.element_size(),
-                                                  (extent * t.element_size(),), (1,))
+    """A copy of `t` (same shape and strides) made by the PDL kernel, over its storage span (kernels/, not the
+    gate's late writer: the production replay reports a candidate that imports the gate)."""
+    src = span(t)
     dst = torch.empty_like(src)
     _compiled(wait_first)(*_args(src.data_ptr(), dst.data_ptr(), src.numel(),
                                  torch.cuda.current_stream(t.device).cuda_stream))

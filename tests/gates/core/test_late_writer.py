@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gates.core import late_writer, worker
+from kernels.bytes import span
 from kernels.cute import cutlass_available
 
 needs_dsl = pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL (nvidia-cutlass-dsl) not installed")
@@ -26,7 +27,7 @@ def test_it_lets_the_next_kernel_start_before_it_spins_and_writes():
 ])
 def test_a_span_is_the_views_bytes_from_its_first_element_to_its_last(make):
     t = make()
-    raw = late_writer.span(t)
+    raw = span(t)
     rebuilt = t.new_empty(0).set_(raw.untyped_storage(), t.storage_offset(), t.shape, t.stride())
     assert torch.equal(rebuilt, t)
     last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
