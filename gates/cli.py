@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 import gates.commands
 import model.kimi_k3.cli
+from gates.core.contracts import text_problem
 from gates.evidence.signing import SigningKeyError
 from gates.tasks.schema import TaskError
 from kernels.contract import ContractError
-from kernels.strict_yaml import text_problem
 from kernels.validation import problem_lines
 from model.kimi_k3.config import ConfigError
 from model.kimi_k3.errors import EXIT_USAGE, UsageError

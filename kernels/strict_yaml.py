@@ -1,6 +1,6 @@
 """YAML as the gates read it (contracts, task templates): a key twice in one mapping is an error, where PyYAML
 keeps the last one silently (a contract stating a bound twice would mean whichever came second), and a syntax
-error is one problem on one line, with its line and column (so is a file that is not UTF-8 text)."""
+error is one problem on one line, with its line and column."""
 
 from __future__ import annotations
 
@@ -34,8 +34,3 @@ def yaml_problem(e: yaml.YAMLError) -> str:
     what = getattr(e, "problem", None) or str(e).splitlines()[0]
     mark = getattr(e, "problem_mark", None)
     return f"{what} at line {mark.line + 1}, column {mark.column + 1}" if mark else what
-
-
-def text_problem(e: UnicodeDecodeError) -> str:
-    """One line for a file that is not UTF-8 text: the first byte that is not, and where."""
-    return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"

@@ -181,7 +181,7 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
     first: list[TensorCheck] = []
     base: dict[str, str] = {}
     held: list[tuple[str, int, int]] = []  # earlier runs' outputs: (name, storage pointer, bytes)
-    returned: dict[int, dict[str, str]] = {}  # each run's output digests as it returned them
+    returned: dict[int, dict[str, str]] = {}  # each run's output and state digests as it returned them
     for r, run in enumerate(runs):
         at = f"{where}, run {r + 1}"
         if "raised" in run:
@@ -195,8 +195,9 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
                                   findings)
             first += compare_named(problem, run["states"], expected.states, contract.tolerance_for_states, "state",
                                    at, findings)
-            base = {n: digest(t) for n, t in run["outputs"] + run["states"]}
+            base = returned[r] = {n: digest(t) for n, t in run["outputs"] + run["states"]}
         else:
+            returned[r] = dict(run["outputs"] + run["states"])  # digests already (full=False)
             for name, d in run["outputs"] + run["states"]:
                 if name in base and d != base[name]:
                     findings.add("determinism", f"{at}: {name} differs bitwise from run 1 (run 1 followed the "
@@ -217,7 +218,6 @@ def judge_case(problem: Problem, case: Case, expected: Expected, runs: list[dict
                 findings.add("fresh", f"{at}: run {k + 1}'s {name} changed during this call, though the caller still "
                              "holds it: a call that writes into an earlier result (kept as its workspace) corrupts "
                              "what serving keeps for later layers")
-        returned[r] = {n: d if isinstance(d, str) else digest(d) for n, d in run["outputs"]}
         held += [(f"run {r + 1}'s {name}", ptr, size) for name, ptr, size in run["output_storage"]]
     return first
 
@@ -338,7 +338,7 @@ def check_early(ctx: GateContext, box: Sandbox, point: Point, names: list[str], 
     predecessor writes must give run 1's outputs and state bit for bit."""
     if "raised" in runs[0]:
         return  # judged already
-    first = {n: digest(t) for n, t in runs[0]["outputs"] + runs[0]["states"] if t is not None}
+    first = {n: digest(t) for n, t in runs[0]["outputs"] + runs[0]["states"]}
     written = WRITTEN_BY_PREDECESSOR.get(ctx.contract.op, (names[0],))
     reply = box.request("late_inputs", candidate=ctx.contract.implementation, names=names, cases=[case],
                         written=written)

@@ -18,10 +18,15 @@ from gates.core.sources import REPO_ROOT
 from gates.evidence.bundle import Bundle, load_bundle
 from gates.evidence.verify import verify_bundle
 from kernels.contract import Contract, ContractError, contract_files, evidence_dir, load_contract
-from kernels.strict_yaml import load_yaml, text_problem, yaml_problem
+from kernels.strict_yaml import load_yaml, yaml_problem
 from model.kimi_k3.ops.registry import registry_problems
 
 ENTRY_FIELDS = ("implementation", "reference", "standard")
+
+
+def text_problem(e: UnicodeDecodeError) -> str:
+    """One line for a file that is not UTF-8 text: the first byte that is not, and where."""
+    return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
 
 
 def load_contracts(contracts_dir: Path) -> tuple[dict[Path, Contract], list[str]]:

@@ -381,7 +381,7 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
         pristine = clone(case.args, device)
         buffers = persistent_buffers(pool, pristine, guards)
         keep: list = []
-        kept_runs: list[int] = []  # the run of each object in `keep` (a run that raised returned none)
+        kept_runs: list[int] = []  # the run of each object in `keep` (call keeps nothing of a run that raised)
         per_run = []
         for r in range(runs):
             guards.refill(CANARIES[r % len(CANARIES)])
@@ -396,7 +396,8 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
             # output for later layers: a residual, an AttnRes block), so a call must not write there
             per_run[-1]["earlier_outputs"] = [(k, n, _tensor_digest(t)) for k, out in zip(kept_runs, keep)
                                               for n, t in leaves(out, "out") if type(t) is torch.Tensor]
-            kept_runs += [r] if len(keep) > len(kept_runs) else []
+            if "raised" not in per_run[-1]:
+                kept_runs.append(r)
         results.append(per_run)
         del keep
     return {"cases": results}
