@@ -270,24 +270,31 @@ def poison_value(dtype: torch.dtype) -> float | int | bool:
 def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> None:
     """Fill freed memory of each output's size with NaN (or the max integer): an output the candidate does not
     write then reads as poison, not as whatever result last lived there. On a GPU the allocator's whole cache is
-    poison first (SCRATCH_POISON_BYTES): so is scratch the candidate allocates."""
+    poison too (SCRATCH_POISON_BYTES): so is scratch the candidate allocates."""
     held = []
     if device == "cuda":
         _ORIGINAL["torch.cuda.empty_cache"]()
-        # what empty_cache keeps: the free blocks of segments still partly in use (their bytes, written in place)
-        for segment in _ORIGINAL["torch.cuda.memory_snapshot"]():
-            for block in segment["blocks"]:
-                if block["state"] == "inactive":
-                    (err,) = _ORIGINAL["cuda.bindings.runtime.cudaMemset"](block["address"], 0xFF, block["size"])
-                    if err != cuda_runtime.cudaError_t.cudaSuccess:
-                        raise RuntimeError(f"poison: cudaMemset of a free cached block failed ({err})")
         sizes = [SCRATCH_POISON_BYTES] + [SMALL_BLOCK_BYTES] * (SMALL_POOL_BYTES // SMALL_BLOCK_BYTES)
         held += [torch.full((n,), 0xFF, dtype=torch.uint8, device=device) for n in sizes]
     for shape, dtype in specs:
         for _ in range(POISON_COPIES):
             held.append(torch.full(shape, poison_value(dtype), dtype=dtype, device=device))
+    if device == "cuda":
+        _poison_free_cached_blocks()
     _sync(device)
     del held
+
+
+def _poison_free_cached_blocks() -> None:
+    """0xFF over every block the allocator keeps free now, while poison() holds its own: the rest of segments still
+    partly in use (empty_cache keeps those) and of the segments its small poison tensors were carved from (fresh from
+    the driver, so zeros: session 33's H100 served a 4 KiB scratch from one)."""
+    for segment in _ORIGINAL["torch.cuda.memory_snapshot"]():
+        for block in segment["blocks"]:
+            if block["state"] == "inactive":
+                (err,) = _ORIGINAL["cuda.bindings.runtime.cudaMemset"](block["address"], 0xFF, block["size"])
+                if err != cuda_runtime.cudaError_t.cudaSuccess:
+                    raise RuntimeError(f"poison: cudaMemset of a free cached block failed ({err})")
 
 
 GUARD_BYTES = 4096  # the least canary zone on each side of an argument tensor (a multiple of any alignment asked)
