@@ -11,7 +11,7 @@ Envelope: T <= 64 tokens (T = 0 returns empty outputs without a launch); any E e
 padded; kernel.py); top_k 1..32 (and <= E); K a multiple of the GEMV's k-step (linear's rule: 32, 128 on its gemv
 path); gate_w contiguous, x with unit column stride and a row stride that is a multiple of 8 elements, both 16-byte
 aligned; bias fp32 contiguous; all on one CUDA device. Anything else raises ValueError before anything is
-launched. Calls on one device share a pair of arrival counters, so two routers must not run at once on two streams
+launched. Calls on one device share the arrival counters, so two routers must not run at once on two streams
 of one device (module doc of kernel.py).
 """
 

@@ -125,9 +125,9 @@ class RouteConfig:
     # "weights": ids and renormalized weights (the router); "candidates": a TP rank's local top-k (module doc)
     output: str = "weights"
     # Opt-in shortenings of the path after the last arrival (module doc, "Shortcuts"; NOTES.md session 31); off,
-    # the kernel's code is the gated one's. lean_arrival: the last ticket neither waits nor counts and resets
-    # the arrival counter itself (no second counter); prefetch_bias: the bias is prefetched into L2 as the launch
-    # starts; branchless_sigmoid: the sigmoids' correctly rounded reciprocals without a branch each.
+    # the kernel's code is the gated one's. lean_arrival: the last ticket neither waits nor counts (an epoch
+    # counter, never reset); prefetch_bias: the first arrival prefetches the bias into L2; branchless_sigmoid:
+    # the sigmoids' correctly rounded reciprocals without a branch each.
     lean_arrival: bool = False
     prefetch_bias: bool = False
     branchless_sigmoid: bool = False
@@ -318,7 +318,7 @@ def rcp_needs_slow_path(bits):
 def _branchless_scores_and_keys(lane_logits: list, biases: list, width: int, reload) -> tuple[list, list]:
     """The lane's scores _sigmoid(logit) and keys ordered_key(score + bias), bit for bit, without a branch per
     reciprocal: ptxas's fast path for all P, then for each vector of `width` positions a branch (rare: a logit
-    below ~-86.7, or NaN; the lane's own) that recomputes that vector's scores and keys with the exact rcp.rn
+    below ~-87.3, or NaN; the lane's own) that recomputes that vector's scores and keys with the exact rcp.rn
     from `reload(j)`'s inputs (the j-th vector's logits and biases again, from L2), equal to the fast path's
     wherever it is in range. With a branch per reciprocal ptxas keeps the P sigmoids in program order, ~100
     dependent cycles each; without, it interleaves them (NOTES.md session 31). The keys are formed before the
@@ -401,7 +401,7 @@ class _DslWarpOps:
     @staticmethod
     def when(cond, body, state):
         """scf.if: body(state) where cond holds, state unchanged elsewhere (a real branch: warp_top_k's conditions
-        are warp-uniform, _branchless_sigmoids' a lane's own)."""
+        are warp-uniform, _branchless_scores_and_keys' a lane's own)."""
         leaves = _leaves(state)
         out = cutlass.if_generate(cond, lambda: _leaves(body(state)), lambda: leaves, [],
                                   [type(v) for v in leaves])
