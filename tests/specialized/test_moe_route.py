@@ -12,6 +12,11 @@ the wrong tokens and experts. Then the gate problem's inputs at the contract's b
 T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back to zero). The local form
 against model/kimi_k3/ops/moe_route_tp.py's `local_candidates` at TP 4 / 8 / 16 slices, and moe_route_tp at tp = 1
 over the kernel's candidates against the router.
+The opt-in shortcuts (RouteConfig.lean_arrival, prefetch_bias, branchless_sigmoid; NOTES.md session 31): on CPU the
+reciprocal's range test on numpy floats, the lean arrival's counter protocol over launches of every CTA count and
+the counter's wrap, each flag's compile without spills and its PTX mix, the local form's refusal; on the GPU each
+flag bit for bit against the gated kernel (logits in the reciprocal's slow range included) and exactly against
+the float64 reference, and in CUDA graphs beside the gated kernel (the counters ready after every replay).
 """
 
 from __future__ import annotations
@@ -33,7 +38,15 @@ from model.kimi_k3.ops.registry import registry_problems
 from model.kimi_k3.parallel import TP
 from model.kimi_k3.specialized.linear.kernel import LinearConfig
 from model.kimi_k3.specialized.moe_route import check_args, compile_keys, route_config
-from model.kimi_k3.specialized.moe_route.kernel import CACHE, DROPPED, RouteConfig, warp_top_k
+from model.kimi_k3.specialized.moe_route.kernel import (
+    CACHE,
+    DROPPED,
+    EPOCH,
+    SHORTCUTS,
+    RouteConfig,
+    rcp_needs_slow_path,
+    warp_top_k,
+)
 
 CONTRACT_FILE = Path(__file__).resolve().parents[2] / "contracts" / "moe_route.yaml"
 CONTRACT = load_contract(CONTRACT_FILE)
@@ -313,6 +326,70 @@ def test_route_config_refusals():
         RouteConfig(gemv, output="ids")
 
 
+def test_shortcuts_are_the_routers_only():
+    gemv = LinearConfig(out_dtype="float32")
+    for name in SHORTCUTS:
+        assert RouteConfig(gemv, **{name: True}).shortcuts == (name,)
+        with pytest.raises(ValueError, match=name):
+            RouteConfig(gemv, output="candidates", **{name: True})
+    assert RouteConfig(gemv).shortcuts == ()
+
+
+def test_reciprocal_slow_path_test_is_ptxas_range():
+    """rcp_needs_slow_path (the kernel's test, run on numpy) sends exactly the denominators whose reciprocal the
+    fast path leaves to the exact rcp.rn: biased exponent 0 (zero, subnormals) or 253..255 (>= 2^126, inf, NaN).
+    A sigmoid's denominator 1 + exp(-logit) >= 1 is slow only below a logit of ~-87.3 (exp >= 2^126) and for NaN."""
+    def slow(d) -> np.ndarray:
+        return rcp_needs_slow_path(np.asarray(d, np.float32).view(np.uint32))
+
+    fast = np.float32([1.0, 1.5, 2.0, 3.0, 2.0**100, np.nextafter(np.float32(2.0**126), np.float32(0)), 2.0**-126])
+    assert not slow(fast).any()
+    assert slow(np.float32([2.0**126, 2.0**127, 3.0e38, np.inf, np.nan, 0.0, 1e-40, -0.0])).all()
+    logits = np.float32([-87.0, -50.0, 0.0, 30.0, 88.0])
+    assert not slow(np.float32(1) + np.exp(-logits)).any()
+    with np.errstate(over="ignore"):
+        assert slow(np.float32(1) + np.exp(-np.float32([-88.0, -89.0, -100.0, np.nan]))).all()
+
+
+def lean_arrival_launch(counter: int, ctas: int, selectors: int, rng) -> int:
+    """One launch of RouteConfig.lean_arrival's protocol (arrive_and_select) on a 32-bit counter, the CTAs in a
+    random order: each takes raw = counter (atomic add 1), its ticket raw mod EPOCH and the epoch raw - ticket; the
+    last ticket adds EPOCH - ctas. A selector (one of the last `selectors` tickets) other than the last waits until
+    its reads (any value the counter held after its own add) minus the epoch reach ctas: checked to happen only
+    once every CTA has arrived. Returns the counter after the launch."""
+    order, history, waiting = rng.permutation(ctas), [], []
+    for cta in order:
+        raw = counter
+        counter = (counter + 1) % 2**32
+        ticket, epoch = raw % EPOCH, raw - raw % EPOCH
+        history.append(counter)
+        if ticket == ctas - 1:
+            assert len(history) == ctas  # the last ticket sees every arrival
+            counter = (counter + EPOCH - ctas) % 2**32
+            history.append(counter)
+        elif ticket >= ctas - selectors:
+            waiting.append((len(history) - 1, epoch, ticket))
+    for after, epoch, ticket in waiting:
+        for step, value in enumerate(history[after:], after):
+            seen = (value - epoch) % 2**32
+            assert ticket + 1 <= seen <= EPOCH
+            if seen >= ctas:  # it leaves its wait
+                assert step >= ctas - 1, "left before every CTA arrived"
+                break
+        else:
+            raise AssertionError("a selector waits forever")
+    assert counter % EPOCH == 0  # the next launch, any CTA count, starts its tickets at 0
+    return counter
+
+
+def test_lean_arrival_protocol_over_launches_and_the_wrap():
+    rng = np.random.default_rng(0)
+    for start in (0, 2**32 - 3 * EPOCH):  # the 32-bit counter wraps after 2^16 launches
+        counter = start
+        for ctas, selectors in [(448, 1), (448, 16), (224, 32), (1, 1), (16, 16), (448, 4)] * 3:
+            counter = lean_arrival_launch(counter, ctas, selectors, rng)
+
+
 def test_check_args_refuses_bad_input_on_cpu():
     x, w, b = torch.zeros(2, K, dtype=torch.bfloat16), torch.zeros(E, K, dtype=torch.bfloat16), torch.zeros(E)
     bad = [((x.float(), w, b, 16), "bf16"), ((x, w, b[:-1], 16), "disagree"), ((x, w, b, 0), "top_k"),
@@ -376,6 +453,38 @@ def test_the_probes_stages_compile_without_the_later_phases():
         report = compile_key((replace(route_config(1, E, K, TOP_K), stop_after=stage), 1, K), "sm_90a")
         assert report.ok(max_registers=255), report.kernels
         assert ptx_instruction_counts(report.ptx, patterns) == counts, stage
+
+
+SHORTCUT_FLAGS = [{name: True} for name in SHORTCUTS] + [dict.fromkeys(SHORTCUTS, True)]
+
+
+@needs_cutlass
+@pytest.mark.parametrize("t", [1, 9, 16, 64])
+@pytest.mark.parametrize("flags", SHORTCUT_FLAGS, ids=lambda f: "+".join(f))
+def test_shortcuts_compile_for_sm90a_without_gpu(flags, t):
+    """Each shortcut and all three: no spills or stack, and the PTX mix they promise. lean_arrival: one acq_rel
+    ticket and one relaxed add (the last one's step to the next epoch), no second counter nor reset stores, the
+    waiters' one acquire load. prefetch_bias: one L2 prefetch. branchless_sigmoid: P approximate reciprocals (the
+    fast path, rcp.approx.ftz + Newton step) and the P exact rcp.rn inside the slow branches. The rounds'
+    reductions, the logits' vector loads and (off) everything else as in the gated kernel."""
+    from model.kimi_k3.specialized.moe_route import compile as compile_key
+
+    cfg = replace(route_config(t, E, K, TOP_K), **flags)
+    report = compile_key((cfg, t, K), "sm_90a")
+    assert report.ok(max_registers=255), report.kernels
+    counts = ptx_instruction_counts(report.ptx, {
+        "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": r"\bld\.global\.cg\.v4\.b32",
+        "ticket": r"\batom\.global\.acq_rel\.add", "step": r"\batom\.global\.add\.u32",
+        "acquire": r"\bld\.acquire\.gpu", "reset": r"\bst\.relaxed\.gpu", "prefetch": r"\bprefetch\.global\.L2\b",
+        "fast rcp": r"\brcp\.approx\.ftz\.f32",
+        "rcp.rn": r"\brcp\.rn\.f32", "local": r"\.local"})
+    lean, P = flags.get("lean_arrival", False), E // 32
+    assert (counts["redux"], counts["ballot"]) == rounds_mix(E, TOP_K) and counts["ld.cg"] >= P // 4
+    assert (counts["ticket"], counts["step"], counts["acquire"], counts["reset"]) == ((1, 1, 1, 0) if lean else
+                                                                                      (2, 0, 1, 2))
+    assert counts["prefetch"] == flags.get("prefetch_bias", False)
+    assert (counts["fast rcp"], counts["rcp.rn"]) == (P * flags.get("branchless_sigmoid", False), P)
+    assert counts["local"] == 0
 
 
 @needs_cutlass
@@ -537,6 +646,64 @@ def test_strided_x_empty_batch_and_repeats_in_a_graph():
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out_ids.cpu(), want_ids)
+
+
+def slow_range_inputs(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """exact_inputs with every 9th expert's row times 32: its logits multiples of 32 in -128..128, below the
+    reciprocal's fast range (< -87.3: sigmoid subnormal or 0) for some tokens, so some lanes take the branchless
+    sigmoid's slow branch."""
+    x, w, bias = exact_inputs(t, seed)
+    w[::9] *= 32
+    return x, w, bias
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 9, 16, 64])
+@pytest.mark.parametrize("flags", SHORTCUT_FLAGS, ids=lambda f: "+".join(f))
+def test_shortcuts_match_the_gated_kernel_bit_for_bit(flags, t):
+    """Every shortcut returns the gated kernel's ids and weights bit for bit (same fp32 operations, moved or
+    without branches), where logits fall in the reciprocal's slow range too, and the exact inputs' ids and
+    weights against float64 as test_exact_inputs_match_exactly."""
+    kernel = _kernel()
+    cfg = replace(route_config(t, E, K, TOP_K), **flags)
+    x, w, bias = exact_inputs(t, seed=t)
+    want_ids, want_w = exact_route(x, w, bias, TOP_K, 2.5)
+    ids, weights = (a.cpu() for a in kernel(x.cuda(), w.cuda(), bias.cuda(), TOP_K, True, 2.5, config=cfg))
+    msg = diagnose(ids, weights, want_ids, want_w, reference_keys(x, w, bias))
+    assert torch.equal(ids, want_ids), msg
+    torch.testing.assert_close(weights, want_w, rtol=1e-5, atol=1e-7, msg=msg)
+    x, w, bias = (a.cuda() for a in slow_range_inputs(t, seed=t))
+    assert bool((x.float() @ w.float().t() < -88).any())
+    gated = kernel(x, w, bias, TOP_K, True, 2.5)
+    for got, want in zip(kernel(x, w, bias, TOP_K, True, 2.5, config=cfg), gated):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("flags", SHORTCUT_FLAGS, ids=lambda f: "+".join(f))
+def test_shortcuts_in_a_graph_beside_the_gated_kernel(flags):
+    """One CUDA graph launching the gated kernel and the shortcut one alternately at 1, 64 and 16 tokens (448, 224
+    and 448 CTAs): every replay's results right, and the counters ready after it: the gated pair at zero, the
+    lean one at a multiple of EPOCH."""
+    from model.kimi_k3.specialized.moe_route import _sync
+
+    kernel = _kernel()
+    x, w, bias = exact_inputs(64, seed=5)
+    want_ids, _ = exact_route(x, w, bias, TOP_K, 1.0)
+    x, w, bias = x.cuda(), w.cuda(), bias.cuda()
+    calls = [(t, config) for t in (1, 64, 16) for config in (None, replace(route_config(t, E, K, TOP_K), **flags))]
+    for t, config in calls:  # compiled before capture
+        kernel(x[:t], w, bias, TOP_K, True, 1.0, config=config)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [kernel(x[:t], w, bias, TOP_K, True, 1.0, config=config)[0] for t, config in calls]
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        for (t, _), ids in zip(calls, outs):
+            assert torch.equal(ids.cpu(), want_ids[:t])
+        words = _sync(x.device).tolist()
+        assert words[:2] == [0, 0] and words[2] % EPOCH == 0, words
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@ Envelope: T <= 64 tokens (T = 0 returns empty outputs without a launch); any E e
 padded; kernel.py); top_k 1..32 (and <= E); K a multiple of the GEMV's k-step (linear's rule: 32, 128 on its gemv
 path); gate_w contiguous, x with unit column stride and a row stride that is a multiple of 8 elements, both 16-byte
 aligned; bias fp32 contiguous; all on one CUDA device. Anything else raises ValueError before anything is
-launched. Calls on one device share a pair of arrival counters, so two routers must not run at once on two streams
+launched. Calls on one device share the arrival counters, so two routers must not run at once on two streams
 of one device (module doc of kernel.py).
 """
 
@@ -26,7 +26,16 @@ from kernels.cute import CompileCache, current_cute_arch, require_dsl
 # the GPU, SM-count and activation-layout checks are linear's: its GEMV runs
 from ..linear import _num_sms, available, check_activation_layout, config_for
 from ..linear.kernel import MAX_TOKENS
-from .kernel import CANDIDATE_FIELDS, DSL, MAX_TOP_K, RouteConfig, compile_kernel, compile_report, launch_args
+from .kernel import (
+    CANDIDATE_FIELDS,
+    DSL,
+    MAX_TOP_K,
+    SYNC_WORDS,
+    RouteConfig,
+    compile_kernel,
+    compile_report,
+    launch_args,
+)
 
 __all__ = ["RouteConfig", "available", "check_args", "compile", "compile_keys", "moe_route_cute",
            "moe_route_local_cute", "prepare", "route_config", "supports"]
@@ -36,7 +45,7 @@ COMPILE_TOKENS = (1, 2, 8, 9, 16, 32, 64)
 MAX_T = MAX_TOKENS["mma"]
 
 _CACHE = CompileCache("moe_route", module=f"{__name__}.kernel")
-_SYNC: dict[int, torch.Tensor] = {}  # per device: the kernel's arrival counters, zero between launches
+_SYNC: dict[int, torch.Tensor] = {}  # per device: the kernel's arrival counters (each config leaves its own ready)
 
 
 def check_args(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: int) -> tuple[int, int, int]:
@@ -102,7 +111,7 @@ def prepare(t: int, e: int, k: int, top_k: int, num_sms: int | None = None, outp
 
 def _sync(device: torch.device) -> torch.Tensor:
     if device.index not in _SYNC:
-        _SYNC[device.index] = torch.zeros(2, dtype=torch.int32, device=device)
+        _SYNC[device.index] = torch.zeros(SYNC_WORDS, dtype=torch.int32, device=device)
     return _SYNC[device.index]
 
 

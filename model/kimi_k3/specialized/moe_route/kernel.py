@@ -61,6 +61,21 @@ float it came from, so exactly the s + bias the selection compared. Both forms r
 
 Several passes. At tiny E (a TP16 rank's 56 experts at 64 tokens) the GEMV has fewer CTAs than ceil(T / warps):
 then all C CTAs select and each warp takes tokens w, w + C warps, ... (`RouteConfig.passes`, unrolled).
+
+Shortcuts (opt-in RouteConfig flags, the router's "weights" form only; off, the PTX is the gated kernel's; NOTES.md
+session 31). `lean_arrival`: its own counter (the sync buffer's third word), never reset: each launch moves it on
+to the next multiple of EPOCH = 2^16. A CTA's ticket is the value its acq_rel add returned, mod EPOCH; the last
+ticket (ctas - 1) knows from that atomic that every CTA has arrived, so it neither waits nor counts: it adds
+EPOCH - ctas (relaxed, nothing waits on it) and selects at once. Another selector waits until the counter minus
+its launch's epoch reaches ctas (the last add or the step after it: both are read-modify-writes after every
+arrival's release, so reading either acquires them all). Gone from the last CTA's path: the acquire load's
+round trip (its wait), the second counter's acq_rel atomic (a fence and a round trip) and a barrier.
+`prefetch_bias`: the first CTA to arrive asks L2 for the bias's lines, so the selectors' bias loads (issued beside
+their logits') hit L2 instead of memory. `branchless_sigmoid`: ptxas expands each `1 / (1 + exp(-x))` into a
+correctly rounded rcp.rn with a range test and a branch to a slow path, and keeps the P sigmoids in program order,
+one ~100-cycle dependent chain after another; instead the fast path (the same MUFU.RCP and Newton step) runs for
+all P with no branch, and one branch per vector of V positions, taken only by a lane holding a denominator outside
+the fast range (a logit below ~-87.3 or NaN), recomputes that vector exactly. Bit for bit the same scores and keys.
 """
 
 from __future__ import annotations
@@ -86,10 +101,14 @@ WARP = 32
 MAX_TOP_K = WARP  # lane r keeps the r-th choice
 STAGES = ("select", "arrive", "gemv")  # RouteConfig.stop_after
 OUTPUTS = ("weights", "candidates")  # RouteConfig.output
+SHORTCUTS = ("lean_arrival", "prefetch_bias", "branchless_sigmoid")  # RouteConfig's opt-in flags (module doc)
 CANDIDATE_FIELDS = FIELDS  # key, un-biased score, global expert id: moe_route_tp's all-gather format
 DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
 TREE_LEAVES = 8  # _tree_argmax's width: runs of 4 keys at P = 28 (module doc: registers)
 CACHE = 4  # keys a lane keeps sorted for the rounds (warp_top_k): >= 2, so that "one left" is a compare
+LEAN_COUNTER = 2  # RouteConfig.lean_arrival's counter: the third word of the sync buffer (SYNC_WORDS)
+SYNC_WORDS = 3  # the default arrival's two counters (arrived, done), then lean_arrival's own
+EPOCH = 1 << 16  # lean_arrival: each launch moves its counter on to the next multiple (module doc, "Shortcuts")
 
 
 @dataclass(frozen=True)
@@ -105,6 +124,13 @@ class RouteConfig:
     stop_after: str = "select"
     # "weights": ids and renormalized weights (the router); "candidates": a TP rank's local top-k (module doc)
     output: str = "weights"
+    # Opt-in shortenings of the path after the last arrival (module doc, "Shortcuts"; NOTES.md session 31); off,
+    # the kernel's code is the gated one's. lean_arrival: the last ticket neither waits nor counts (an epoch
+    # counter, never reset); prefetch_bias: the first arrival prefetches the bias into L2; branchless_sigmoid:
+    # the sigmoids' correctly rounded reciprocals without a branch each.
+    lean_arrival: bool = False
+    prefetch_bias: bool = False
+    branchless_sigmoid: bool = False
 
     def __post_init__(self):
         if self.stop_after not in STAGES:
@@ -117,6 +143,15 @@ class RouteConfig:
             raise ValueError(f"experts {self.experts}: must be positive")
         if not 1 <= self.top_k <= min(MAX_TOP_K, self.experts):
             raise ValueError(f"top_k {self.top_k}: 1..{min(MAX_TOP_K, self.experts)}")
+        if self.output == "candidates" and self.shortcuts:
+            raise ValueError(f"{', '.join(self.shortcuts)}: the router's ('weights') only, not yet measured; the "
+                             "local form keeps the gated arrival and sigmoid (at E = 224, T = 16 lean_arrival made "
+                             "ptxas spill in the GEMV)")
+
+    @property
+    def shortcuts(self) -> tuple[str, ...]:
+        """The opt-in shortenings this config turns on."""
+        return tuple(name for name in SHORTCUTS if getattr(self, name))
 
     @property
     def per_lane(self) -> int:
@@ -146,6 +181,8 @@ class RouteConfig:
 
     def check(self, m: int, k: int) -> None:
         self.gemv.check(m, k)
+        if self.lean_arrival and self.gemv.ctas(self.experts) >= EPOCH:
+            raise ValueError(f"lean_arrival counts tickets modulo {EPOCH}: {self.gemv.ctas(self.experts)} CTAs")
 
 
 def _tree_argmax(keys: list, vals: list, index, select):
@@ -256,6 +293,58 @@ def warp_top_k(keys: list, vals: list, lane, top_k: int, experts: int, ops):
     return choose(top_k - 1, state, pop=False)[2]
 
 
+def _sigmoid(logit):
+    """1 / (1 + exp(-logit)) in fp32 (ptxas: a correctly rounded rcp.rn, whose slow path is a branch)."""
+    return Float32(1.0) / (Float32(1.0) + cute.math.exp(-logit))
+
+
+def _rcp_fast_path(d):
+    """ptxas's in-range path of rcp.rn.f32 (read in its SASS for _sigmoid: MUFU.RCP, then one Newton step,
+    FFMA d r - 1, FADD.FTZ negation, FFMA r e + r), correctly rounded wherever not rcp_needs_slow_path(d)."""
+    return Float32(llvm.inline_asm(
+        T.f32(), [Float32(d).ir_value()],
+        "{ .reg .f32 r, e; rcp.approx.ftz.f32 r, $1; fma.rn.f32 e, $1, r, 0fBF800000; neg.ftz.f32 e, e; "
+        "fma.rn.f32 $0, r, e, r; }",
+        "=f,f", has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+
+def rcp_needs_slow_path(bits):
+    """Whether rcp.rn.f32 of the float with these (unsigned 32-bit) bits leaves ptxas's fast path: its test,
+    ((bits + 0x01800000) & 0x7f800000) <= 0x01ffffff, true for a biased exponent of 0 or 253..255 (zero and
+    subnormals; d >= 2^126, inf, NaN). Plain Python over operators: the tests run it on numpy."""
+    return ((bits + 0x01800000) & 0x7F800000) <= 0x01FFFFFF
+
+
+def _branchless_scores_and_keys(lane_logits: list, biases: list, width: int, reload) -> tuple[list, list]:
+    """The lane's scores _sigmoid(logit) and keys ordered_key(score + bias), bit for bit, without a branch per
+    reciprocal: ptxas's fast path for all P, then for each vector of `width` positions a branch (rare: a logit
+    below ~-87.3, or NaN; the lane's own) that recomputes that vector's scores and keys with the exact rcp.rn
+    from `reload(j)`'s inputs (the j-th vector's logits and biases again, from L2), equal to the fast path's
+    wherever it is in range. With a branch per reciprocal ptxas keeps the P sigmoids in program order, ~100
+    dependent cycles each; without, it interleaves them (NOTES.md session 31). The keys are formed before the
+    branches, so the biases are used (and loaded) as early as the logits; a branch per vector keeps what it
+    reloads to `width` registers of each (one branch reloading all P spilled at T = 9)."""
+    denominators = [Float32(1.0) + cute.math.exp(-v) for v in lane_logits]
+    scores = [_rcp_fast_path(d) for d in denominators]
+    keys = [ordered_key(s + b) for s, b in zip(scores, biases)]
+
+    def exact(j):
+        def body(_):
+            logits, biases = reload(j)
+            fixed = [_sigmoid(v) for v in logits]
+            return fixed, [ordered_key(s + b) for s, b in zip(fixed, biases)]
+        return body
+
+    for j in range(len(lane_logits) // width):
+        at = slice(j * width, (j + 1) * width)
+        slow = [rcp_needs_slow_path(Uint32(_f32_bits(d))) for d in denominators[at]]
+        any_slow = slow[0]
+        for s in slow[1:]:
+            any_slow = any_slow | s
+        scores[at], keys[at] = _DslWarpOps.when(any_slow, exact(j), (scores[at], keys[at]))
+    return scores, keys
+
+
 def _f32_bits(v):
     return Int32(llvm.bitcast(T.i32(), Float32(v).ir_value()))
 
@@ -311,7 +400,8 @@ class _DslWarpOps:
 
     @staticmethod
     def when(cond, body, state):
-        """scf.if: body(state) where cond holds, state unchanged elsewhere (cond is warp-uniform: a real branch)."""
+        """scf.if: body(state) where cond holds, state unchanged elsewhere (a real branch: warp_top_k's conditions
+        are warp-uniform, _branchless_scores_and_keys' a lane's own)."""
         leaves = _leaves(state)
         out = cutlass.if_generate(cond, lambda: _leaves(body(state)), lambda: leaves, [],
                                   [type(v) for v in leaves])
@@ -383,6 +473,19 @@ if DSL.error is None:
                 self.arrive_and_select(mLogits, mBias, mIds, mOut, mSync, renormalize, scaling, first_id)
 
         @cute.jit
+        def prefetch_bias(self, mBias: cute.Tensor):
+            """RouteConfig.prefetch_bias, by the first CTA to arrive: its threads ask L2 for every line of the bias
+            (E fp32, 4-byte aligned: a point every 32 floats and the last float touch each of its 128-byte
+            lines), so that the selectors' bias loads hit L2, not memory (the weights' stream evicts the bias
+            between layers), with the arrivals' spread to land in. Nothing waits on a prefetch. (At the launch's
+            start instead, ptxas gave the T = 9 kernel 128 registers and spilled in the GEMV.)"""
+            E = self.route.experts
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx <= (E - 1) // 32 + 1:
+                at = cutlass.min(tidx * 32, E - 1)
+                cute.arch.prefetch((mBias.iterator + at).llvm_ptr, cache_level="L2")
+
+        @cute.jit
         def arrive_and_select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor,
                               mOut: cute.Tensor, mSync: cute.Tensor, renormalize: Int32, scaling: Float32,
                               first_id: Int32):
@@ -392,23 +495,45 @@ if DSL.error is None:
             selectors = self.route.selectors(M)
             tidx, _, _ = cute.arch.thread_idx()
             arrived, done = mSync.iterator, mSync.iterator + 1
+            if cutlass.const_expr(self.route.lean_arrival):
+                arrived = mSync.iterator + LEAN_COUNTER
             smem = cutlass.memory.SmemAllocator()
             sTicket = smem.allocate_array(Int32, 1)
+            if cutlass.const_expr(self.route.lean_arrival):
+                sEpoch = smem.allocate_array(Int32, 1)  # the counter's value as this launch began
             cute.arch.fence_acq_rel_gpu()  # this thread's logits before the CTA's arrival
             cute.arch.sync_threads()
             if tidx == 0:
                 sTicket[0] = cute.arch.atomic_add(arrived, Int32(1), sem="acq_rel", scope="gpu")
+                if cutlass.const_expr(self.route.lean_arrival):
+                    sEpoch[0] = sTicket[0] & -EPOCH
+                    sTicket[0] = sTicket[0] & (EPOCH - 1)
+                    if sTicket[0] == ctas - 1:  # the last arrival: the counter on to the next epoch
+                        cute.arch.atomic_add(arrived, Int32(EPOCH - ctas), sem="relaxed", scope="gpu")
             cute.arch.sync_threads()
             ticket = sTicket[0]
+            if cutlass.const_expr(self.route.prefetch_bias):
+                if ticket == 0:
+                    self.prefetch_bias(mBias)
             first = ctas - selectors
             if ticket >= first:
-                if tidx == 0:
-                    while cute.arch.load(arrived, Int32, sem="acquire", scope="gpu") < ctas:
-                        pass
-                    if cute.arch.atomic_add(done, Int32(1), sem="acq_rel", scope="gpu") == selectors - 1:
-                        cute.arch.store(arrived, Int32(0), sem="relaxed", scope="gpu")
-                        cute.arch.store(done, Int32(0), sem="relaxed", scope="gpu")
-                cute.arch.sync_threads()
+                if cutlass.const_expr(self.route.lean_arrival):
+                    if tidx == 0:
+                        # arrivals this CTA knows of, starting from its own ticket's (the last one knows of all: it
+                        # does not wait, its acq_rel ticket saw every arrival)
+                        seen = ticket + 1
+                        while seen < ctas:
+                            seen = Int32(Uint32(cute.arch.load(arrived, Int32, sem="acquire", scope="gpu"))
+                                         - Uint32(sEpoch[0]))
+                    cute.arch.sync_threads()
+                else:
+                    if tidx == 0:
+                        while cute.arch.load(arrived, Int32, sem="acquire", scope="gpu") < ctas:
+                            pass
+                        if cute.arch.atomic_add(done, Int32(1), sem="acq_rel", scope="gpu") == selectors - 1:
+                            cute.arch.store(arrived, Int32(0), sem="relaxed", scope="gpu")
+                            cute.arch.store(done, Int32(0), sem="relaxed", scope="gpu")
+                    cute.arch.sync_threads()
                 token = (ticket - first) * c.warps + cute.arch.warp_idx()
                 if cutlass.const_expr(self.route.stop_after == "select"):
                     for p in cutlass.range_constexpr(self.route.passes(M)):
@@ -416,32 +541,50 @@ if DSL.error is None:
                             self.select(mLogits, mBias, mIds, mOut, token + p * selectors * c.warps, renormalize,
                                         scaling, first_id)
 
+        def lane_logits(self, mLogits: cute.Tensor, token: Int32, vectors=None) -> list:
+            """This lane's logits of token, as a list of values: all P, or those of the given vectors (the j-th
+            holds the lane's positions j V .. j V + V - 1), every load issued before the first is used (one L2
+            round trip, not P one after another: NOTES.md run 2). .cg: from L2, never a line this SM's L1 may hold
+            from before the other CTAs' stores."""
+            P, V = self.route.per_lane, self.route.load_width
+            vectors = range(P // V) if vectors is None else vectors
+            lane = cute.arch.lane_idx()
+            logit_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=32 * V,
+                                             load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
+            logits = cute.make_rmem_tensor((V, len(vectors)), Float32)
+            row = mLogits[token, None]
+            for n, j in enumerate(vectors):  # (plain Python, unrolled: a helper traced inside a cute.jit)
+                cute.copy(logit_load, cute.local_tile(row, (V,), (lane * (P // V) + j,)), logits[None, n])
+            return [logits[i, n] for n in range(len(vectors)) for i in range(V)]
+
+        def lane_biases(self, mBias: cute.Tensor, vectors=None) -> list:
+            """The biases of lane_logits' positions: one float a load (the caller's bias is 4-byte aligned);
+            padding positions read expert E - 1's."""
+            P, E, V = self.route.per_lane, self.route.experts, self.route.load_width
+            vectors = range(P // V) if vectors is None else vectors
+            lane = cute.arch.lane_idx()
+            bias_at = [lane * P + j * V + i for j in vectors for i in range(V)]
+            if WARP * P > E:
+                bias_at = [Int32(cutlass.select_(at < E, at, Int32(E - 1))) for at in bias_at]
+            return [mBias[at] for at in bias_at]
+
         @cute.jit
         def select(self, mLogits: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, mOut: cute.Tensor,
                    token: Int32, renormalize: Int32, scaling: Float32, first_id: Int32):
             """One warp: token's top-k, as ids and weights or as candidates (module doc)."""
-            P, k, E = self.route.per_lane, self.route.top_k, self.route.experts
-            V = self.route.load_width
+            k, E, V = self.route.top_k, self.route.experts, self.route.load_width
             lane = cute.arch.lane_idx()
-            # every load of the lane's P logits and biases is issued before the first is used: one L2 round trip,
-            # not P of them one after another (the selection's fixed cost, NOTES.md run 2). The logits .cg: from L2,
-            # never a line this SM's L1 may hold from before the other CTAs' stores.
-            logit_load = cute.make_copy_atom(cute.nvgpu.CopyG2ROp(), Float32, num_bits_per_copy=32 * V,
-                                             load_cache_mode=cute.nvgpu.LoadCacheMode.GLOBAL)
-            logits = cute.make_rmem_tensor((V, P // V), Float32)
-            row = mLogits[token, None]
-            for j in cutlass.range_constexpr(P // V):
-                cute.copy(logit_load, cute.local_tile(row, (V,), (lane * (P // V) + j,)), logits[None, j])
-            # one float a load (the caller's bias is 4-byte aligned); padding positions read expert E - 1's
-            bias_at = [lane * P + i for i in range(P)]
-            if cutlass.const_expr(WARP * P > E):
-                bias_at = [Int32(cutlass.select_(j < E, j, Int32(E - 1))) for j in bias_at]
-            biases = [mBias[j] for j in bias_at]
-            keys, scores = [], []
-            for i in cutlass.range_constexpr(P):
-                s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-logits[i % V, i // V]))
-                scores.append(s)
-                keys.append(ordered_key(s + biases[i]))
+            lane_logits, biases = self.lane_logits(mLogits, token), self.lane_biases(mBias)
+            if cutlass.const_expr(self.route.branchless_sigmoid):
+                scores, keys = _branchless_scores_and_keys(
+                    lane_logits, biases, V,
+                    lambda j: (self.lane_logits(mLogits, token, [j]), self.lane_biases(mBias, [j])))
+            else:
+                scores, keys = [], []
+                for v, b in zip(lane_logits, biases):
+                    s = _sigmoid(v)
+                    scores.append(s)
+                    keys.append(ordered_key(s + b))
             expert, score, key = warp_top_k(keys, scores, lane, k, E, _DslWarpOps())
             if cutlass.const_expr(self.route.output == "candidates"):
                 if lane < k:
@@ -493,4 +636,4 @@ def compile_report(cfg: RouteConfig, m: int, k: int, arch: str = "sm_90a", **kw)
 
     require_dsl(DSL.error)
     return compile_for_arch(RouteKernel(cfg, m, k), *fake_args(), arch=arch,
-                            dynamic_smem_bytes=cfg.gemv.smem_bytes(m) + 4, **kw)
+                            dynamic_smem_bytes=cfg.gemv.smem_bytes(m) + 4 * (1 + cfg.lean_arrival), **kw)
