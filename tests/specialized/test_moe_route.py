@@ -9,14 +9,15 @@ router and of the local-candidates form.
 GPU: integer-valued inputs (every logit exact in fp32 in any summation order, keys equal -- often -- or at least
 MIN_GAP apart) against the math in float64 with ties to the lower id, exactly; `diagnose` names
 the wrong tokens and experts. Then the gate problem's inputs at the contract's benchmark points, strided x,
-T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back to zero). The local form
+T = 0, repeated launches and CUDA-graph replays (the arrival counters must come back ready). The local form
 against model/kimi_k3/ops/moe_route_tp.py's `local_candidates` at TP 4 / 8 / 16 slices, and moe_route_tp at tp = 1
 over the kernel's candidates against the router.
-The opt-in shortcuts (RouteConfig.lean_arrival, prefetch_bias, branchless_sigmoid; NOTES.md session 31): on CPU the
-reciprocal's range test on numpy floats, the lean arrival's counter protocol over launches of every CTA count and
-the counter's wrap, each flag's compile without spills and its PTX mix, the local form's refusal; on the GPU each
-flag bit for bit against the gated kernel (logits in the reciprocal's slow range included) and exactly against
-the float64 reference, and in CUDA graphs beside the gated kernel (the counters ready after every replay).
+The shortcuts (RouteConfig.lean_arrival, prefetch_bias, branchless_sigmoid; on in the router's configs, NOTES.md
+sessions 31-33): on CPU the reciprocal's range test on numpy floats, the lean arrival's counter protocol over
+launches of every CTA count and the counter's wrap, each flag's compile without spills and its PTX mix, the local
+form's refusal; on the GPU each flag bit for bit against the plain kernel (route_config's shortcuts=False; logits
+in the reciprocal's slow range included) and exactly against the float64 reference, and in CUDA graphs beside the
+plain kernel (the counters ready after every replay).
 """
 
 from __future__ import annotations
@@ -333,6 +334,9 @@ def test_shortcuts_are_the_routers_only():
         with pytest.raises(ValueError, match=name):
             RouteConfig(gemv, output="candidates", **{name: True})
     assert RouteConfig(gemv).shortcuts == ()
+    assert route_config(1, E, K, TOP_K).shortcuts == SHORTCUTS  # the router takes them all
+    assert route_config(1, E, K, TOP_K, shortcuts=False).shortcuts == ()
+    assert route_config(1, 112, K, TOP_K, output="candidates").shortcuts == ()
 
 
 def test_reciprocal_slow_path_test_is_ptxas_range():
@@ -423,12 +427,12 @@ needs_cutlass = pytest.mark.skipif(not cutlass_available()[0], reason="CuTe DSL 
 @needs_cutlass
 @pytest.mark.parametrize("t", [1, 16, 64])
 def test_compiles_for_sm90a_without_gpu(t):
-    """No spills or stack; the rounds a loop, not unrolled (rounds_mix); a lane's 28 logits in 7 vector loads
-    from L2, all issued before the first sigmoid; the counters' two atomics and one acquire load; tensor cores
-    from 9 tokens on."""
+    """The plain kernel (no shortcuts): no spills or stack; the rounds a loop, not unrolled (rounds_mix); a lane's
+    28 logits in 7 vector loads from L2, all issued before the first sigmoid; the counters' two atomics and one
+    acquire load; tensor cores from 9 tokens on."""
     from model.kimi_k3.specialized.moe_route import compile as compile_key
 
-    report = compile_key((route_config(t, E, K, TOP_K), t, K), "sm_90a")
+    report = compile_key((route_config(t, E, K, TOP_K, shortcuts=False), t, K), "sm_90a")
     assert report.ok(max_registers=255), report.kernels
     counts = ptx_instruction_counts(report.ptx, {
         "redux": r"\bredux\.sync\.max\.u32", "ballot": r"\bvote\.sync\.ballot", "ld.cg": r"\bld\.global\.cg\.v4\.b32",
@@ -450,7 +454,8 @@ def test_the_probes_stages_compile_without_the_later_phases():
     patterns = {"atom": r"\batom\.global\.acq_rel\.add", "redux": r"\bredux\.sync\.max\.u32"}
     expected = {"arrive": {"atom": 2, "redux": 0}, "gemv": {"atom": 0, "redux": 0}}
     for stage, counts in expected.items():
-        report = compile_key((replace(route_config(1, E, K, TOP_K), stop_after=stage), 1, K), "sm_90a")
+        report = compile_key((replace(route_config(1, E, K, TOP_K, shortcuts=False), stop_after=stage), 1, K),
+                             "sm_90a")
         assert report.ok(max_registers=255), report.kernels
         assert ptx_instruction_counts(report.ptx, patterns) == counts, stage
 
@@ -466,10 +471,10 @@ def test_shortcuts_compile_for_sm90a_without_gpu(flags, t):
     ticket and one relaxed add (the last one's step to the next epoch), no second counter nor reset stores, the
     waiters' one acquire load. prefetch_bias: one L2 prefetch. branchless_sigmoid: P approximate reciprocals (the
     fast path, rcp.approx.ftz + Newton step) and the P exact rcp.rn inside the slow branches. The rounds'
-    reductions, the logits' vector loads and (off) everything else as in the gated kernel."""
+    reductions, the logits' vector loads and (off) everything else as in the plain kernel."""
     from model.kimi_k3.specialized.moe_route import compile as compile_key
 
-    cfg = replace(route_config(t, E, K, TOP_K), **flags)
+    cfg = replace(route_config(t, E, K, TOP_K, shortcuts=False), **flags)
     report = compile_key((cfg, t, K), "sm_90a")
     assert report.ok(max_registers=255), report.kernels
     counts = ptx_instruction_counts(report.ptx, {
@@ -660,12 +665,13 @@ def slow_range_inputs(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, to
 @pytest.mark.gpu
 @pytest.mark.parametrize("t", [1, 9, 16, 64])
 @pytest.mark.parametrize("flags", SHORTCUT_FLAGS, ids=lambda f: "+".join(f))
-def test_shortcuts_match_the_gated_kernel_bit_for_bit(flags, t):
-    """Every shortcut returns the gated kernel's ids and weights bit for bit (same fp32 operations, moved or
+def test_shortcuts_match_the_plain_kernel_bit_for_bit(flags, t):
+    """Every shortcut returns the plain kernel's ids and weights bit for bit (same fp32 operations, moved or
     without branches), where logits fall in the reciprocal's slow range too, and the exact inputs' ids and
     weights against float64 as test_exact_inputs_match_exactly."""
     kernel = _kernel()
-    cfg = replace(route_config(t, E, K, TOP_K), **flags)
+    plain = route_config(t, E, K, TOP_K, shortcuts=False)
+    cfg = replace(plain, **flags)
     x, w, bias = exact_inputs(t, seed=t)
     want_ids, want_w = exact_route(x, w, bias, TOP_K, 2.5)
     ids, weights = (a.cpu() for a in kernel(x.cuda(), w.cuda(), bias.cuda(), TOP_K, True, 2.5, config=cfg))
@@ -674,16 +680,16 @@ def test_shortcuts_match_the_gated_kernel_bit_for_bit(flags, t):
     torch.testing.assert_close(weights, want_w, rtol=1e-5, atol=1e-7, msg=msg)
     x, w, bias = (a.cuda() for a in slow_range_inputs(t, seed=t))
     assert bool((x.float() @ w.float().t() < -88).any())
-    gated = kernel(x, w, bias, TOP_K, True, 2.5)
-    for got, want in zip(kernel(x, w, bias, TOP_K, True, 2.5, config=cfg), gated):
+    for got, want in zip(kernel(x, w, bias, TOP_K, True, 2.5, config=cfg),
+                         kernel(x, w, bias, TOP_K, True, 2.5, config=plain)):
         assert torch.equal(got, want)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("flags", SHORTCUT_FLAGS, ids=lambda f: "+".join(f))
-def test_shortcuts_in_a_graph_beside_the_gated_kernel(flags):
-    """One CUDA graph launching the gated kernel and the shortcut one alternately at 1, 64 and 16 tokens (448, 224
-    and 448 CTAs): every replay's results right, and the counters ready after it: the gated pair at zero, the
+def test_shortcuts_in_a_graph_beside_the_plain_kernel(flags):
+    """One CUDA graph launching the plain kernel and the shortcut one alternately at 1, 64 and 16 tokens (448, 224
+    and 448 CTAs): every replay's results right, and the counters ready after it: the plain pair at zero, the
     lean one at a multiple of EPOCH."""
     from model.kimi_k3.specialized.moe_route import _sync
 
@@ -691,7 +697,8 @@ def test_shortcuts_in_a_graph_beside_the_gated_kernel(flags):
     x, w, bias = exact_inputs(64, seed=5)
     want_ids, _ = exact_route(x, w, bias, TOP_K, 1.0)
     x, w, bias = x.cuda(), w.cuda(), bias.cuda()
-    calls = [(t, config) for t in (1, 64, 16) for config in (None, replace(route_config(t, E, K, TOP_K), **flags))]
+    calls = [(t, replace(route_config(t, E, K, TOP_K, shortcuts=False), **shortcut)) for t in (1, 64, 16)
+             for shortcut in ({}, flags)]
     for t, config in calls:  # compiled before capture
         kernel(x[:t], w, bias, TOP_K, True, 1.0, config=config)
     graph = torch.cuda.CUDAGraph()

@@ -30,6 +30,7 @@ from .kernel import (
     CANDIDATE_FIELDS,
     DSL,
     MAX_TOP_K,
+    SHORTCUTS,
     SYNC_WORDS,
     RouteConfig,
     compile_kernel,
@@ -89,10 +90,14 @@ def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor, top_k: i
 
 
 @functools.cache
-def route_config(t: int, e: int, k: int, top_k: int, num_sms: int = 132, output: str = "weights") -> RouteConfig:
+def route_config(t: int, e: int, k: int, top_k: int, num_sms: int = 132, output: str = "weights",
+                 shortcuts: bool = True) -> RouteConfig:
     """The config a call uses: linear's GEMV config for [E, K] with fp32 out (its tuned table, else its
-    heuristic), E, k and the output form. Raises ValueError where K does not fit the GEMV."""
-    cfg = RouteConfig(config_for(t, e, k, torch.float32, num_sms), experts=e, top_k=top_k, output=output)
+    heuristic), E, k and the output form. The router's ("weights") takes every shortcut after the last arrival
+    (kernel.py's module doc; -11.8 % at T = 1 on an H100, NOTES.md session 32); `shortcuts=False` gives the kernel
+    without them, as the local form always runs. Raises ValueError where K does not fit the GEMV."""
+    flags = dict.fromkeys(SHORTCUTS, shortcuts and output == "weights")
+    cfg = RouteConfig(config_for(t, e, k, torch.float32, num_sms), experts=e, top_k=top_k, output=output, **flags)
     cfg.check(t, k)
     return cfg
 

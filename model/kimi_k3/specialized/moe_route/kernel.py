@@ -62,14 +62,14 @@ float it came from, so exactly the s + bias the selection compared. Both forms r
 Several passes. At tiny E (a TP16 rank's 56 experts at 64 tokens) the GEMV has fewer CTAs than ceil(T / warps):
 then all C CTAs select and each warp takes tokens w, w + C warps, ... (`RouteConfig.passes`, unrolled).
 
-Shortcuts (opt-in RouteConfig flags, the router's "weights" form only; off, the PTX is the gated kernel's; NOTES.md
-session 31). `lean_arrival`: its own counter (the sync buffer's third word), never reset: each launch moves it on
-to the next multiple of EPOCH = 2^16. A CTA's ticket is the value its acq_rel add returned, mod EPOCH; the last
-ticket (ctas - 1) knows from that atomic that every CTA has arrived, so it neither waits nor counts: it adds
-EPOCH - ctas (relaxed, nothing waits on it) and selects at once. Another selector waits until the counter minus
-its launch's epoch reaches ctas (the last add or the step after it: both are read-modify-writes after every
-arrival's release, so reading either acquires them all). Gone from the last CTA's path: the acquire load's
-round trip (its wait), the second counter's acq_rel atomic (a fence and a round trip) and a barrier.
+Shortcuts (RouteConfig flags, the router's "weights" form only, where route_config turns all three on; off, the PTX is
+the kernel's before them, as the local form runs; NOTES.md sessions 31-33). `lean_arrival`: its own counter (the sync
+buffer's third word), never reset: each launch moves it on to the next multiple of EPOCH = 2^16. A CTA's ticket is the
+value its acq_rel add returned, mod EPOCH; the last ticket (ctas - 1) knows from that atomic that every CTA has arrived,
+so it neither waits nor counts: it adds EPOCH - ctas (relaxed, nothing waits on it) and selects at once. Another
+selector waits until the counter minus its launch's epoch reaches ctas (the last add or the step after it: both are
+read-modify-writes after every arrival's release, so reading either acquires them all). Gone from the last CTA's path:
+the acquire load's round trip (its wait), the second counter's acq_rel atomic (a fence and a round trip) and a barrier.
 `prefetch_bias`: the first CTA to arrive asks L2 for the bias's lines, so the selectors' bias loads (issued beside
 their logits') hit L2 instead of memory. `branchless_sigmoid`: ptxas expands each `1 / (1 + exp(-x))` into a
 correctly rounded rcp.rn with a range test and a branch to a slow path, and keeps the P sigmoids in program order,
@@ -101,7 +101,7 @@ WARP = 32
 MAX_TOP_K = WARP  # lane r keeps the r-th choice
 STAGES = ("select", "arrive", "gemv")  # RouteConfig.stop_after
 OUTPUTS = ("weights", "candidates")  # RouteConfig.output
-SHORTCUTS = ("lean_arrival", "prefetch_bias", "branchless_sigmoid")  # RouteConfig's opt-in flags (module doc)
+SHORTCUTS = ("lean_arrival", "prefetch_bias", "branchless_sigmoid")  # RouteConfig's flags (module doc)
 CANDIDATE_FIELDS = FIELDS  # key, un-biased score, global expert id: moe_route_tp's all-gather format
 DROPPED = 0  # the ordered key of a dropped expert: below every finite float's (0 would be the NaN 0xffffffff)
 TREE_LEAVES = 8  # _tree_argmax's width: runs of 4 keys at P = 28 (module doc: registers)
@@ -124,10 +124,10 @@ class RouteConfig:
     stop_after: str = "select"
     # "weights": ids and renormalized weights (the router); "candidates": a TP rank's local top-k (module doc)
     output: str = "weights"
-    # Opt-in shortenings of the path after the last arrival (module doc, "Shortcuts"; NOTES.md session 31); off,
-    # the kernel's code is the gated one's. lean_arrival: the last ticket neither waits nor counts (an epoch
-    # counter, never reset); prefetch_bias: the first arrival prefetches the bias into L2; branchless_sigmoid:
-    # the sigmoids' correctly rounded reciprocals without a branch each.
+    # Shortenings of the path after the last arrival (module doc, "Shortcuts"; route_config turns them on for the
+    # router; off, the kernel's code is the one before them). lean_arrival: the last ticket neither waits nor counts (an
+    # epoch counter, never reset); prefetch_bias: the first arrival prefetches the bias into L2; branchless_sigmoid: the
+    # sigmoids' correctly rounded reciprocals without a branch each.
     lean_arrival: bool = False
     prefetch_bias: bool = False
     branchless_sigmoid: bool = False
@@ -145,12 +145,12 @@ class RouteConfig:
             raise ValueError(f"top_k {self.top_k}: 1..{min(MAX_TOP_K, self.experts)}")
         if self.output == "candidates" and self.shortcuts:
             raise ValueError(f"{', '.join(self.shortcuts)}: the router's ('weights') only, not yet measured; the "
-                             "local form keeps the gated arrival and sigmoid (at E = 224, T = 16 lean_arrival made "
+                             "local form keeps the plain arrival and sigmoid (at E = 224, T = 16 lean_arrival made "
                              "ptxas spill in the GEMV)")
 
     @property
     def shortcuts(self) -> tuple[str, ...]:
-        """The opt-in shortenings this config turns on."""
+        """The shortenings this config turns on."""
         return tuple(name for name in SHORTCUTS if getattr(self, name))
 
     @property

@@ -3,9 +3,10 @@ stopped after the arrival (every CTA's fence and ticket, the last ones' wait, no
 of linear's own GEMV at [E, K] with fp32 out, and of the standard; then of a TP rank's local form
 (`moe_route_local_cute`) at E_local 112 and 56 (TP8, TP16) beside torch's `local_candidates`; 8 distinct gate
 weights per graph (together beyond the L2), at T = 1, 16, 64. `--top-k 1 4 16` adds the router at other k (the
-selection's cost a round: the difference over the rounds), `--tokens` other token counts. The rows "router +flag"
-time the opt-in shortcuts (RouteConfig.lean_arrival, prefetch_bias, branchless_sigmoid; NOTES.md session 31) each
-on its own and all three together, beside "router" (the gated kernel), in the same process.
+selection's cost a round: the difference over the rounds), `--tokens` other token counts. "router" is the kernel
+as the router calls it (every shortcut on: RouteConfig.lean_arrival, prefetch_bias, branchless_sigmoid; NOTES.md
+sessions 31-33); the rows "plain +flag" time the kernel without them ("plain") and with each on its own, in the
+same process.
 
     python -m model.kimi_k3.specialized.moe_route.probe [--tokens 1 16 64] [--top-k 1 4 16]
 """
@@ -42,15 +43,15 @@ def main() -> None:
         x = torch.randn(t, K, device="cuda", dtype=torch.bfloat16)
         logits = torch.empty(t, E, device="cuda", dtype=torch.float32)
         stages = {stage: replace(route_config(t, E, K, TOP_K), stop_after=stage) for stage in ("arrive", "gemv")}
-        shortcuts = {name: replace(route_config(t, E, K, TOP_K), **{name: True}) for name in SHORTCUTS}
-        shortcuts["all"] = replace(route_config(t, E, K, TOP_K), **dict.fromkeys(SHORTCUTS, True))
-        shortcuts["all to arrive"] = replace(shortcuts["all"], stop_after="arrive")
+        plain = route_config(t, E, K, TOP_K, shortcuts=False)
+        shortcuts = {"": plain, **{f" +{name}": replace(plain, **{name: True}) for name in SHORTCUTS},
+                     " to arrive": replace(plain, stop_after="arrive")}
         runs = {
             "router": [lambda w=w, b=b: moe_route_cute(x, w, b, TOP_K, True, 2.5) for w, b in sets],
             **{f"router to {stage}": [lambda w=w, b=b, cfg=cfg: moe_route_cute(x, w, b, TOP_K, True, 2.5, config=cfg)
                                       for w, b in sets] for stage, cfg in stages.items()},
-            **{f"router +{name}": [lambda w=w, b=b, cfg=cfg: moe_route_cute(x, w, b, TOP_K, True, 2.5, config=cfg)
-                                   for w, b in sets] for name, cfg in shortcuts.items()},
+            **{f"plain{name}": [lambda w=w, b=b, cfg=cfg: moe_route_cute(x, w, b, TOP_K, True, 2.5, config=cfg)
+                                for w, b in sets] for name, cfg in shortcuts.items()},
             "linear's GEMV": [lambda w=w: linear_cute(x, w, out=logits) for w in weights],
             "standard": [lambda w=w, b=b: moe_route_standard(x, w, b, TOP_K, True, 2.5) for w, b in sets],
         }
