@@ -1,6 +1,7 @@
 """Benchmark verdicts from raw samples (computed in the gate, not the candidate's process); the GPU run."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from gates.core.registry import GateOptions, arg_names
 from gates.core.sources import REPO_ROOT
 from gates.core.status import GateResult, Status
 from gates.problems import Point, bench_point, load_problem
+from kernels.arch import detect, known
 from kernels.contract import load_contract
+from kernels.roofline import floor
 from tests.gates.fixtures.helpers import CPU_EXAMPLE, LAUNCH_US, kda_contract, paired_block, run_gate, timed
 
 POINT = Point(1, 0, (("heads", 12), ("head_dim", 128)), "bf16")
@@ -170,6 +173,9 @@ def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
     clock = result.details["sm_clock_mhz"]
     assert 300 < clock["alone"] < 4000 and 300 < clock["beside"] < 4000, clock  # measured in both processes
     assert clock["max"] is None or clock["max"] > 300
+    declared, peaks = detect(), result.details["peaks"]  # the floors at this device's copy bandwidth, measured here
+    assert 1e12 < peaks["mem_bw_Bps"] < 2e13 and peaks["declared_mem_bw_Bps"] == declared.mem_bw_Bps
+    assert peaks["source"].startswith(f"copy bandwidth measured in this process on {declared.device_name};")
 
 
 def test_summary_names_a_points_shape_only_where_it_differs():
@@ -359,7 +365,6 @@ class _FakeClean:
 def test_the_standard_alone_is_timed_without_the_candidate(monkeypatch, pipeline):
     """Only the standard is started in the clean process, on the point's own sets; a failure there is a flag."""
     from gates.core.registry import GateContext
-    from kernels.arch import detect
 
     requests: list = []
     monkeypatch.setattr(benchmarks, "Sandbox", lambda **_: _FakeClean(pipeline, requests))
@@ -459,3 +464,35 @@ def test_the_summary_marks_a_drawn_point():
                                                                  "drawn": True},
             {"batch": 5, "series": "heads 6", "speedup": 1.2, "drawn": True}]
     assert benchmarks.speedup_summary(rows) == "batch 1: 2.00×, batch 3 (drawn): 1.50×, batch 5 (heads 6, drawn): 1.20×"
+
+
+# ------------------------------------------- floors at the bandwidth of the device the gate runs on
+
+H100_COPY_BPS = 3.35e12
+
+
+def test_floors_follow_the_bandwidth_measured_on_the_device_not_the_one_its_arch_declares(monkeypatch):
+    """An H100 is an sm_90 like the H200 whose 4.3 TB/s the arch declares: its floors are at the bandwidth measured
+    where the gate runs, the bf16 rate as declared (one compute die)."""
+    measured_on = []
+
+    def measure(info, device=None):
+        measured_on.append(info.device_name)
+        return replace(info, mem_bw_Bps=H100_COPY_BPS, measured=True, source="copy bandwidth measured in this process")
+
+    monkeypatch.setattr(benchmarks, "with_measured_bandwidth", measure)
+    declared = replace(known("sm_90"), device_name="NVIDIA H100 80GB HBM3")
+    peaks = benchmarks.device_peaks(declared)
+    assert measured_on == ["NVIDIA H100 80GB HBM3"]
+    assert peaks.mem_bw_Bps == H100_COPY_BPS and peaks.measured and peaks.bf16_flops == declared.bf16_flops
+    assert peaks.source == ("copy bandwidth measured in this process on NVIDIA H100 80GB HBM3; the bf16 rate as "
+                            f"declared for sm_90: {declared.source}")
+    assert floor(H100_COPY_BPS * 1e-6, 0.0, peaks).floor_us == pytest.approx(1.0)  # 3.35 MB at 3.35 TB/s
+    assert floor(H100_COPY_BPS * 1e-6, 0.0, declared).floor_us == pytest.approx(3.35 / 4.3)  # a fifth low
+
+
+@pytest.mark.parametrize("machine", [known("cpu"), replace(known("sm_90"), arch="sm_120", mem_bw_Bps=0.0,
+                                                           bf16_flops=0.0)])
+def test_nothing_is_measured_without_a_gpu_or_an_arch_with_declared_peaks(monkeypatch, machine):
+    monkeypatch.setattr(benchmarks, "with_measured_bandwidth", lambda *_: pytest.fail("measured"))
+    assert benchmarks.device_peaks(machine) is machine

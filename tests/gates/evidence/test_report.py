@@ -51,6 +51,18 @@ def test_benchmarks_render_as_plots_and_tables(gpu_like_bundle):
     clock = ("SM clock at the start of the timed sessions: 1965 MHz in the candidate's process, 1980 MHz with the "
              "standard alone (the GPU's maximum 1980 MHz).")
     assert clock in md and clock in bench
+    roofline = ("Roofline: 4.25e+12 B/s (the arch's declared figure 4.3e+12 B/s), 7.9e+14 FLOP/s (copy bandwidth "
+                "measured in this process on NVIDIA H200)")
+    assert roofline in md and roofline in bench
+
+
+def test_a_bundle_from_before_the_bandwidth_was_measured_shows_its_declared_peaks(gpu_like_bundle):
+    bench = next(g for g in gpu_like_bundle.gates if g.gate == "benchmarks")
+    old = bench.model_copy(update={"details": {**bench.details, "peaks": {"mem_bw_Bps": 4.3e12, "flops": 790e12,
+                                                                          "source": "declared"}}})
+    bundle = rejudged(gpu_like_bundle, [old if g.gate == "benchmarks" else g for g in gpu_like_bundle.gates])
+    roofline = "Roofline: 4.3e+12 B/s, 7.9e+14 FLOP/s (declared)"
+    assert roofline in render_markdown(bundle) and roofline in render_html(bundle)
 
 
 def test_a_plugged_in_gate_renders_without_its_own_template(gpu_like_bundle):
