@@ -19,6 +19,7 @@ from gates.core.sources import HARNESS_DIRS, REPO_ROOT, resolve, sha256_file
 from gates.evidence import decode
 from gates.evidence.bundle import BUNDLE_FILE, MANIFEST_FILE, Bundle, is_regular, load_bundle, parse_bundle
 from gates.evidence.signing import SIGNATURE_FILE, signature_problems
+from kernels.contract import Contract
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 UNLISTED = (MANIFEST_FILE, SIGNATURE_FILE)  # the manifest cannot list itself, nor the signature made over it
@@ -99,6 +100,18 @@ def contradictions(bundle: Bundle) -> list[str]:
             for problem in audits[result.gate](result)]
 
 
+def unlisted_device(bundle: Bundle) -> list[str]:
+    """The GPU that made the bundle, where its contract validates the bundle's arch on other devices only: one arch
+    spans devices of different memories (an H100 and an H200 are both sm_90), so evidence from one does not
+    validate another. An arch the contract only declares, or a CPU, is not checked: no device is claimed there."""
+    if bundle.arch == "cpu":
+        return []
+    device = bundle.environment.device_name
+    return [f"made on {device} but the contract lists {', '.join(hw.devices)} for {bundle.arch} under "
+            "hardware.validated" for hw in Contract.model_validate(bundle.contract).hardware.validated
+            if hw.arch == bundle.arch and device not in hw.devices]
+
+
 def check_freshness(bundle: Bundle, root: Path = REPO_ROOT) -> list[str]:
     """Each covered source file still has the sha256 the bundle recorded."""
     problems = []
@@ -116,7 +129,7 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT, key: bytes | None = N
                   require_signature: bool = False) -> list[str]:
     """Every reason not to trust the bundle at `directory`: broken integrity, a wrong signature (or a missing one,
     with `require_signature`), a bundle.json that breaks the schema or whose gates contradict their own numbers,
-    stale sources. Its verdict is not judged here: a trustworthy bundle may record a failure."""
+    a GPU its contract does not validate the arch on, stale sources. Its verdict is not judged here: a trustworthy bundle may record a failure."""
     directory = Path(directory)
     problems = check_integrity(directory) + check_signature(directory, key, require_signature)
     path = directory / BUNDLE_FILE
@@ -133,7 +146,7 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT, key: bytes | None = N
         return problems + [f"{path}: missing"]
     except ValueError as e:
         return problems + [off_schema(path, e)]
-    return (problems + [f"{path}: {p}" for p in contradictions(bundle)]
+    return (problems + [f"{path}: {p}" for p in contradictions(bundle) + unlisted_device(bundle)]
             + [f"{directory}: {p}" for p in check_freshness(bundle, root)])
 
 

@@ -18,7 +18,7 @@ from gates.evidence.signing import KEY_FILE_VAR, KEY_VAR, SigningKeyError, signi
 from gates.evidence.verify import verify_bundle
 from gates.problems import load_problem
 from kernels.contract import load_contract
-from tests.gates.fixtures.helpers import CPU_EXAMPLE, CPU_EXAMPLE_CONTRACTS, kda_contract, rejudged
+from tests.gates.fixtures.helpers import CPU_EXAMPLE, CPU_EXAMPLE_CONTRACTS, REAL_BUNDLE, kda_contract, rejudged
 
 KEY = "k3forge-test-key-" + "0123456789abcdef" * 2
 
@@ -214,6 +214,29 @@ def test_verify_checks_the_numbers_against_each_other(gpu_like_dir, edit, expect
     edit_bundle_json(gpu_like_dir, edit)
     problems = verify_bundle(gpu_like_dir)
     assert any(expected in p for p in problems), problems
+
+
+def _made_on(device: str):
+    return lambda data: data["environment"].update(device_name=device)
+
+
+@pytest.mark.parametrize("device, problems", [
+    ("NVIDIA H200", []),
+    ("NVIDIA H100 80GB HBM3", ["made on NVIDIA H100 80GB HBM3 but the contract lists NVIDIA H200 for sm_90 under "
+                               "hardware.validated"]),
+])
+def test_a_gpu_bundle_from_a_device_its_contract_does_not_validate_is_refused(tmp_path, device, problems):
+    """The KDA kernel's committed H200 bundle, otherwise intact, claiming an H100 made it: the same arch, another
+    memory, and the contract validates sm_90 on the H200 alone."""
+    directory = shutil.copytree(REAL_BUNDLE.parent, tmp_path / "kda_decode" / "sm_90")
+    edit_bundle_json(directory, _made_on(device))
+    assert verify_bundle(directory) == [f"{directory / 'bundle.json'}: {p}" for p in problems]
+
+
+def test_a_bundle_of_an_arch_its_contract_only_declares_names_no_device(gpu_like_dir):
+    """The fixture contract declares sm_90 (NVIDIA H200) and validates nothing: no device is claimed there."""
+    edit_bundle_json(gpu_like_dir, _made_on("NVIDIA H100 80GB HBM3"))
+    assert verify_bundle(gpu_like_dir) == []
 
 
 def test_evidence_show_of_a_bundle_json_that_is_not_json_is_one_line(bundle_dir, capsys):
