@@ -287,8 +287,8 @@ def poison(specs: list[tuple[tuple[int, ...], torch.dtype]], device: str) -> Non
 
 def _poison_free_cached_blocks() -> None:
     """0xFF over every block the allocator keeps free now, while poison() holds its own: the rest of segments still
-    partly in use (empty_cache keeps those) and of the segments its small poison tensors were carved from (fresh from
-    the driver, so zeros: session 33's H100 served a 4 KiB scratch from one)."""
+    partly in use (empty_cache keeps those) and of the segments the outputs' poison was carved from (fresh from the
+    driver, so zeros)."""
     for segment in _ORIGINAL["torch.cuda.memory_snapshot"]():
         for block in segment["blocks"]:
             if block["state"] == "inactive":
