@@ -61,6 +61,11 @@ class BundleDiff:
     compile: list[dict] = field(default_factory=list)  # per kernel config: registers / spills that moved
     contract: list[Move] = field(default_factory=list)  # judged contract values that moved (contract_moves)
     evals: dict[str, tuple] = field(default_factory=dict)  # eval metrics that moved
+    # (base, head) device names and the copy bandwidths (bytes/s) their floors were at, where the two differ: each
+    # speedup is its own run's (candidate and standard side by side), but the times and the fractions of the floor
+    # then compare two machines
+    devices: tuple[str | None, str | None] | None = None
+    bandwidths: tuple[float | None, float | None] | None = None
 
 
 def gate_of(bundle: dict | None, name: str) -> dict:
@@ -74,6 +79,15 @@ def timed_points(bundle: dict | None) -> dict[str, dict]:
     """The contract's benchmark points by label; drawn points (drawn anew each gate run) have nothing to compare."""
     rows = gate_of(bundle, "benchmarks").get("details", {}).get("rows", [])
     return {r["point"]: r for r in rows if not r.get("drawn")}
+
+
+def _device(bundle: dict | None) -> str | None:
+    return ((bundle or {}).get("environment") or {}).get("device_name")
+
+
+def _bandwidth(bundle: dict | None) -> float | None:
+    """The copy bandwidth the bundle's floors were computed at (measured on its device, or the arch's declared)."""
+    return ((gate_of(bundle, "benchmarks").get("details") or {}).get("peaks") or {}).get("mem_bw_Bps")
 
 
 def _figures(row: dict | None) -> dict | None:
@@ -232,7 +246,9 @@ def diff_bundles(base: dict | None, head: dict | None, op: str, arch: str) -> Bu
     for k in sorted(set(eb) | set(eh)):
         if _moved(eb.get(k), eh.get(k)):
             d.evals[k] = (eb.get(k), eh.get(k))
-    if change == "changed" and not (d.gates or d.points or d.compile or d.contract or d.evals
+    if base is not None and head is not None and _device(base) != _device(head):
+        d.devices, d.bandwidths = (_device(base), _device(head)), (_bandwidth(base), _bandwidth(head))
+    if change == "changed" and not (d.gates or d.points or d.compile or d.contract or d.evals or d.devices
                                     or d.verdict[0] != d.verdict[1]):
         d.change = "unchanged"
     return d
@@ -315,6 +331,11 @@ def render_markdown(diffs: list[BundleDiff], base_rev: str, head_rev: str | None
         return "\n".join(lines + ["No evidence bundle changed.", ""])
     for d in moved:
         lines += [f"### {d.op} / {d.arch}: {d.change}, verdict {d.verdict[0] or '-'} → {d.verdict[1] or '-'}", ""]
+        if d.devices:
+            tbps = " → ".join("-" if b is None else f"{b / 1e12:.2f} TB/s" for b in d.bandwidths)
+            lines += [f"**Two machines:** base on {d.devices[0] or '-'}, head on {d.devices[1] or '-'} (floors at "
+                      f"{tbps}). Each speedup is its own run's, candidate and standard side by side; the times and "
+                      "the fractions of the floor compare two machines, not two kernels.", ""]
         if loose := [m.path for m in d.contract if m.loosened]:
             lines += [f"**The bar moved down** in the contract: {', '.join(loose)}. The pull request must say "
                       "why.", ""]

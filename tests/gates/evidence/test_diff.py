@@ -31,6 +31,21 @@ def test_speedups_verdicts_and_a_loosened_tolerance_show(bundle):
     assert "The bar moved down" in text and "1.01" in text and "FAILED_NUMERICS" in text
 
 
+def test_a_bundle_from_another_device_says_so(bundle):
+    """A regate on another card of the arch (an H100 after an H200) moves every time and fraction by the machine
+    alone: the diff names both devices and the bandwidths their floors were at."""
+    head = copy.deepcopy(bundle)
+    head["environment"]["device_name"] = "NVIDIA H100 80GB HBM3"
+    next(g for g in head["gates"] if g["gate"] == "benchmarks")["details"]["peaks"]["mem_bw_Bps"] = 2.98e12
+    d = diff_bundles(bundle, head, "kda_decode", "sm_90")
+    assert d.change == "changed" and d.devices == ("NVIDIA H200", "NVIDIA H100 80GB HBM3")
+    assert d.bandwidths == (4.3e12, 2.98e12)
+    text = render_markdown([d], "base", "head")
+    assert "**Two machines:** base on NVIDIA H200, head on NVIDIA H100 80GB HBM3" in text
+    assert "4.30 TB/s → 2.98 TB/s" in text
+    assert diff_bundles(bundle, copy.deepcopy(bundle), "kda_decode", "sm_90").devices is None
+
+
 def _attn_res() -> dict:
     return load_contract(CPU_EXAMPLE).model_dump(mode="json")
 
