@@ -246,7 +246,7 @@ def diff_bundles(base: dict | None, head: dict | None, op: str, arch: str) -> Bu
     for k in sorted(set(eb) | set(eh)):
         if _moved(eb.get(k), eh.get(k)):
             d.evals[k] = (eb.get(k), eh.get(k))
-    if base is not None and head is not None and _device(base) != _device(head):
+    if base is not None and head is not None and _device(base) != _device(head) and (pb or ph):  # timed only
         d.devices, d.bandwidths = (_device(base), _device(head)), (_bandwidth(base), _bandwidth(head))
     if change == "changed" and not (d.gates or d.points or d.compile or d.contract or d.evals or d.devices
                                     or d.verdict[0] != d.verdict[1]):
