@@ -47,6 +47,8 @@ def bundles_at(rev: str | None, root: Path = REPO_ROOT) -> dict[tuple[str, str],
             found[(op, arch)] = json.loads(text)
         except ValueError as e:
             raise DiffError(f"{rev or 'working tree'}:{path}: not JSON ({e})") from None
+        if not isinstance(found[(op, arch)], dict):
+            raise DiffError(f"{rev or 'working tree'}:{path}: not a bundle (a JSON object)")
     return found
 
 
@@ -254,8 +256,25 @@ def diff_bundles(base: dict | None, head: dict | None, op: str, arch: str) -> Bu
     return d
 
 
+_SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError)  # a field of another shape
+
+
+def _misshapen(bundle: dict | None, op: str, arch: str) -> str | None:
+    """Why the diff cannot read `bundle` (a field it reads holds something else), or None."""
+    try:
+        diff_bundles(bundle, bundle, op, arch)
+    except _SHAPE_ERRORS as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def diff(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> list[BundleDiff]:
     base, head = bundles_at(base_rev, root), bundles_at(head_rev, root)
+    for rev, bundles in ((base_rev, base), (head_rev, head)):
+        for (op, arch), bundle in sorted(bundles.items()):
+            if why := _misshapen(bundle, op, arch):
+                raise DiffError(f"{rev or 'working tree'}:evidence/{op}/{arch}/{BUNDLE}: a field the diff reads is "
+                                f"not what a bundle holds ({why})")
     return [diff_bundles(base.get(key), head.get(key), *key) for key in sorted(set(base) | set(head))]
 
 

@@ -156,3 +156,16 @@ def test_drawn_points_are_not_compared(bundle):
              "drawn": True}
     bench_rows(head).append(drawn)
     assert diff_bundles(bundle, head, "kda_decode", "sm_90").points == []
+
+
+@pytest.mark.parametrize("text, why", [("[1, 2]", r"not a bundle \(a JSON object\)"),
+                                       ('{"gates": 5}', r"a field the diff reads is not what a bundle holds \(TypeError"),
+                                       ('{"environment": ["x"], "gates": []}', r"a field the diff reads is not what a bundle holds \(Attr")])
+def test_a_bundle_of_another_shape_is_a_diff_error_naming_it(tmp_path, text, why):
+    """JSON that is not a bundle's shape (hand-edited, or truncated by a tool) is one line naming the revision and
+    the file, never a traceback."""
+    (tmp_path / "evidence" / "linear" / "cpu").mkdir(parents=True)
+    (tmp_path / "evidence" / "linear" / "cpu" / "bundle.json").write_text(text)
+    _repo(tmp_path, CPU_EXAMPLE.read_text())
+    with pytest.raises(DiffError, match=rf"^HEAD:evidence/linear/cpu/bundle.json: {why}"):
+        diff("HEAD", None, tmp_path)
