@@ -19,7 +19,7 @@ from gates.core.runner import Reporter, gate_all, new_options
 from gates.core.sources import REPO_ROOT, relative
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import signing_key
-from gates.tasks.check import unsaid_kernel_changes
+from gates.tasks.check import unlisted_device, unsaid_kernel_changes
 from kernels.arch import detect
 from kernels.contract import contract_files
 from model.kimi_k3.cli import output_directory
@@ -110,8 +110,11 @@ def run(args) -> int:
         raise UsageError("; ".join(option_error(err) for err in e.errors())) from None
     output_directory(args.out, "--out")
     contracts = Path(args.contracts).resolve()
-    if not args.contract_unchanged and contracts.name == "contracts" and contracts.is_dir():
-        if unsaid := unsaid_kernel_changes(contracts.parent, ops, detect().arch):
+    if contracts.name == "contracts" and contracts.is_dir():
+        machine = detect()
+        if machine.is_gpu and (unlisted := unlisted_device(contracts.parent, ops, machine.arch, machine.device_name)):
+            raise UsageError("; ".join(unlisted))
+        if not args.contract_unchanged and (unsaid := unsaid_kernel_changes(contracts.parent, ops, machine.arch)):
             raise UsageError("; ".join(unsaid) + " (--contract-unchanged gates anyway)")
     key = signing_key()
     console = Console(stderr=True)

@@ -371,6 +371,17 @@ def unsaid_kernel_changes(root: Path, ops: list[str] | None, arch: str) -> list[
     return out
 
 
+def unlisted_device(root: Path, ops: list[str] | None, arch: str, device: str) -> list[str]:
+    """Asked before a gate too: for each op (every contract when None) whose contract validates `arch` on devices
+    other than `device`, the card the gate would run on. Its bundle would not verify (`evidence verify`: a bundle
+    from a device its contract does not list), so the GPU time would buy nothing."""
+    kernels, _ = read_kernels(root)
+    return [f"{k.contract_path}: hardware.validated lists {', '.join(hw.devices)} for {arch}, not {device}, the "
+            f"device here: add it there first (a bundle from an unlisted device does not verify)"
+            for op, k in sorted(kernels.items()) if ops is None or op in ops
+            for hw in k.contract.hardware.validated if hw.arch == arch and device not in hw.devices]
+
+
 def check_evidence(task: Task, branch: Branch, touched: list[Kernel]) -> tuple[list[Evidence], list[Violation]]:
     found: dict[tuple[str, str], Evidence] = {}
     out = []

@@ -89,3 +89,20 @@ def test_a_scratch_out_directory_still_finds_other_archs_evidence(tmp_path, monk
     assert outcome.contract_problems == []
     (_, bundle), = outcome.bundles
     assert [(g.gate, g.status.value) for g in bundle.gates] == [("contracts", "PASSED")]
+
+
+def test_a_gate_on_a_device_its_contract_does_not_list_exits_2_before_anything_runs(tmp_path, capsys, monkeypatch):
+    """The bundle would not verify, so no GPU time is spent on it: one line naming the contract and the devices."""
+    from dataclasses import replace
+
+    from gates.commands import gate
+    from kernels.arch import known
+
+    contracts = tmp_path / "contracts"
+    contracts.mkdir()
+    path = write_contract(contracts, hardware={"validated": [{"arch": "sm_90", "devices": ["NVIDIA H200"]}]})
+    monkeypatch.setattr(gate, "detect", lambda: replace(known("sm_90"), device_name="NVIDIA H100 80GB HBM3"))
+    assert main(["gate", "--contracts", str(contracts), "--out", str(tmp_path / "ev")]) == 2
+    err = capsys.readouterr().err
+    assert "hardware.validated lists NVIDIA H200 for sm_90, not NVIDIA H100 80GB HBM3" in err and path.name in err
+    assert not (tmp_path / "ev").exists()
