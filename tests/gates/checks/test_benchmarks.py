@@ -69,6 +69,33 @@ def test_a_yardstick_slowed_beside_the_candidate_buys_nothing_past_the_flag(alon
                          "gate PASSED"] if slower_text else [])
 
 
+@pytest.mark.parametrize("impossible_under_us, problem", [
+    (9.0, None),  # 10 µs is 120 % of the 12 µs copy-rate floor, yet over the 9 µs at the peak: a fast reader
+    (11.0, "10.00 µs is under the 11.00 µs its bytes take at the device's peak bandwidth, yet the gate reported "
+           "PASSED"),
+    (None, "120% of the roofline, yet the gate reported PASSED"),  # a bundle from before the peak was recorded
+])
+def test_only_a_time_under_the_peak_floor_is_impossible(impossible_under_us, problem):
+    """The floor is at the measured copy rate, which a stream that mostly reads can pass; the bound no call can beat
+    is the device's peak bandwidth, and a row under it must be the gate's ERROR (the audit of a recorded result)."""
+    row, _, _ = judge_point(POINT, *timed(jittered(10.0), jittered(20.0)), floor_us=12.0, required=1.0,
+                            min_fraction=None)
+    if impossible_under_us is not None:
+        row["impossible_under_us"] = impossible_under_us
+    passed = GateResult(gate="benchmarks", title="t", status=Status.PASSED, details={"rows": [row]})
+    assert benchmarks.audit(passed) == ([f"{POINT.label}: {problem}"] if problem else [])
+    errored = GateResult(gate="benchmarks", title="t", status=Status.ERROR, reason="x", details={"rows": [row]})
+    assert benchmarks.audit(errored) == []
+
+
+def test_the_peak_bandwidth_is_the_vendors_or_a_margin_over_the_copy_rate():
+    h100 = replace(known("sm_90"), device_name="NVIDIA H100 80GB HBM3", mem_bw_Bps=2.98e12)
+    assert benchmarks.peak_bandwidth(h100) == 3.35e12
+    other = replace(h100, device_name="NVIDIA H100 PCIe", mem_bw_Bps=1.8e12)
+    assert benchmarks.peak_bandwidth(other) == pytest.approx(1.8e12 * benchmarks.PEAK_OVER_COPY)
+    assert benchmarks.peak_bandwidth(replace(h100, mem_bw_Bps=3.5e12)) == 3.5e12  # never under what it measured
+
+
 @pytest.mark.parametrize("required, min_fraction, expected", [(2.5, None, "contract requires 2.5×"),
                                                               (1.0, 0.9, "50.0% of the roofline")])
 def test_slower_than_the_contract(required, min_fraction, expected):
@@ -176,6 +203,8 @@ def test_the_plain_pytorch_reference_against_the_fla_standard_on_gpu():
     declared, peaks = detect(), result.details["peaks"]  # the floors at this device's copy bandwidth, measured here
     assert 1e12 < peaks["mem_bw_Bps"] < 2e13 and peaks["declared_mem_bw_Bps"] == declared.mem_bw_Bps
     assert peaks["source"].startswith(f"copy bandwidth measured in this process on {declared.device_name};")
+    assert peaks["peak_mem_bw_Bps"] >= peaks["mem_bw_Bps"]
+    assert all(row["impossible_under_us"] <= row["floor_us"] for row in result.details["rows"])
 
 
 def test_summary_names_a_points_shape_only_where_it_differs():
