@@ -527,9 +527,8 @@ def peak_bandwidth(m: ArchInfo) -> float:
 def device_peaks(m: ArchInfo) -> ArchInfo:
     """The figures every floor is computed at: on a GPU whose arch has declared peaks (kernels.arch), `m` with the
     copy bandwidth measured in this process, since an arch's declared bandwidth is one device's (sm_90's is the
-    H200's 4.3 TB/s; an H100's HBM3 copies ~3.35 TB/s, so at the declared figure its floors would sit a fifth low and
-    no kernel there could show more than ~78 % of the roofline); the bf16 rate stays declared (the H100 SXM and the
-    H200 share the compute die). Elsewhere `m` as it is."""
+    H200's 4.3 TB/s; an H100's HBM3 copies ~2.98 TB/s, so at the declared figure its floors would sit ~30 % low);
+    the bf16 rate stays declared (the H100 SXM and the H200 share the compute die). Elsewhere `m` as it is."""
     if not (m.is_gpu and m.mem_bw_Bps > 0 and m.bf16_flops > 0):
         return m
     measured = with_measured_bandwidth(m)
