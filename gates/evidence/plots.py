@@ -53,7 +53,8 @@ def bar_chart(title: str, categories: list[str], series: dict[str, list[float | 
             if v is None:
                 continue
             x = x0 + s * bar_w
-            out.append(f'<rect x="{x + 2:.1f}" y="{y(v):.1f}" width="{bar_w - 4:.1f}" height="{TOP + plot_h - y(v):.1f}" '
+            out.append(f'<rect x="{x + 2:.1f}" y="{y(v):.1f}" width="{bar_w - 4:.1f}" '
+                       f'height="{TOP + plot_h - y(v):.1f}" '
                        f'fill="{PALETTE[s % len(PALETTE)]}" rx="2"><title>{escape(name)}, {escape(category)}: '
                        f'{value_format.format(v)}</title></rect>'
                        f'<text x="{x + bar_w / 2:.1f}" y="{y(v) - 4:.1f}" class="value" text-anchor="middle">'

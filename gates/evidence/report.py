@@ -80,7 +80,8 @@ def _plots(bundle: Bundle) -> dict[str, list[Markup]]:
                             value_format="{:.2f}×")]
         if any(r["roofline_fraction"] is not None for r in rows):
             _, fractions = by_batch(rows, "roofline_fraction")
-            lines = [(1.0, "roofline")] + ([(d["min_roofline_fraction"], "required")] if d["min_roofline_fraction"] else [])
+            required = [(d["min_roofline_fraction"], "required")] if d["min_roofline_fraction"] else []
+            lines = [(1.0, "roofline")] + required
             charts.append(bar_chart("Fraction of the roofline", categories, fractions, y_label="floor / measured",
                                     lines=lines, value_format="{:.0%}"))
         plots["benchmarks"] = [Markup(c) for c in charts]

@@ -129,7 +129,8 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT, key: bytes | None = N
                   require_signature: bool = False) -> list[str]:
     """Every reason not to trust the bundle at `directory`: broken integrity, a wrong signature (or a missing one,
     with `require_signature`), a bundle.json that breaks the schema or whose gates contradict their own numbers,
-    a GPU its contract does not validate the arch on, stale sources. Its verdict is not judged here: a trustworthy bundle may record a failure."""
+    a GPU its contract does not validate the arch on, stale sources. Its verdict is not judged here: a trustworthy
+    bundle may record a failure."""
     directory = Path(directory)
     problems = check_integrity(directory) + check_signature(directory, key, require_signature)
     path = directory / BUNDLE_FILE

@@ -9,11 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from gates.evidence.agree import agreement, compare, render_markdown
 from model.kimi_k3.ops.registry import REPO_ROOT
 from tests.gates.fixtures.helpers import bench_rows
+
 
 def timed(b):
     return [r for r in bench_rows(b) if not r.get("drawn")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 
 import pytest
@@ -12,6 +11,7 @@ from gates.evidence.diff import DiffError, contract_changes, contract_moves, dif
 from kernels.contract import load_contract
 from model.kimi_k3.ops.registry import REPO_ROOT
 from tests.gates.fixtures.helpers import CPU_EXAMPLE, REAL_BUNDLE, bench_rows
+
 
 def test_an_identical_bundle_is_unchanged(bundle):
     assert diff_bundles(bundle, copy.deepcopy(bundle), "kda_decode", "sm_90").change == "unchanged"
@@ -158,9 +158,12 @@ def test_drawn_points_are_not_compared(bundle):
     assert diff_bundles(bundle, head, "kda_decode", "sm_90").points == []
 
 
+MISSHAPEN = r"a field the diff reads is not what a bundle holds \("
+
+
 @pytest.mark.parametrize("text, why", [("[1, 2]", r"not a bundle \(a JSON object\)"),
-                                       ('{"gates": 5}', r"a field the diff reads is not what a bundle holds \(TypeError"),
-                                       ('{"environment": ["x"], "gates": []}', r"a field the diff reads is not what a bundle holds \(Attr")])
+                                       ('{"gates": 5}', MISSHAPEN + "TypeError"),
+                                       ('{"environment": ["x"], "gates": []}', MISSHAPEN + "AttributeError")])
 def test_a_bundle_of_another_shape_is_a_diff_error_naming_it(tmp_path, text, why):
     """JSON that is not a bundle's shape (hand-edited, or truncated by a tool) is one line naming the revision and
     the file, never a traceback."""

@@ -30,7 +30,8 @@ def test_bundle_records_what_and_where(gated):
     assert [(g.gate, g.status.value) for g in bundle.gates] == [
         ("contracts", "PASSED"), ("compile", "NOT_RUN"), ("numerics", "PASSED"), ("benchmarks", "NOT_RUN"),
         ("evals", "NOT_RUN")]
-    assert {"contract", "problem", "implementation", "reference", "standard"} <= {r for s in bundle.sources for r in s.roles}
+    roles = {r for s in bundle.sources for r in s.roles}
+    assert {"contract", "problem", "implementation", "reference", "standard"} <= roles
 
 
 @pytest.mark.parametrize("tamper, expected", [
@@ -112,8 +113,8 @@ def test_a_runner_names_the_commit_of_its_copy(monkeypatch):
 
 
 def test_a_bundle_judged_by_other_gate_code_is_noted_not_distrusted(bundle_dir):
-    from gates.evidence.verify import judged_by_other_gate_code
     from gates.core.sources import harness_digest
+    from gates.evidence.verify import judged_by_other_gate_code
 
     assert load_bundle(bundle_dir).harness == harness_digest()
     assert judged_by_other_gate_code(bundle_dir, harness_digest()) is None

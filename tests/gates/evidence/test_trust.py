@@ -10,7 +10,7 @@ import pytest
 
 from gates.cli import main
 from gates.core.contracts import validation_problems
-from gates.core.sources import REPO_ROOT, sha256_file
+from gates.core.sources import sha256_file
 from gates.core.status import Status
 from gates.evidence.bundle import covered_sources, load_bundle, repair_interrupted_write, write_bundle
 from gates.evidence.report import render_reports, rerender
