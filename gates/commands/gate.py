@@ -19,7 +19,7 @@ from gates.core.runner import Reporter, gate_all, new_options
 from gates.core.sources import REPO_ROOT, relative
 from gates.core.status import GateResult, Status
 from gates.evidence.signing import signing_key
-from gates.tasks.check import unlisted_device, unsaid_kernel_changes
+from gates.tasks.check import unlisted_gate_device, unsaid_kernel_changes
 from kernels.arch import detect
 from kernels.contract import contract_files
 from model.kimi_k3.cli import output_directory
@@ -112,7 +112,8 @@ def run(args) -> int:
     contracts = Path(args.contracts).resolve()
     if contracts.name == "contracts" and contracts.is_dir():
         machine = detect()
-        if machine.is_gpu and (unlisted := unlisted_device(contracts.parent, ops, machine.arch, machine.device_name)):
+        if machine.is_gpu and (unlisted := unlisted_gate_device(contracts.parent, ops, machine.arch,
+                                                                 machine.device_name)):
             raise UsageError("; ".join(unlisted))
         if not args.contract_unchanged and (unsaid := unsaid_kernel_changes(contracts.parent, ops, machine.arch)):
             raise UsageError("; ".join(unsaid) + " (--contract-unchanged gates anyway)")

@@ -100,7 +100,7 @@ def contradictions(bundle: Bundle) -> list[str]:
             for problem in audits[result.gate](result)]
 
 
-def unlisted_device(bundle: Bundle) -> list[str]:
+def unlisted_bundle_device(bundle: Bundle) -> list[str]:
     """The GPU that made the bundle, where its contract validates the bundle's arch on other devices only: one arch
     spans devices of different memories (an H100 and an H200 are both sm_90), so evidence from one does not
     validate another. An arch the contract only declares, or a CPU, is not checked: no device is claimed there."""
@@ -147,7 +147,7 @@ def verify_bundle(directory: Path, root: Path = REPO_ROOT, key: bytes | None = N
         return problems + [f"{path}: missing"]
     except ValueError as e:
         return problems + [off_schema(path, e)]
-    return (problems + [f"{path}: {p}" for p in contradictions(bundle) + unlisted_device(bundle)]
+    return (problems + [f"{path}: {p}" for p in contradictions(bundle) + unlisted_bundle_device(bundle)]
             + [f"{directory}: {p}" for p in check_freshness(bundle, root)])
 
 

@@ -371,7 +371,7 @@ def unsaid_kernel_changes(root: Path, ops: list[str] | None, arch: str) -> list[
     return out
 
 
-def unlisted_device(root: Path, ops: list[str] | None, arch: str, device: str) -> list[str]:
+def unlisted_gate_device(root: Path, ops: list[str] | None, arch: str, device: str) -> list[str]:
     """Asked before a gate too: for each op (every contract when None) whose contract validates `arch` on devices
     other than `device`, the card the gate would run on. Its bundle would not verify (`evidence verify`: a bundle
     from a device its contract does not list), so the GPU time would buy nothing."""

@@ -11,7 +11,7 @@ import pytest
 from gates.cli import main
 from gates.core.status import Status
 from gates.evidence.index import write_index
-from gates.tasks.check import check, read_branch, summary, task_at_base, unlisted_device, unsaid_kernel_changes
+from gates.tasks.check import check, read_branch, summary, task_at_base, unlisted_gate_device, unsaid_kernel_changes
 from tests.tasks.conftest import (
     AGENT,
     CONTRACT,
@@ -107,12 +107,12 @@ def test_a_gate_of_a_kernel_whose_contract_says_nothing_new_is_refused_before_it
 def test_a_gate_on_a_device_the_contract_does_not_list_is_refused_before_it_runs(task_repo):
     """Its bundle would not verify (a bundle from a device its contract does not list), so the GPU time is kept."""
     task_repo.edit_contract(hardware={"validated": [{"arch": "sm_90", "devices": ["NVIDIA H200"]}], "declared": []})
-    (problem,) = unlisted_device(task_repo.root, None, "sm_90", "NVIDIA H100 80GB HBM3")
+    (problem,) = unlisted_gate_device(task_repo.root, None, "sm_90", "NVIDIA H100 80GB HBM3")
     assert problem == (f"{CONTRACT}: hardware.validated lists NVIDIA H200 for sm_90, not NVIDIA H100 80GB HBM3, the "
                        "device here: add it there first (a bundle from an unlisted device does not verify)")
-    assert unlisted_device(task_repo.root, None, "sm_90", "NVIDIA H200") == []
-    assert unlisted_device(task_repo.root, ["kda_decode"], "sm_90", "NVIDIA H100 80GB HBM3") == []  # another op
-    assert unlisted_device(task_repo.root, None, "sm_100", "NVIDIA GB300") == []  # an arch it does not validate
+    assert unlisted_gate_device(task_repo.root, None, "sm_90", "NVIDIA H200") == []
+    assert unlisted_gate_device(task_repo.root, ["kda_decode"], "sm_90", "NVIDIA H100 80GB HBM3") == []  # another op
+    assert unlisted_gate_device(task_repo.root, None, "sm_100", "NVIDIA GB300") == []  # an arch it does not validate
 
 
 def test_a_kernel_no_contract_names(task_repo):
