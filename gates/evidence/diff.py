@@ -270,12 +270,17 @@ def _misshapen(bundle: dict | None, op: str, arch: str) -> str | None:
 
 def diff(base_rev: str, head_rev: str | None = None, root: Path = REPO_ROOT) -> list[BundleDiff]:
     base, head = bundles_at(base_rev, root), bundles_at(head_rev, root)
-    for rev, bundles in ((base_rev, base), (head_rev, head)):
-        for (op, arch), bundle in sorted(bundles.items()):
-            if why := _misshapen(bundle, op, arch):
-                raise DiffError(f"{rev or 'working tree'}:evidence/{op}/{arch}/{BUNDLE}: a field the diff reads is "
-                                f"not what a bundle holds ({why})")
-    return [diff_bundles(base.get(key), head.get(key), *key) for key in sorted(set(base) | set(head))]
+    diffs = []
+    for op, arch in sorted(set(base) | set(head)):
+        try:
+            diffs.append(diff_bundles(base.get((op, arch)), head.get((op, arch)), op, arch))
+        except _SHAPE_ERRORS:  # name the side that holds it, read alone
+            sides = ((base_rev, base.get((op, arch))), (head_rev, head.get((op, arch))))
+            rev, why = next(((rev, why) for rev, bundle in sides if (why := _misshapen(bundle, op, arch))),
+                            (f"{base_rev} or {head_rev or 'working tree'}", "the two together"))
+            raise DiffError(f"{rev or 'working tree'}:evidence/{op}/{arch}/{BUNDLE}: a field the diff reads is not "
+                            f"what a bundle holds ({why})") from None
+    return diffs
 
 
 def _contract_dump(text: str, where: str) -> dict:
