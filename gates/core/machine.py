@@ -92,6 +92,15 @@ def max_sm_clock_mhz() -> float | None:
     return None
 
 
+def gpu_memory_bytes() -> int | None:
+    """The current CUDA device's total memory in bytes, or None where there is none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gates.core import caches, sandbox
 from gates.core.contracts import load_contracts, parsed_contract_problems
-from gates.core.machine import Environment, environment, one_thread
+from gates.core.machine import Environment, environment, gpu_memory_bytes, one_thread
 from gates.core.registry import Gate, GateContext, GateOptions, preload, registered, verdict_of
 from gates.core.sources import harness_digest, relative
 from gates.core.status import GateResult, Status
@@ -66,6 +66,17 @@ def new_options(seed: int | None = None, **overrides) -> GateOptions:
     return GateOptions(seed=secrets.randbits(63) if seed is None else seed, seed_given=seed is not None, **overrides)
 
 
+# A gate beside another keeps its sandbox's memory while the host keeps its own. The H200's 141 GB held the KDA
+# gate's numerics and the evals' model together; an H100's 80 GB did not (session 34: the evals asked for 9.2 GiB
+# with ~70 GiB in use, and the eval crashed), so on a smaller GPU each such gate runs in its own place in the order.
+BESIDE_MIN_GPU_BYTES = 100 * 2**30
+
+
+def room_beside(machine: ArchInfo, gpu_bytes: int | None) -> bool:
+    """Whether gates may run beside each other here: always on a CPU, on a GPU of BESIDE_MIN_GPU_BYTES or more."""
+    return not machine.is_gpu or (gpu_bytes or 0) >= BESIDE_MIN_GPU_BYTES
+
+
 def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, options: GateOptions,
               contract_problems: list[str] = (), reporter: Reporter = Reporter(),
               gates: list[Gate] | None = None) -> list[GateResult]:
@@ -77,6 +88,9 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
                       contract_problems=list(contract_problems), progress=reporter.note)
     order = gates if gates is not None else registered()
     ran_beside: dict[str, GateResult] = {}
+    together = room_beside(machine, gpu_memory_bytes() if machine.is_gpu else None)
+    if not together and any(g.beside for g in order):
+        reporter.note(f"one gate at a time: this GPU has under {BESIDE_MIN_GPU_BYTES >> 30} GiB of memory")
     with one_thread(), ThreadPoolExecutor(max_workers=1) as pool:
         for gate in order:
             reporter.gate_started(contract.op, gate)
@@ -85,7 +99,7 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
                 result = None  # it ran beside a gate that then failed: what it found does not count
             if result is None:
                 companions = {g.name: pool.submit(_run_gate, g, _beside_context(ctx, g, gate, reporter))
-                              for g in order if g.beside == gate.name and not _blocked(g, ctx)}
+                              for g in order if together and g.beside == gate.name and not _blocked(g, ctx)}
                 result = _run_gate(gate, ctx)
                 ran_beside.update((name, future.result()) for name, future in companions.items())
             ctx.results[gate.name] = result

@@ -1,11 +1,13 @@
 """The gate registry and runner: order, prerequisites, crashes, and a model-level eval plugged in."""
 
+import dataclasses
 import threading
 import time
 
 import pytest
 
 from gates.checks.benchmarks import never_timed
+from gates.core import runner
 from gates.core.registry import Gate, registered, unjudged, verdict_of
 from gates.core.runner import run_gates
 from gates.core.status import GateResult, Status, worst
@@ -69,6 +71,31 @@ def test_a_gate_beside_another_runs_with_it_and_counts_only_if_it_passes(host_st
         assert order == ["numerics", "evals"]
         assert [r.status for r in results] == [Status.FAILED_NUMERICS, Status.NOT_RUN, Status.NOT_RUN]
         assert results[2].reason == "the numerics gate FAILED_NUMERICS"
+
+
+@pytest.mark.parametrize("gib, together", [(80, False), (141, True)])
+def test_a_gpu_too_small_for_two_gates_runs_them_one_after_the_other(monkeypatch, gib, together):
+    """On an 80 GB H100 the evals beside a KDA numerics run asked for memory the card no longer had; there the
+    companion runs in its own place, after the host and the gates before it."""
+    monkeypatch.setattr(runner, "gpu_memory_bytes", lambda: gib * 2**30)
+    running, overlapped = set(), []
+
+    def run(name):
+        def fn(ctx):
+            overlapped.append(bool(running))
+            running.add(name)
+            time.sleep(0.1)
+            running.discard(name)
+            return GateResult(gate=name, title=name.title(), status=Status.PASSED, summary=name)
+        return fn
+
+    gates = [Gate("numerics", "Numerics", "right", run("numerics")),
+             Gate("benchmarks", "Benchmarks", "fast", run("benchmarks"), needs=("numerics",)),
+             Gate("evals", "Evals", "evals pass", run("evals"), needs=("numerics",), beside="numerics")]
+    gpu = dataclasses.replace(detect(), arch="sm_90")  # a GPU as the runner sees it; the gates here never look
+    results = run_gates(kda_contract(), KDA_CONTRACT, gpu, quick_options(), gates=gates)
+    assert [r.status for r in results] == [Status.PASSED] * 3
+    assert any(overlapped) is together
 
 
 def test_worst_status():
