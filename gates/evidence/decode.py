@@ -181,12 +181,23 @@ def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
     return plots
 
 
+def floors(rows: list[dict]) -> str:
+    """A sentence naming the bandwidth the rows' floors are at: each distinct figure with its source (measured on which
+    device, or declared for which arch). Rows recorded before the bench recorded it (older bundles) were at their
+    arch's declared figure."""
+    def figure(r: dict) -> str:
+        if not r.get("floor_bandwidth_Bps"):
+            return "the arch's declared copy bandwidth (not recorded in these rows)"
+        return f"{r['floor_bandwidth_Bps'] / 1e12:.2f} TB/s (copy bandwidth {r.get('floor_bandwidth_source')})"
+    return f"Floors at {'; '.join(dict.fromkeys(map(figure, rows)))}."
+
+
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html.j2"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(num=lambda v, spec=".1f": "–" if v is None else format(v, spec),
                        pct=lambda v: "–" if v is None else f"{v:.0%}", backend=lambda b: BACKEND_LABEL.get(b, b),
-                       by_time=lambda ops: sorted(ops.items(), key=lambda item: -item[1]["us"]))
+                       by_time=lambda ops: sorted(ops.items(), key=lambda item: -item[1]["us"]), floors=floors)
     return env
 
 

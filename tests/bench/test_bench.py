@@ -44,6 +44,44 @@ def test_layer_rows_for_both_backends(cfg, kind):
     assert all(c["ok"] for c in checks.values())
 
 
+def test_floors_off_a_gpu_are_at_the_declared_bandwidth_and_say_so(cfg):
+    """CI's tiny shapes have no GPU to measure: every row's floor is at sm_90's declared figure, and the row says
+    which figure and that it was declared, not measured."""
+    from kernels.arch import known
+
+    (layer,) = bench_layers(cfg, "kda", tp=1, batch=1, context=4, count=1, backends=["auto"], device=CPU)
+    (step,) = bench_step(cfg, tp=1, batch=1, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"],
+                         device=CPU, kda_sets=1, mla_sets=1)
+    declared = known("sm_90").mem_bw_Bps
+    for row in (layer, step):
+        assert row.floor_bandwidth_Bps == declared
+        assert row.floor_bandwidth_source == "declared for sm_90 (NVIDIA H200); no GPU measured it"
+    assert layer.floor_us == pytest.approx(layer.bytes / declared * 1e6)
+    assert step.floor_ms == pytest.approx(step.bytes / declared * 1e3)
+
+
+def test_floors_on_a_gpu_are_at_its_copy_bandwidth_measured_once(monkeypatch):
+    """On a GPU the floors are at the copy bandwidth measured on that very device (an H100 copies ~2.98 TB/s where
+    sm_90's declared figure is the H200's 4.3), measured once per process and device: every row of a run is at the
+    same figure, and no later point pays the 2 GiB measurement again."""
+    from model.kimi_k3.bench import run
+
+    measured = []
+    monkeypatch.setattr(run.arch_info, "measure_copy_bandwidth", lambda index: measured.append(index) or 2.98e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"NVIDIA H100 80GB HBM3 #{index}")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    run._measured_bandwidth.cache_clear()
+    try:
+        first = run.floor_bandwidth(torch.device("cuda", 0))
+        assert run.floor_bandwidth(torch.device("cuda", 0)) is first
+        other = run.floor_bandwidth(torch.device("cuda", 1))
+    finally:
+        run._measured_bandwidth.cache_clear()
+    assert measured == [0, 1]
+    assert first == run.FloorBandwidth(2.98e12, "measured on NVIDIA H100 80GB HBM3 #0")
+    assert other.source == "measured on NVIDIA H100 80GB HBM3 #1"
+
+
 def test_an_mla_layer_over_an_fp8_cache(cfg):
     """kv_cache_dtype "fp8": the cache in e4m3 (half a bf16 one's bytes), decoded by mla_decode_fp8,
     whose cost counts its one-byte entries; the row says which cache it timed."""

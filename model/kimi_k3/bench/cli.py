@@ -166,6 +166,12 @@ def _collectives(r) -> str:
     return f"{r.collectives}, slowest of {len(r.ranks_us)} ranks" if r.us is not None else f"{r.collectives}, untimed"
 
 
+def _floors(rows) -> str | None:
+    """The tables' caption: the bandwidth the rows' floors are at, and whether it was measured or declared."""
+    figures = dict.fromkeys(f"{r.floor_bandwidth_Bps / 1e12:.2f} TB/s, {r.floor_bandwidth_source}" for r in rows)
+    return f"floors at {'; '.join(figures)}" if figures else None
+
+
 def run_layer(args) -> int:
     device, cfg, batches = _device(args), preset(args.preset), batch_points(args.batch)
     cfg.check_tp(args.tp)  # the field --tp cannot divide, before any weight is drawn
@@ -187,7 +193,8 @@ def run_layer(args) -> int:
                                  args.iters, args.seed, lambda text: bar.update(task, description=text),
                                  kv_cache_dtype=args.kv_cache_dtype)
     table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context}"
-                        + (f", {args.kv_cache_dtype} MLA cache" if args.kv_cache_dtype != "auto" else ""))
+                        + (f", {args.kv_cache_dtype} MLA cache" if args.kv_cache_dtype != "auto" else ""),
+                  caption=_floors(rows))
     for col in ("batch", "backend", "collectives", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB",
                 "floor µs", "of floor", "vs reference"):
         table.add_column(col, justify="right")
@@ -223,7 +230,7 @@ def run_step(args) -> int:
                                device, args.kda_sets, args.mla_sets, args.iters, args.seed,
                                lambda text: bar.update(task, description=text))
     table = Table(title=f"bench step: TP{args.tp}, context {args.context}, {rows[0].layers if rows else 0} layers "
-                        f"(collectives excluded)")
+                        f"(collectives excluded)", caption=_floors(rows))
     for col in ("batch", "spec", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
         table.add_column(col, justify="right")
     for r in rows:

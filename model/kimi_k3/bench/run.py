@@ -9,7 +9,7 @@ evidence: `k3forge evidence decode` refuses them):
   (launch latency included, as the benchmark gate used to time ops);
 - kernels per layer and a per-op breakdown from an eager profiler trace;
 - bytes the layer must move (each op's own cost model over the calls it made; only the experts routed to) and the
-  fraction of the bandwidth floor;
+  fraction of the bandwidth floor, at the copy bandwidth measured on the device (`floor_bandwidth`);
 - correctness on the same weights: each backend's layer output against the reference layer's, and every op
   call's standard against its reference within the op's `standard_tolerance`.
 Collectives are excluded (one rank of the TP group on one GPU), and so is the drafter in speculative mode; or, with
@@ -20,6 +20,7 @@ time is its slowest rank's.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -42,7 +43,7 @@ DECLARED = "declared"  # the bench-only backend (module doc)
 BENCH_BACKENDS = (*DECODE_BACKENDS, DECLARED)
 LAYER_OUTPUT_REL_L2 = 2e-2  # a bf16 layer against the reference layer: many bf16 roundings, none amplified
 HEADROOM_BYTES = 8 << 30  # left free on the device for graphs, workspaces and temporaries
-FLOOR_ARCH_OFF_GPU = "sm_90"
+FLOOR_ARCH_OFF_GPU = "sm_90"  # whose declared bandwidth the floors take off a GPU (CI's tiny shapes)
 
 
 class BenchError(UsageError):
@@ -74,6 +75,8 @@ class LayerRow:
     collectives: str = "excluded"  # or the TP group's backend ("nccl"; "gloo" untimed on CPU): the all-reduces ran
     kv_cache: str = "auto"  # the MLA cache's dtype ("fp8": e4m3, ModelCache)
     ranks_us: list[float | None] | None = None  # with collectives: each rank's in-pipeline µs (`us` the slowest)
+    floor_bandwidth_Bps: float | None = None  # the copy bandwidth floor_us is at (FloorBandwidth)
+    floor_bandwidth_source: str | None = None  # measured on which device, or declared for which arch
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -189,6 +192,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
     for b in backends:
         if b not in BENCH_BACKENDS:
             raise BenchError(f"backend {b!r}: one of {', '.join(BENCH_BACKENDS)}")
+    bandwidth = floor_bandwidth(device)  # first: its 2 GiB measurement must not compete with the layers
     ids = layer_ids(cfg, kind)
     n = fit_count(cfg, ids, tp, batch, context, count, device, kv_cache_dtype)
     # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.
@@ -227,11 +231,12 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         costs = call_costs(ops.calls)
         ops.calls = None
         layer_bytes = sum(c.bytes for c in costs.values()) / n
-        floor_us = layer_bytes / tgt_bandwidth(tgt) * 1e6
+        floor_us = layer_bytes / bandwidth.Bps * 1e6
         dispatch = _dispatch_summary(ops, layers[0])
         row = LayerRow(kind, tp, batch, context, backend, n, None, None, None, None, None, layer_bytes, floor_us,
                        None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
-                       routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype)
+                       routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype,
+                       floor_bandwidth_Bps=bandwidth.Bps, floor_bandwidth_source=bandwidth.source)
         if device.type == "cuda":
             _time_layers(row, layers, ops, costs, iters)
         rows.append(row)
@@ -281,9 +286,32 @@ def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatch
     row.fraction_of_floor = row.floor_us / piped.median_us
 
 
-def tgt_bandwidth(tgt: Target) -> float:
-    """The copy bandwidth of the target's arch; on a CPU (CI's tiny shapes) the H200's, so floors stay comparable."""
-    return arch_info.known(tgt.arch if tgt.gpu else FLOOR_ARCH_OFF_GPU).mem_bw_Bps
+@dataclass(frozen=True)
+class FloorBandwidth:
+    """The copy bandwidth (read + write bytes per second) a row's floors are at, and where the figure comes from."""
+
+    Bps: float
+    source: str  # "measured on <device>" or "declared for <arch> (<device>); no GPU measured it"
+
+
+def floor_bandwidth(device: torch.device) -> FloorBandwidth:
+    """The bandwidth every floor of the layer and step rows is at. On a GPU its copy bandwidth, measured once per
+    process and device: an arch's declared figure is one device's (sm_90's is the H200's 4.3 TB/s, where an H100
+    copies ~2.98 TB/s, so at the declared figure an H100's fractions of the floor read ~30 % low). Off a GPU (CI's
+    tiny shapes, untimed) FLOOR_ARCH_OFF_GPU's declared figure, so the floors stay comparable, and the source says
+    so."""
+    if device.type != "cuda":
+        declared = arch_info.known(FLOOR_ARCH_OFF_GPU)
+        return FloorBandwidth(declared.mem_bw_Bps,
+                              f"declared for {declared.arch} ({declared.device_name}); no GPU measured it")
+    return _measured_bandwidth(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _measured_bandwidth(index: int) -> FloorBandwidth:
+    measured = arch_info.measure_copy_bandwidth(index)
+    torch.cuda.empty_cache()  # the measurement's 2 GiB back to the device, before any layer is fitted to it
+    return FloorBandwidth(measured, f"measured on {torch.cuda.get_device_name(index)}")
 
 
 def _dispatch_summary(ops: Dispatcher, layer: BenchLayer) -> dict:
@@ -349,6 +377,8 @@ class StepRow:
     tokens_per_step: float  # per sequence: 1, or the accepted drafts plus one
     tokens_per_s: float | None  # the whole batch's (accepted) tokens per second
     dispatch: dict = field(default_factory=dict)
+    floor_bandwidth_Bps: float | None = None  # the copy bandwidth floor_ms is at (FloorBandwidth)
+    floor_bandwidth_source: str | None = None  # measured on which device, or declared for which arch
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -396,6 +426,7 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                seed: int = 0, progress: Callable[[str], None] = lambda _: None) -> list[StepRow]:
     """One whole decode (or verification) step of the model's schedule in one CUDA graph per backend: every layer
     in model order, each kind's distinct weight sets cycled, then the final AttnRes, norm and lm_head."""
+    bandwidth = floor_bandwidth(device)  # first: its 2 GiB measurement must not compete with the layers
     kinds = schedule(cfg)
     wanted = {"dense": 1, "kda": kda_sets, "mla": mla_sets}
     ids = {kind: layer_ids(cfg, kind) for kind in wanted}
@@ -444,9 +475,10 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                     bl.run(ops)
             head.run(ops)
 
-        floor_ms = step_bytes / tgt_bandwidth(tgt) * 1e3
+        floor_ms = step_bytes / bandwidth.Bps * 1e3
         row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(wanted), None, None, None, None,
-                      step_bytes, floor_ms, None, per_step, None)
+                      step_bytes, floor_ms, None, per_step, None, floor_bandwidth_Bps=bandwidth.Bps,
+                      floor_bandwidth_source=bandwidth.source)
         with ops.recording() as decisions:
             if device.type == "cuda":
                 row.kernels = count_kernels(whole_step)

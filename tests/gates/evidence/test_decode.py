@@ -3,6 +3,7 @@ the runs loaded changes, broken when a file is edited."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 
@@ -114,3 +115,24 @@ def test_rows_with_and_without_collectives_are_two_series(records):
     (chart,) = [v for k, v in decode._plots(bundle).items() if k.startswith("layer")]
     label = decode.BACKEND_LABEL.get(row["backend"], row["backend"])
     assert f"{label} + collectives" in chart and chart.count(label) >= 2
+
+
+def test_the_report_names_the_bandwidth_of_the_floors_and_renders_older_bundles(records, tmp_path):
+    """Rows record the bandwidth their floors are at (measured on the device, or declared off a GPU); the report
+    says it above each table. Bundles made before the rows recorded it still render, saying the floors were at
+    the arch's declared figure."""
+    bundle = decode.from_records(records)
+    decode.write(bundle, tmp_path / "new")
+    sentence = "Floors at 4.30 TB/s (copy bandwidth declared for sm_90 (NVIDIA H200); no GPU measured it)."
+    for report in ("report.md", "report.html"):
+        assert (tmp_path / "new" / report).read_text().count(sentence) == 2  # the MLA layer's table, the step's
+    measured = {"floor_bandwidth_Bps": 2.98e12, "floor_bandwidth_source": "measured on NVIDIA H100 80GB HBM3"}
+    assert decode.floors([{**row, **measured} for row in bundle.steps]) == (
+        "Floors at 2.98 TB/s (copy bandwidth measured on NVIDIA H100 80GB HBM3).")
+    for row in (*bundle.layers, *bundle.steps):
+        del row["floor_bandwidth_Bps"], row["floor_bandwidth_source"]
+    decode.write(bundle, tmp_path / "old")
+    assert verify_bundle(tmp_path / "old") == []
+    for report in ("report.md", "report.html"):
+        assert "Floors at the arch's declared copy bandwidth (not recorded in these rows)." in html.unescape(
+            (tmp_path / "old" / report).read_text())
