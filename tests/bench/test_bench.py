@@ -8,15 +8,19 @@ import pytest
 import torch
 
 from model.kimi_k3.bench.cli import add_commands
-from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes
+from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes, standard_copy_bytes
 from model.kimi_k3.bench.run import (
     DECLARED,
+    HEADROOM_BYTES,
     BenchError,
     batch_points,
     bench_layers,
     bench_step,
+    bytes_between_turns,
     dispatcher,
+    fit_weight_sets,
     schedule,
+    set_order,
     speculative_tokens_per_step,
 )
 from model.kimi_k3.cache import ModelCache
@@ -182,6 +186,81 @@ def test_a_step_makes_the_mla_block_table_once_as_the_model_does(cfg, monkeypatc
     bench_step(cfg, tp=1, batch=2, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"], device=CPU,
                kda_sets=2, mla_sets=1)
     assert len(made) == 2
+
+
+GiB = 1 << 30
+# run 13's H100 (80 GB): one weight set's bytes at K3 TP8, batch 64, context 8K (planned_bytes + the standard's
+# repacked experts), and what the device had free after batch 1 had run in the same process
+K3_TP8_BATCH64 = {"dense": int(0.3232 * GiB), "kda": int(3.9531 * GiB), "mla": int(4.4448 * GiB)}
+ASKED = {"dense": 1, "kda": 8, "mla": 3}
+
+
+def test_step_sets_that_fit_are_built_as_asked():
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(60 * GiB)) == ASKED  # 45.3 GiB + 8 of headroom
+
+
+def test_step_sets_that_do_not_fit_are_fewer_kda_first():
+    """Run 13's case: 8 KDA and 3 MLA sets need 45.3 GiB, 32.3 GiB were free. Sets come off the kind with the most,
+    one at a time (KDA 8 -> 3), then at a tie off the larger set (MLA), until the rest and the headroom fit."""
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(32.3 * GiB)) == {"dense": 1, "kda": 3, "mla": 2}
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(40 * GiB)) == {"dense": 1, "kda": 4, "mla": 3}
+    one_each = sum(K3_TP8_BATCH64.values()) + HEADROOM_BYTES
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, one_each) == {"dense": 1, "kda": 1, "mla": 1}
+    with pytest.raises(BenchError, match=r"one weight set of each kind \(dense, kda, mla\) needs 8.7 GiB; 16.0 GiB "
+                                         r"are free \(keep 8 GiB headroom\)"):
+        fit_weight_sets(ASKED, K3_TP8_BATCH64, one_each - 1 - int(0.7 * GiB))
+
+
+def test_a_step_that_does_not_fit_cycles_fewer_sets_and_says_why(cfg, monkeypatch):
+    """bench_step builds the sets fit_weight_sets leaves of what the device holds (free bytes faked here: the CPU has
+    no limit), records them in the row and says in its progress why they are fewer than asked."""
+    from model.kimi_k3.bench import run
+
+    lid = {kind: layer_ids(cfg, kind)[0] for kind in ASKED}
+    set_bytes = {k: planned_bytes(cfg, lid[k], 1, 2, 4) + standard_copy_bytes(cfg, lid[k], 1) for k in ASKED}
+    free = HEADROOM_BYTES + set_bytes["dense"] + 2 * set_bytes["kda"] + 2 * set_bytes["mla"]
+    monkeypatch.setattr(run, "free_device_bytes", lambda device: free)
+    said = []
+    (row,) = bench_step(cfg, tp=1, batch=2, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"], device=CPU,
+                        kda_sets=3, mla_sets=2, progress=said.append)
+    assert row.weight_sets == fit_weight_sets({"dense": 1, "kda": 3, "mla": 2}, set_bytes, free)
+    assert row.weight_sets == {"dense": 1, "kda": 2, "mla": 2}
+    assert any("2 KDA and 2 MLA weight sets, not 3 and 2: those need" in line and "GiB are free" in line
+               for line in said)
+
+
+def test_bytes_between_two_turns_of_a_weight_set():
+    """From one turn of a set to its next the device reads the turn's layer and every layer between; a set's last
+    turn is followed by its first in the next step, the head between."""
+    kinds = ["dense", "kda", "kda", "mla", "kda"]
+    assert set_order(kinds, {"dense": 1, "kda": 2, "mla": 1}) == [("dense", 0), ("kda", 0), ("kda", 1), ("mla", 0),
+                                                                  ("kda", 0)]
+    layer = {"dense": 1.0, "kda": 10.0, "mla": 100.0}
+    assert bytes_between_turns(kinds, {"dense": 1, "kda": 2, "mla": 1}, layer, head_bytes=1000.0) == 120.0
+    assert bytes_between_turns(kinds, {"dense": 1, "kda": 1, "mla": 1}, layer, head_bytes=1000.0) == 10.0
+    assert bytes_between_turns(["kda"], {"kda": 1}, layer, head_bytes=5.0) == 15.0  # a step of one layer
+
+
+def test_free_bytes_count_what_an_earlier_point_left_cached(monkeypatch):
+    """Before fitting, the caching allocator's blocks and the repacked copies of freed weight sets (the experts'
+    standard keeps them until dropped) are released, so an earlier point's layers count as free."""
+    import weakref
+
+    from model.kimi_k3.bench import run
+    from model.kimi_k3.ops import moe_experts_standard as standard
+
+    freed, alive = torch.zeros(1), torch.zeros(1)
+    dead = weakref.ref(freed)
+    del freed
+    entry = standard._Entry
+    monkeypatch.setattr(standard, "_CACHE", {"freed": entry(None, (dead,), (0,)),
+                                             "alive": entry(None, (weakref.ref(alive),), (0,))})
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append("mem_get_info") or (5 * GiB, 80 * GiB))
+    assert run.free_device_bytes(torch.device("cuda", 0)) == 5 * GiB
+    assert calls == ["empty_cache", "mem_get_info"] and set(standard._CACHE) == {"alive"}
+    assert run.free_device_bytes(CPU) is None
 
 
 def test_bad_requests_are_clear_errors(cfg):

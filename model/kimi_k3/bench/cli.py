@@ -93,8 +93,11 @@ def add_commands(sub) -> None:
     layer.set_defaults(func=run_layer)
 
     step = sub.add_parser("step", parents=[common], help="the whole decode step: every layer, final norm, lm_head")
-    step.add_argument("--kda-sets", type=_at_least(1), default=8, help="distinct KDA layer weight sets (default 8)")
-    step.add_argument("--mla-sets", type=_at_least(1), default=3, help="distinct MLA layer weight sets (default 3)")
+    step.add_argument("--kda-sets", type=_at_least(1), default=8,
+                      help="distinct KDA layer weight sets (default 8; fewer, down to 1, where the device cannot "
+                           "hold them: KDA's first, the row records how many)")
+    step.add_argument("--mla-sets", type=_at_least(1), default=3,
+                      help="distinct MLA layer weight sets (default 3; fewer where the device cannot hold them)")
     step.add_argument("--spec-tokens", type=_at_least(0), default=0,
                       help="verify 1 + K tokens per sequence (speculative mode; default 0: plain decode)")
     step.add_argument("--acceptance", type=_fraction, default=6 / 7,
@@ -231,10 +234,11 @@ def run_step(args) -> int:
                                lambda text: bar.update(task, description=text))
     table = Table(title=f"bench step: TP{args.tp}, context {args.context}, {rows[0].layers if rows else 0} layers "
                         f"(collectives excluded)", caption=_floors(rows))
-    for col in ("batch", "spec", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
+    for col in ("batch", "spec", "KDA/MLA sets", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
         table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r.batch), str(r.spec_tokens), r.backend, _fmt(r.ms, ".3f"), _fmt(r.kernels, "d"),
+    for r in rows:  # the sets: fewer than asked where the device could not hold them (bench_step)
+        table.add_row(str(r.batch), str(r.spec_tokens), f"{r.weight_sets['kda']}/{r.weight_sets['mla']}", r.backend,
+                      _fmt(r.ms, ".3f"), _fmt(r.kernels, "d"),
                       f"{r.bytes / 1e9:.2f}", f"{r.floor_ms:.3f}", _fmt(r.fraction_of_floor, ".0%"),
                       _fmt(r.tokens_per_s, ".0f"))
     out.print(table)

@@ -21,6 +21,8 @@ time is its slowest rank's.
 from __future__ import annotations
 
 import functools
+import gc
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -34,6 +36,7 @@ from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Reason, Target, judged_here
 from ..distributed import BACKENDS
 from ..errors import UsageError
+from ..ops import moe_experts_standard
 from ..ops.registry import OPS, load_specialized
 from ..parallel import TP
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
@@ -104,20 +107,80 @@ class ReferenceDispatcher(RecordingDispatcher):
         return OPS[name].reference
 
 
+def free_device_bytes(device: torch.device) -> int | None:
+    """The device's free bytes once this process holds only what is still alive (None off a GPU: nothing to fit).
+    An earlier point's layers are gone by then, but the caching allocator keeps their blocks, and the MXFP4 experts'
+    standard keeps each prepared weight set's repacked copy (~2 GB per MoE layer at TP8) until dropped: both are
+    released first, so they count as free (run 13: 32.3 GiB read free after `bench step` batch 1, on an 80 GB H100)."""
+    if device.type != "cuda":
+        return None
+    gc.collect()  # an earlier point's layers held only in reference cycles
+    moe_experts_standard.release_freed()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
+
+
 def fit_count(cfg: KimiK3Config, ids: Sequence[int], tp: int, batch: int, context: int, wanted: int,
               device: torch.device, kv_cache_dtype: str = "auto") -> int:
     """How many distinct layers of `ids` fit the device's free memory (at most `wanted`); an error saying what
     fits when not even one does."""
-    if device.type != "cuda":
+    free = free_device_bytes(device)
+    if free is None:
         return wanted
     per_layer = (planned_bytes(cfg, ids[0], tp, batch, context, kv_cache_dtype=kv_cache_dtype)
                  + standard_copy_bytes(cfg, ids[0], tp))
-    free, _ = torch.cuda.mem_get_info(device)
     fits = int((free - HEADROOM_BYTES) // per_layer)
     if fits < 1:
         raise BenchError(f"one layer at TP{tp}, batch {batch}, context {context} needs {per_layer / 2**30:.1f} GiB; "
                          f"{free / 2**30:.1f} GiB are free: lower the batch or the context")
     return min(wanted, fits)
+
+
+def fit_weight_sets(wanted: dict[str, int], set_bytes: dict[str, int], free: int) -> dict[str, int]:
+    """The weight sets per kind `bench step` builds: `wanted`, or, where those and HEADROOM_BYTES exceed `free`, fewer:
+    one set at a time off the kind with the most (ties: the larger set), down to one of each kind. An error when one
+    set of each kind does not fit."""
+    sets = dict(wanted)
+
+    def need() -> int:
+        return sum(set_bytes[kind] * n for kind, n in sets.items())
+
+    while need() + HEADROOM_BYTES > free:
+        kind = max(sets, key=lambda k: (sets[k], set_bytes[k]))
+        if sets[kind] == 1:
+            raise BenchError(f"one weight set of each kind ({', '.join(sets)}) needs {need() / 2**30:.1f} GiB; "
+                             f"{free / 2**30:.1f} GiB are free (keep {HEADROOM_BYTES >> 30} GiB headroom): "
+                             f"lower the batch or the context")
+        sets[kind] -= 1
+    return sets
+
+
+def set_order(kinds: Sequence[str], sets: dict[str, int]) -> list[tuple[str, int]]:
+    """(kind, weight set) of each layer of the schedule `kinds`: each kind's sets taken in turn."""
+    turns: Counter[str] = Counter()
+    order = []
+    for kind in kinds:
+        order.append((kind, turns[kind] % sets[kind]))
+        turns[kind] += 1
+    return order
+
+
+def bytes_between_turns(kinds: Sequence[str], sets: dict[str, int], layer_bytes: dict[str, float],
+                        head_bytes: float) -> float:
+    """The fewest bytes a step moves from one turn of a weight set to its next: between reading a weight and reading
+    it again the device reads the rest of that turn's layer, every layer between the turns and the start of the next
+    turn, which sum to this (each layer reads its bytes in the same order every turn). Steps replay back to back, so a
+    set's last turn is followed by its first in the next step, the head between."""
+    order = set_order(kinds, sets)
+    starts = [0.0]
+    for kind in kinds:
+        starts.append(starts[-1] + layer_bytes[kind])
+    step = starts[-1] + head_bytes
+    turns: dict[tuple[str, int], list[int]] = {}
+    for at, turn in enumerate(order):
+        turns.setdefault(turn, []).append(at)
+    return min(((starts[b] - starts[a]) if b > a else (step - starts[a] + starts[b])
+                for at in turns.values() for a, b in zip(at, [*at[1:], at[0]])), default=0.0)
 
 
 def _snapshot(bl: BenchLayer) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -430,17 +493,21 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
     kinds = schedule(cfg)
     wanted = {"dense": 1, "kda": kda_sets, "mla": mla_sets}
     ids = {kind: layer_ids(cfg, kind) for kind in wanted}
-    need = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens) + standard_copy_bytes(cfg, ids[k][0], tp)
-            for k in wanted}
-    total = sum(need[k] * wanted[k] for k in wanted)
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else total + HEADROOM_BYTES
-    if total + HEADROOM_BYTES > free:
-        raise BenchError(f"{kda_sets} KDA and {mla_sets} MLA weight sets at TP{tp}, batch {batch}, context {context} "
-                         f"need {total / 2**30:.1f} GiB; {free / 2**30:.1f} GiB are free (keep {HEADROOM_BYTES >> 30} "
-                         f"GiB headroom): one KDA set is {need['kda'] / 2**30:.2f} GiB, one MLA set "
-                         f"{need['mla'] / 2**30:.2f} GiB")
+    set_bytes = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens)
+                 + standard_copy_bytes(cfg, ids[k][0], tp) for k in wanted}
+    free = free_device_bytes(device)
+    # Fewer sets than asked still time cold weights: from one turn of a set to its next the step moves at least one
+    # whole layer's bytes (bytes_between_turns: a K3 layer at TP8 moves ~280-300 MB at batch 1, ~5x an H100's 50 MB
+    # L2, more at larger batches), so no weight is still in the L2 when it is read again; where the sets were
+    # reduced, this is checked on the GPU below with the bytes each backend's layers must move.
+    counts = wanted if free is None else fit_weight_sets(wanted, set_bytes, free)
+    if counts != wanted:
+        asked = sum(set_bytes[k] * n for k, n in wanted.items())
+        progress(f"step TP{tp} batch {batch}: {counts['kda']} KDA and {counts['mla']} MLA weight sets, not "
+                 f"{kda_sets} and {mla_sets}: those need {asked / 2**30:.1f} GiB, {free / 2**30:.1f} GiB are free "
+                 f"(keep {HEADROOM_BYTES >> 30} GiB headroom)")
     sets: dict[str, list[BenchLayer]] = {}
-    for kind, n in wanted.items():
+    for kind, n in counts.items():
         progress(f"step TP{tp} batch {batch}: building {n} {kind} layers")
         chosen = [ids[kind][(i * len(ids[kind])) // n] for i in range(n)]
         sets[kind] = [build_layer(cfg, lid, tp, batch, context, device, seed + 100 * len(sets) + j, spec_tokens)
@@ -451,11 +518,7 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
     # geometry, so any layer's table is every layer's)
     step = sets["dense"][0].step
     sets = {kind: [replace(bl, step=step) for bl in built] for kind, built in sets.items()}
-    used = {kind: 0 for kind in wanted}
-    order = []
-    for kind in kinds:
-        order.append(sets[kind][used[kind] % len(sets[kind])])
-        used[kind] += 1
+    order = [sets[kind][j] for kind, j in set_order(kinds, counts)]
 
     tgt = target(tp, device)
     per_step = speculative_tokens_per_step(spec_tokens, acceptance) if spec_tokens else 1.0
@@ -468,6 +531,8 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                           for kind in wanted}
         head_bytes = _recorded_bytes(ops, [head.run])
         step_bytes = sum(per_kind_bytes[k] for k in kinds) + head_bytes
+        if device.type == "cuda" and counts != wanted:
+            _check_cold(bytes_between_turns(kinds, counts, per_kind_bytes, head_bytes), device, counts)
 
         def whole_step(ops=ops) -> None:
             with step.forward_pass():
@@ -476,7 +541,7 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
             head.run(ops)
 
         floor_ms = step_bytes / bandwidth.Bps * 1e3
-        row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(wanted), None, None, None, None,
+        row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(counts), None, None, None, None,
                       step_bytes, floor_ms, None, per_step, None, floor_bandwidth_Bps=bandwidth.Bps,
                       floor_bandwidth_source=bandwidth.source)
         with ops.recording() as decisions:
@@ -491,6 +556,19 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
         row.dispatch = tally_decisions(decisions)
         rows.append(row)
     return rows
+
+
+COLD_L2_MULTIPLE = 2  # bytes moved between two reads of a weight, in L2 sizes, for it to have left the L2
+
+
+def _check_cold(between: float, device: torch.device, counts: dict[str, int]) -> None:
+    """An error where the sets `fit_weight_sets` left could be read again while still in the L2 (layers too small for
+    that few sets): the step would be timed warm where the asked sets were cold."""
+    l2 = arch_info.detect(device).l2_bytes
+    if between < COLD_L2_MULTIPLE * l2:
+        raise BenchError(f"with {counts['kda']} KDA and {counts['mla']} MLA weight sets a set is read again after "
+                         f"{between / 1e6:.1f} MB, under {COLD_L2_MULTIPLE}x the {l2 / 1e6:.0f} MB L2: its weights "
+                         f"would be timed warm: lower the batch or the context")
 
 
 def _recorded_bytes(ops: RecordingDispatcher, runs: Sequence[Callable[[Dispatcher], object]]) -> float:

@@ -136,3 +136,14 @@ def test_the_report_names_the_bandwidth_of_the_floors_and_renders_older_bundles(
     for report in ("report.md", "report.html"):
         assert "Floors at the arch's declared copy bandwidth (not recorded in these rows)." in html.unescape(
             (tmp_path / "old" / report).read_text())
+
+
+def test_each_step_row_shows_its_own_weight_sets(records, tmp_path):
+    """`bench step` builds fewer sets where the device cannot hold the asked ones, so rows of one bundle may differ:
+    each row's sets are in its own table line."""
+    bundle = decode.from_records(records)
+    bundle.steps[1] = {**bundle.steps[1], "batch": 64, "weight_sets": {"dense": 1, "kda": 3, "mla": 2}}
+    decode.write(bundle, tmp_path / "b")
+    for report in ("report.md", "report.html"):
+        text = (tmp_path / "b" / report).read_text()
+        assert "1 dense, 1 kda, 1 mla" in text and "1 dense, 3 kda, 2 mla" in text
