@@ -101,6 +101,69 @@ def test_an_mla_layer_over_an_fp8_cache(cfg):
     assert row.bytes < bf16.bytes and row.output_rel_l2 < 2e-2
 
 
+@pytest.mark.parametrize("kind, blocks", [("kda", {"attn_res", "attention", "moe"}),
+                                          ("mla", {"attn_res", "attention", "moe"}),
+                                          ("dense", {"attn_res", "attention", "mlp"})])
+def test_a_layer_row_splits_its_bytes_per_block(cfg, kind, blocks):
+    """Each op call is charged to the block of the layer it ran in: the blocks' bytes add up to the layer's, each
+    with its floor at the row's bandwidth; off a GPU nothing is traced, so no block has a time."""
+    (row,) = bench_layers(cfg, kind, tp=1, batch=2, context=4, count=2, backends=["auto"], device=CPU)
+    assert set(row.blocks) == blocks
+    assert sum(b["bytes"] for b in row.blocks.values()) == pytest.approx(row.bytes)
+    for b in row.blocks.values():
+        assert b["us"] is None and b["kernels"] is None and b["bytes"] > 0
+        assert b["floor_us"] == pytest.approx(b["bytes"] / row.floor_bandwidth_Bps * 1e6)
+
+
+def test_each_call_is_charged_to_the_innermost_block_running(cfg):
+    """The MoE's router, experts, latent norm and shared experts count to the MoE; KDA's recurrence and its
+    projections to attention; the mixes with their input norms (attn_res_norm) to AttnRes; and outside a tracked
+    layer, to 'other'."""
+    from model.kimi_k3.bench.run import target
+    from model.kimi_k3.bench.trace import OTHER, tracking_blocks
+
+    bl = build_layer(cfg, layer_ids(cfg, "kda")[1], tp_size=1, batch=2, context=4, device=CPU, seed=0)
+    ops = dispatcher("auto", target(1, CPU))
+    ops.begin_step(bl.step)
+    ops.record()
+    with tracking_blocks(ops, [bl.layer]):
+        bl.run(ops)
+    bl.run(ops)  # the hooks are gone: every call is outside any block
+    n = len(ops.calls) // 2
+    inside = {}
+    for (name, _, _), block in zip(ops.calls[:n], ops.call_blocks[:n]):
+        inside.setdefault(name, set()).add(block)
+    assert inside["moe_route"] == inside["moe_experts"] == inside["situ_mlp"] == {"moe"}
+    assert inside["kda_decode"] == {"attention"} and inside["attn_res_norm"] == {"attn_res"}
+    assert inside["rms_norm"] == {"moe"} and inside["linear"] == {"attention", "moe"}  # the latent norm
+    assert ops.call_blocks[n:] == [OTHER] * n and ops.block == OTHER
+
+
+def test_a_kernel_belongs_to_the_innermost_range_holding_its_start():
+    from model.kimi_k3.bench.trace import _innermost
+
+    ranges = [(0.0, 100.0, "attn_res"), (10.0, 40.0, "attention"), (50.0, 90.0, "moe")]
+    assert [_innermost(t, ranges, "other") for t in (5.0, 10.0, 40.0, 45.0, 60.0, 95.0, 150.0)] == [
+        "attn_res", "attention", "attention", "attn_res", "moe", "attn_res", "other"]
+
+
+@pytest.mark.gpu
+def test_a_traced_layer_splits_its_kernels_per_block_on_the_gpu(cfg):
+    """On a GPU every kernel of the eager trace lands in a block of its layer (none outside: 'other' is absent),
+    the MoE's shared experts (a side stream) in the MoE; the blocks hold the same kernels as the ops and glue do;
+    the floors are at the bandwidth measured on this device."""
+    cuda = torch.device("cuda")
+    for row in bench_layers(cfg, "kda", tp=1, batch=2, context=4, count=2, backends=["auto", "latency_specialized"],
+                            device=cuda, iters=3):
+        assert row.floor_bandwidth_source.startswith("measured on ") and 1e11 < row.floor_bandwidth_Bps < 2e13
+        assert set(row.blocks) == {"attn_res", "attention", "moe"}, row.blocks
+        assert sum(b["kernels"] for b in row.blocks.values()) == pytest.approx(
+            sum(o["kernels"] for o in row.ops.values()))
+        assert sum(b["us"] for b in row.blocks.values()) == pytest.approx(sum(o["us"] for o in row.ops.values()))
+        assert row.blocks["moe"]["kernels"] >= row.ops["situ_mlp"]["kernels"] + row.ops["moe_route"]["kernels"]
+        assert all(b["us"] > 0 and b["bytes"] > 0 for b in row.blocks.values())
+
+
 def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
     """No repository contract validates the cpu arch: on this machine the KDA kernel (validated on the H200 only)
     falls back for the arch at every call, and each is counted."""

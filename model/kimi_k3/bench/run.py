@@ -7,7 +7,8 @@ evidence: `k3forge evidence decode` refuses them):
 - in-pipeline time: N distinct layers (their weights together far beyond the L2) captured back to back in one CUDA
   graph, replay time / N (kernels.timing.time_pipeline), beside the one-layer-per-graph time with the L2 flushed
   (launch latency included, as the benchmark gate used to time ops);
-- kernels per layer and a per-op breakdown from an eager profiler trace;
+- kernels per layer and a per-op breakdown from an eager profiler trace, and a per-block one (attention, MoE or
+  MLP, AttnRes: `trace.tracking_blocks`) with each block's bytes and floor;
 - bytes the layer must move (each op's own cost model over the calls it made; only the experts routed to) and the
   fraction of the bandwidth floor, at the copy bandwidth measured on the device (`floor_bandwidth`);
 - correctness on the same weights: each backend's layer output against the reference layer's, and every op
@@ -37,10 +38,11 @@ from ..dispatch import DECODE_BACKENDS, Dispatcher, Reason, Target, judged_here
 from ..distributed import BACKENDS
 from ..errors import UsageError
 from ..ops import moe_experts_standard
+from ..ops.op import Cost
 from ..ops.registry import OPS, load_specialized
 from ..parallel import TP
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
-from .trace import RecordingDispatcher, call_costs, op_trace
+from .trace import BLOCKS, RecordingDispatcher, call_costs, op_trace, tracking_blocks
 
 DECLARED = "declared"  # the bench-only backend (module doc)
 BENCH_BACKENDS = (*DECODE_BACKENDS, DECLARED)
@@ -70,6 +72,7 @@ class LayerRow:
     floor_us: float
     fraction_of_floor: float | None
     ops: dict[str, dict] = field(default_factory=dict)  # per-op trace rows
+    blocks: dict[str, dict] = field(default_factory=dict)  # per block of the layer: µs, kernels, bytes, floor_us
     dispatch: dict = field(default_factory=dict)  # specialized / standard calls and fallback reasons per op
     output_rel_l2: float | None = None  # vs the reference layer, every token
     output_rel_l2_same_routing: float | None = None  # over the tokens routed to the same experts as the reference
@@ -289,9 +292,10 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         op_checks = check_op_calls(ops.calls, gpu=device.type == "cuda") if backend == "auto" else {}
         _restore(saved)
         ops.record()
-        for bl in layers:  # the bytes each layer must move: its calls through the op cost models
-            bl.run(ops)
-        costs = call_costs(ops.calls)
+        with tracking_blocks(ops, [bl.layer for bl in layers]):
+            for bl in layers:  # the bytes each layer must move: its calls through the op cost models
+                bl.run(ops)
+        costs, block_costs = call_costs(ops.calls), call_costs(ops.calls, ops.call_blocks)
         ops.calls = None
         layer_bytes = sum(c.bytes for c in costs.values()) / n
         floor_us = layer_bytes / bandwidth.Bps * 1e6
@@ -300,8 +304,9 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
                        None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
                        routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype,
                        floor_bandwidth_Bps=bandwidth.Bps, floor_bandwidth_source=bandwidth.source)
+        row.blocks = per_block(block_costs, n, bandwidth)
         if device.type == "cuda":
-            _time_layers(row, layers, ops, costs, iters)
+            _time_layers(row, layers, ops, costs, block_costs, bandwidth, iters)
         rows.append(row)
     return rows
 
@@ -332,10 +337,12 @@ def bench_layers_on_ranks(tp: TP, device: torch.device, cfg: KimiK3Config, kind:
     return rows
 
 
-def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatcher, costs, iters: int) -> None:
-    """Fill the row's times, kernel count and per-op trace (GPU only)."""
+def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatcher, costs, block_costs,
+                 bandwidth: FloorBandwidth, iters: int) -> None:
+    """Fill the row's times, kernel count and per-op and per-block traces (GPU only)."""
     n = len(layers)
-    trace = op_trace([bl.closure(ops) for bl in layers], ops)
+    with tracking_blocks(ops, [bl.layer for bl in layers]):
+        trace, traced_blocks = op_trace([bl.closure(ops) for bl in layers], ops)
     with ops.recording():
         row.kernels = count_kernels(layers[0].closure(ops))
         piped = time_pipeline([bl.closure(ops) for bl in layers], iters=iters)
@@ -345,8 +352,23 @@ def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatch
         op_row["kernels"] /= n
         op_row["bytes"] = costs[name].bytes / n if name in costs else 0.0
     row.ops = trace
+    row.blocks = per_block(block_costs, n, bandwidth, traced_blocks)
     row.us, row.us_q1, row.us_q3, row.us_one_per_graph = piped.median_us, piped.q1_us, piped.q3_us, single.median_us
     row.fraction_of_floor = row.floor_us / piped.median_us
+
+
+def per_block(costs: dict[str, Cost], n: int, bandwidth: FloorBandwidth,
+              traced: dict[str, dict] | None = None) -> dict[str, dict]:
+    """One layer's share per block (of `n` traced): the µs and kernels the eager trace placed in it (None untimed),
+    the bytes its op calls must move (their cost models) and their floor at the row's bandwidth. A block holding
+    only glue kernels (no op call) has no bytes."""
+    traced = traced or {}
+    out = {}
+    for block in (b for b in BLOCKS if b in costs or b in traced):
+        t, moved = traced.get(block), costs[block].bytes / n if block in costs else 0.0
+        out[block] = {"us": t["us"] / n if t else None, "kernels": t["kernels"] / n if t else None, "bytes": moved,
+                      "floor_us": moved / bandwidth.Bps * 1e6}
+    return out
 
 
 @dataclass(frozen=True)

@@ -147,3 +147,26 @@ def test_each_step_row_shows_its_own_weight_sets(records, tmp_path):
     for report in ("report.md", "report.html"):
         text = (tmp_path / "b" / report).read_text()
         assert "1 dense, 1 kda, 1 mla" in text and "1 dense, 3 kda, 2 mla" in text
+
+
+def test_the_report_has_a_per_block_table_with_both_backends_and_renders_older_bundles(records, tmp_path):
+    """Layer rows carry a per-block breakdown: the report sets each block's standard and specialized µs side by side
+    with the speedup, bytes and floor. Rows recorded before the breakdown (older bundles) render without it."""
+    bundle = decode.from_records(records)
+    auto, spec = (r for r in bundle.layers if r["backend"] in ("auto", "latency_specialized"))
+    for r, us in ((auto, 30.0), (spec, 12.0)):
+        r["blocks"] = {name: {**b, "us": us, "kernels": 4.0} for name, b in r["blocks"].items()}
+    (table,) = decode.block_tables(bundle.layers)
+    assert table["title"] == "TP1, batch 1" and [b["block"] for b in table["blocks"]] == ["attn_res", "attention",
+                                                                                          "moe"]
+    assert all(b["speedup"] == pytest.approx(2.5) and b["bytes"] > 0 for b in table["blocks"])
+    decode.write(bundle, tmp_path / "new")
+    for report in ("report.md", "report.html"):
+        text = (tmp_path / "new" / report).read_text()
+        assert "Per block: " in text and text.count("2.50×") == 3
+    for row in bundle.layers:
+        del row["blocks"]
+    assert decode.block_tables(bundle.layers) == []
+    decode.write(bundle, tmp_path / "old")
+    assert verify_bundle(tmp_path / "old") == []
+    assert "Per block: " not in (tmp_path / "old" / "report.md").read_text()
