@@ -112,13 +112,15 @@ class ReferenceDispatcher(RecordingDispatcher):
 
 def free_device_bytes(device: torch.device) -> int | None:
     """The device's free bytes once this process holds only what is still alive (None off a GPU: nothing to fit).
-    An earlier point's layers are gone by then, but the caching allocator keeps their blocks, and the MXFP4 experts'
-    standard keeps each prepared weight set's repacked copy (~2 GB per MoE layer at TP8) until dropped: both are
-    released first, so they count as free (run 13: 32.3 GiB read free after `bench step` batch 1, on an 80 GB H100)."""
+    It is called before a point builds its layers, when the earlier point's are gone; but the caching allocator keeps
+    their blocks, and the MXFP4 experts' standard keeps each prepared weight set's repacked copy (~2 GB per MoE layer
+    at TP8) until its cache is cleared: both are released first, so they count as free (run 13: 32.3 GiB read free
+    after `bench step` batch 1, on an 80 GB H100). A live layer whose set is dropped is prepared again by its first
+    eager call, which every point makes before it captures a graph."""
     if device.type != "cuda":
         return None
     gc.collect()  # an earlier point's layers held only in reference cycles
-    moe_experts_standard.release_freed()
+    moe_experts_standard.clear_cache()
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info(device)[0]
 

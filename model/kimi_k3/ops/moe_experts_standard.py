@@ -578,14 +578,6 @@ def release(w13: tuple[torch.Tensor, ...], w2: tuple[torch.Tensor, ...]) -> None
     _CACHE.pop(_cache_key(w13, w2), None)
 
 
-def release_freed() -> None:
-    """Drop the prepared weight sets whose checkpoint tensors were freed: an entry is otherwise dropped only when a
-    tensor at the same address is looked up, so a process that builds and frees layers (the benches, one point
-    after another) would keep every freed set's repacked copy (1.97 GB per MoE layer at TP8)."""
-    for key in [key for key, entry in _CACHE.items() if any(ref() is None for ref in entry.refs)]:
-        del _CACHE[key]
-
-
 def clear_cache() -> None:
     """Drop every prepared (repacked) weight set."""
     _CACHE.clear()
