@@ -305,24 +305,17 @@ def test_bytes_between_two_turns_of_a_weight_set():
 
 
 def test_free_bytes_count_what_an_earlier_point_left_cached(monkeypatch):
-    """Before fitting, the caching allocator's blocks and the repacked copies of freed weight sets (the experts'
-    standard keeps them until dropped) are released, so an earlier point's layers count as free."""
-    import weakref
-
+    """Before fitting, the caching allocator's blocks and the experts' standard's repacked weight sets (kept until
+    its cache is cleared) are released, so an earlier point's layers count as free."""
     from model.kimi_k3.bench import run
     from model.kimi_k3.ops import moe_experts_standard as standard
 
-    freed, alive = torch.zeros(1), torch.zeros(1)
-    dead = weakref.ref(freed)
-    del freed
-    entry = standard._Entry
-    monkeypatch.setattr(standard, "_CACHE", {"freed": entry(None, (dead,), (0,)),
-                                             "alive": entry(None, (weakref.ref(alive),), (0,))})
     calls = []
+    monkeypatch.setattr(standard, "clear_cache", lambda: calls.append("clear_cache"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append("mem_get_info") or (5 * GiB, 80 * GiB))
     assert run.free_device_bytes(torch.device("cuda", 0)) == 5 * GiB
-    assert calls == ["empty_cache", "mem_get_info"] and set(standard._CACHE) == {"alive"}
+    assert calls == ["clear_cache", "empty_cache", "mem_get_info"]
     assert run.free_device_bytes(CPU) is None
 
 
