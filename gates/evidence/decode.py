@@ -181,12 +181,52 @@ def _plots(bundle: DecodeBundle) -> dict[str, Markup]:
     return plots
 
 
+def floors(rows: list[dict]) -> str:
+    """A sentence naming the bandwidth the rows' floors are at: each distinct figure with its source (measured on which
+    device, or declared for which arch). Rows recorded before the bench recorded it (older bundles) were at their
+    arch's declared figure."""
+    def figure(r: dict) -> str:
+        if not r.get("floor_bandwidth_Bps"):
+            return "the arch's declared copy bandwidth (not recorded in these rows)"
+        return f"{r['floor_bandwidth_Bps'] / 1e12:.2f} TB/s (copy bandwidth {r.get('floor_bandwidth_source')})"
+    return f"Floors at {'; '.join(dict.fromkeys(map(figure, rows)))}."
+
+
+def block_tables(rows: list[dict]) -> list[dict]:
+    """Per point of a layer kind (TP, batch, MLA cache, collectives) whose rows carry a per-block breakdown (older
+    records have none): each block's µs per layer under the standard and the specialized backend, the speedup, and
+    the bytes its op calls must move with their floor (the specialized row's where there is one; the ops' cost models
+    count what the layer must move, whichever backend moves it)."""
+    points: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if r.get("blocks"):
+            point = (r["tp"], r["batch"], r.get("kv_cache", "auto"), r.get("collectives", "excluded"))
+            points[point][r["backend"]] = r
+    tables = []
+    for (tp, batch, kv_cache, collectives), by_backend in points.items():
+        std, spec = by_backend.get("auto"), by_backend.get("latency_specialized")
+        shown = spec or std
+
+        def us(r: dict | None, block: str) -> float | None:
+            return r["blocks"].get(block, {}).get("us") if r else None
+
+        blocks = [{"block": block, "standard_us": us(std, block), "specialized_us": us(spec, block),
+                   "speedup": us(std, block) / us(spec, block) if us(std, block) and us(spec, block) else None,
+                   **{key: shown["blocks"].get(block, {}).get(key) for key in ("bytes", "floor_us")}}
+                  for block in dict.fromkeys(b for r in (std, spec) if r for b in r["blocks"])]
+        title = (f"TP{tp}, batch {batch}" + (f", {kv_cache} MLA cache" if kv_cache != "auto" else "")
+                 + (f", with the collectives ({collectives})" if collectives != "excluded" else ""))
+        tables.append({"title": title, "blocks": blocks})
+    return tables
+
+
 def _env() -> Environment:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html.j2"]),
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.filters.update(num=lambda v, spec=".1f": "–" if v is None else format(v, spec),
                        pct=lambda v: "–" if v is None else f"{v:.0%}", backend=lambda b: BACKEND_LABEL.get(b, b),
-                       by_time=lambda ops: sorted(ops.items(), key=lambda item: -item[1]["us"]))
+                       by_time=lambda ops: sorted(ops.items(), key=lambda item: -item[1]["us"]), floors=floors,
+                       block_tables=block_tables)
     return env
 
 

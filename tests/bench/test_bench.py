@@ -8,15 +8,19 @@ import pytest
 import torch
 
 from model.kimi_k3.bench.cli import add_commands
-from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes
+from model.kimi_k3.bench.layers import build_layer, layer_bytes, layer_ids, planned_bytes, standard_copy_bytes
 from model.kimi_k3.bench.run import (
     DECLARED,
+    HEADROOM_BYTES,
     BenchError,
     batch_points,
     bench_layers,
     bench_step,
+    bytes_between_turns,
     dispatcher,
+    fit_weight_sets,
     schedule,
+    set_order,
     speculative_tokens_per_step,
 )
 from model.kimi_k3.cache import ModelCache
@@ -44,6 +48,44 @@ def test_layer_rows_for_both_backends(cfg, kind):
     assert all(c["ok"] for c in checks.values())
 
 
+def test_floors_off_a_gpu_are_at_the_declared_bandwidth_and_say_so(cfg):
+    """CI's tiny shapes have no GPU to measure: every row's floor is at sm_90's declared figure, and the row says
+    which figure and that it was declared, not measured."""
+    from kernels.arch import known
+
+    (layer,) = bench_layers(cfg, "kda", tp=1, batch=1, context=4, count=1, backends=["auto"], device=CPU)
+    (step,) = bench_step(cfg, tp=1, batch=1, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"],
+                         device=CPU, kda_sets=1, mla_sets=1)
+    declared = known("sm_90").mem_bw_Bps
+    for row in (layer, step):
+        assert row.floor_bandwidth_Bps == declared
+        assert row.floor_bandwidth_source == "declared for sm_90 (NVIDIA H200); no GPU measured it"
+    assert layer.floor_us == pytest.approx(layer.bytes / declared * 1e6)
+    assert step.floor_ms == pytest.approx(step.bytes / declared * 1e3)
+
+
+def test_floors_on_a_gpu_are_at_its_copy_bandwidth_measured_once(monkeypatch):
+    """On a GPU the floors are at the copy bandwidth measured on that very device (an H100 copies ~2.98 TB/s where
+    sm_90's declared figure is the H200's 4.3), measured once per process and device: every row of a run is at the
+    same figure, and no later point pays the 2 GiB measurement again."""
+    from model.kimi_k3.bench import run
+
+    measured = []
+    monkeypatch.setattr(run.arch_info, "measure_copy_bandwidth", lambda index: measured.append(index) or 2.98e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"NVIDIA H100 80GB HBM3 #{index}")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    run._measured_bandwidth.cache_clear()
+    try:
+        first = run.floor_bandwidth(torch.device("cuda", 0))
+        assert run.floor_bandwidth(torch.device("cuda", 0)) is first
+        other = run.floor_bandwidth(torch.device("cuda", 1))
+    finally:
+        run._measured_bandwidth.cache_clear()
+    assert measured == [0, 1]
+    assert first == run.FloorBandwidth(2.98e12, "measured on NVIDIA H100 80GB HBM3 #0")
+    assert other.source == "measured on NVIDIA H100 80GB HBM3 #1"
+
+
 def test_an_mla_layer_over_an_fp8_cache(cfg):
     """kv_cache_dtype "fp8": the cache in e4m3 (half a bf16 one's bytes), decoded by mla_decode_fp8,
     whose cost counts its one-byte entries; the row says which cache it timed."""
@@ -57,6 +99,69 @@ def test_an_mla_layer_over_an_fp8_cache(cfg):
     (bf16,) = bench_layers(cfg, "mla", tp=1, batch=2, context=8, count=1, backends=["auto"], device=CPU)
     assert row.kv_cache == "fp8" and row.dispatch["mla_decode_fp8"]["standard"] > 0 and "mla_decode" not in row.dispatch
     assert row.bytes < bf16.bytes and row.output_rel_l2 < 2e-2
+
+
+@pytest.mark.parametrize("kind, blocks", [("kda", {"attn_res", "attention", "moe"}),
+                                          ("mla", {"attn_res", "attention", "moe"}),
+                                          ("dense", {"attn_res", "attention", "mlp"})])
+def test_a_layer_row_splits_its_bytes_per_block(cfg, kind, blocks):
+    """Each op call is charged to the block of the layer it ran in: the blocks' bytes add up to the layer's, each
+    with its floor at the row's bandwidth; off a GPU nothing is traced, so no block has a time."""
+    (row,) = bench_layers(cfg, kind, tp=1, batch=2, context=4, count=2, backends=["auto"], device=CPU)
+    assert set(row.blocks) == blocks
+    assert sum(b["bytes"] for b in row.blocks.values()) == pytest.approx(row.bytes)
+    for b in row.blocks.values():
+        assert b["us"] is None and b["kernels"] is None and b["bytes"] > 0
+        assert b["floor_us"] == pytest.approx(b["bytes"] / row.floor_bandwidth_Bps * 1e6)
+
+
+def test_each_call_is_charged_to_the_innermost_block_running(cfg):
+    """The MoE's router, experts, latent norm and shared experts count to the MoE; KDA's recurrence and its
+    projections to attention; the mixes with their input norms (attn_res_norm) to AttnRes; and outside a tracked
+    layer, to 'other'."""
+    from model.kimi_k3.bench.run import target
+    from model.kimi_k3.bench.trace import OTHER, tracking_blocks
+
+    bl = build_layer(cfg, layer_ids(cfg, "kda")[1], tp_size=1, batch=2, context=4, device=CPU, seed=0)
+    ops = dispatcher("auto", target(1, CPU))
+    ops.begin_step(bl.step)
+    ops.record()
+    with tracking_blocks(ops, [bl.layer]):
+        bl.run(ops)
+    bl.run(ops)  # the hooks are gone: every call is outside any block
+    n = len(ops.calls) // 2
+    inside = {}
+    for (name, _, _), block in zip(ops.calls[:n], ops.call_blocks[:n]):
+        inside.setdefault(name, set()).add(block)
+    assert inside["moe_route"] == inside["moe_experts"] == inside["situ_mlp"] == {"moe"}
+    assert inside["kda_decode"] == {"attention"} and inside["attn_res_norm"] == {"attn_res"}
+    assert inside["rms_norm"] == {"moe"} and inside["linear"] == {"attention", "moe"}  # the latent norm
+    assert ops.call_blocks[n:] == [OTHER] * n and ops.block == OTHER
+
+
+def test_a_kernel_belongs_to_the_innermost_range_holding_its_start():
+    from model.kimi_k3.bench.trace import _innermost
+
+    ranges = [(0.0, 100.0, "attn_res"), (10.0, 40.0, "attention"), (50.0, 90.0, "moe")]
+    assert [_innermost(t, ranges, "other") for t in (5.0, 10.0, 40.0, 45.0, 60.0, 95.0, 150.0)] == [
+        "attn_res", "attention", "attention", "attn_res", "moe", "attn_res", "other"]
+
+
+@pytest.mark.gpu
+def test_a_traced_layer_splits_its_kernels_per_block_on_the_gpu(cfg):
+    """On a GPU every kernel of the eager trace lands in a block of its layer (none outside: 'other' is absent),
+    the MoE's shared experts (a side stream) in the MoE; the blocks hold the same kernels as the ops and glue do;
+    the floors are at the bandwidth measured on this device."""
+    cuda = torch.device("cuda")
+    for row in bench_layers(cfg, "kda", tp=1, batch=2, context=4, count=2, backends=["auto", "latency_specialized"],
+                            device=cuda, iters=3):
+        assert row.floor_bandwidth_source.startswith("measured on ") and 1e11 < row.floor_bandwidth_Bps < 2e13
+        assert set(row.blocks) == {"attn_res", "attention", "moe"}, row.blocks
+        assert sum(b["kernels"] for b in row.blocks.values()) == pytest.approx(
+            sum(o["kernels"] for o in row.ops.values()))
+        assert sum(b["us"] for b in row.blocks.values()) == pytest.approx(sum(o["us"] for o in row.ops.values()))
+        assert row.blocks["moe"]["kernels"] >= row.ops["situ_mlp"]["kernels"] + row.ops["moe_route"]["kernels"]
+        assert all(b["us"] > 0 and b["bytes"] > 0 for b in row.blocks.values())
 
 
 def test_an_op_outside_its_envelope_falls_back_and_is_counted(cfg):
@@ -144,6 +249,74 @@ def test_a_step_makes_the_mla_block_table_once_as_the_model_does(cfg, monkeypatc
     bench_step(cfg, tp=1, batch=2, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"], device=CPU,
                kda_sets=2, mla_sets=1)
     assert len(made) == 2
+
+
+GiB = 1 << 30
+# run 13's H100 (80 GB): one weight set's bytes at K3 TP8, batch 64, context 8K (planned_bytes + the standard's
+# repacked experts), and what the device had free after batch 1 had run in the same process
+K3_TP8_BATCH64 = {"dense": int(0.3232 * GiB), "kda": int(3.9531 * GiB), "mla": int(4.4448 * GiB)}
+ASKED = {"dense": 1, "kda": 8, "mla": 3}
+
+
+def test_step_sets_that_fit_are_built_as_asked():
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(60 * GiB)) == ASKED  # 45.3 GiB + 8 of headroom
+
+
+def test_step_sets_that_do_not_fit_are_fewer_kda_first():
+    """Run 13's case: 8 KDA and 3 MLA sets need 45.3 GiB, 32.3 GiB were free. Sets come off the kind with the most,
+    one at a time (KDA 8 -> 3), then at a tie off the larger set (MLA), until the rest and the headroom fit."""
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(32.3 * GiB)) == {"dense": 1, "kda": 3, "mla": 2}
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, int(40 * GiB)) == {"dense": 1, "kda": 4, "mla": 3}
+    one_each = sum(K3_TP8_BATCH64.values()) + HEADROOM_BYTES
+    assert fit_weight_sets(ASKED, K3_TP8_BATCH64, one_each) == {"dense": 1, "kda": 1, "mla": 1}
+    with pytest.raises(BenchError, match=r"one weight set of each kind \(dense, kda, mla\) needs 8.7 GiB; 16.0 GiB "
+                                         r"are free \(keep 8 GiB headroom\)"):
+        fit_weight_sets(ASKED, K3_TP8_BATCH64, one_each - 1 - int(0.7 * GiB))
+
+
+def test_a_step_that_does_not_fit_cycles_fewer_sets_and_says_why(cfg, monkeypatch):
+    """bench_step builds the sets fit_weight_sets leaves of what the device holds (free bytes faked here: the CPU has
+    no limit), records them in the row and says in its progress why they are fewer than asked."""
+    from model.kimi_k3.bench import run
+
+    lid = {kind: layer_ids(cfg, kind)[0] for kind in ASKED}
+    set_bytes = {k: planned_bytes(cfg, lid[k], 1, 2, 4) + standard_copy_bytes(cfg, lid[k], 1) for k in ASKED}
+    free = HEADROOM_BYTES + set_bytes["dense"] + 2 * set_bytes["kda"] + 2 * set_bytes["mla"]
+    monkeypatch.setattr(run, "free_device_bytes", lambda device: free)
+    said = []
+    (row,) = bench_step(cfg, tp=1, batch=2, context=4, spec_tokens=0, acceptance=1.0, backends=["auto"], device=CPU,
+                        kda_sets=3, mla_sets=2, progress=said.append)
+    assert row.weight_sets == fit_weight_sets({"dense": 1, "kda": 3, "mla": 2}, set_bytes, free)
+    assert row.weight_sets == {"dense": 1, "kda": 2, "mla": 2}
+    assert any("2 KDA and 2 MLA weight sets, not 3 and 2: those need" in line and "GiB are free" in line
+               for line in said)
+
+
+def test_bytes_between_two_turns_of_a_weight_set():
+    """From one turn of a set to its next the device reads the turn's layer and every layer between; a set's last
+    turn is followed by its first in the next step, the head between."""
+    kinds = ["dense", "kda", "kda", "mla", "kda"]
+    assert set_order(kinds, {"dense": 1, "kda": 2, "mla": 1}) == [("dense", 0), ("kda", 0), ("kda", 1), ("mla", 0),
+                                                                  ("kda", 0)]
+    layer = {"dense": 1.0, "kda": 10.0, "mla": 100.0}
+    assert bytes_between_turns(kinds, {"dense": 1, "kda": 2, "mla": 1}, layer, head_bytes=1000.0) == 120.0
+    assert bytes_between_turns(kinds, {"dense": 1, "kda": 1, "mla": 1}, layer, head_bytes=1000.0) == 10.0
+    assert bytes_between_turns(["kda"], {"kda": 1}, layer, head_bytes=5.0) == 15.0  # a step of one layer
+
+
+def test_free_bytes_count_what_an_earlier_point_left_cached(monkeypatch):
+    """Before fitting, the caching allocator's blocks and the experts' standard's repacked weight sets (kept until
+    its cache is cleared) are released, so an earlier point's layers count as free."""
+    from model.kimi_k3.bench import run
+    from model.kimi_k3.ops import moe_experts_standard as standard
+
+    calls = []
+    monkeypatch.setattr(standard, "clear_cache", lambda: calls.append("clear_cache"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append("mem_get_info") or (5 * GiB, 80 * GiB))
+    assert run.free_device_bytes(torch.device("cuda", 0)) == 5 * GiB
+    assert calls == ["clear_cache", "empty_cache", "mem_get_info"]
+    assert run.free_device_bytes(CPU) is None
 
 
 def test_bad_requests_are_clear_errors(cfg):

@@ -93,8 +93,11 @@ def add_commands(sub) -> None:
     layer.set_defaults(func=run_layer)
 
     step = sub.add_parser("step", parents=[common], help="the whole decode step: every layer, final norm, lm_head")
-    step.add_argument("--kda-sets", type=_at_least(1), default=8, help="distinct KDA layer weight sets (default 8)")
-    step.add_argument("--mla-sets", type=_at_least(1), default=3, help="distinct MLA layer weight sets (default 3)")
+    step.add_argument("--kda-sets", type=_at_least(1), default=8,
+                      help="distinct KDA layer weight sets (default 8; fewer, down to 1, where the device cannot "
+                           "hold them: KDA's first, the row records how many)")
+    step.add_argument("--mla-sets", type=_at_least(1), default=3,
+                      help="distinct MLA layer weight sets (default 3; fewer where the device cannot hold them)")
     step.add_argument("--spec-tokens", type=_at_least(0), default=0,
                       help="verify 1 + K tokens per sequence (speculative mode; default 0: plain decode)")
     step.add_argument("--acceptance", type=_fraction, default=6 / 7,
@@ -166,6 +169,12 @@ def _collectives(r) -> str:
     return f"{r.collectives}, slowest of {len(r.ranks_us)} ranks" if r.us is not None else f"{r.collectives}, untimed"
 
 
+def _floors(rows) -> str | None:
+    """The tables' caption: the bandwidth the rows' floors are at, and whether it was measured or declared."""
+    figures = dict.fromkeys(f"{r.floor_bandwidth_Bps / 1e12:.2f} TB/s, {r.floor_bandwidth_source}" for r in rows)
+    return f"floors at {'; '.join(figures)}" if figures else None
+
+
 def run_layer(args) -> int:
     device, cfg, batches = _device(args), preset(args.preset), batch_points(args.batch)
     cfg.check_tp(args.tp)  # the field --tp cannot divide, before any weight is drawn
@@ -187,7 +196,8 @@ def run_layer(args) -> int:
                                  args.iters, args.seed, lambda text: bar.update(task, description=text),
                                  kv_cache_dtype=args.kv_cache_dtype)
     table = Table(title=f"bench layer: {args.kind}, TP{args.tp}, context {args.context}"
-                        + (f", {args.kv_cache_dtype} MLA cache" if args.kv_cache_dtype != "auto" else ""))
+                        + (f", {args.kv_cache_dtype} MLA cache" if args.kv_cache_dtype != "auto" else ""),
+                  caption=_floors(rows))
     for col in ("batch", "backend", "collectives", "µs (in-pipeline)", "µs (one per graph)", "kernels", "MB",
                 "floor µs", "of floor", "vs reference"):
         table.add_column(col, justify="right")
@@ -223,11 +233,12 @@ def run_step(args) -> int:
                                device, args.kda_sets, args.mla_sets, args.iters, args.seed,
                                lambda text: bar.update(task, description=text))
     table = Table(title=f"bench step: TP{args.tp}, context {args.context}, {rows[0].layers if rows else 0} layers "
-                        f"(collectives excluded)")
-    for col in ("batch", "spec", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
+                        f"(collectives excluded)", caption=_floors(rows))
+    for col in ("batch", "spec", "KDA/MLA sets", "backend", "ms", "kernels", "GB", "floor ms", "of floor", "tokens/s"):
         table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(str(r.batch), str(r.spec_tokens), r.backend, _fmt(r.ms, ".3f"), _fmt(r.kernels, "d"),
+    for r in rows:  # the sets: fewer than asked where the device could not hold them (bench_step)
+        table.add_row(str(r.batch), str(r.spec_tokens), f"{r.weight_sets['kda']}/{r.weight_sets['mla']}", r.backend,
+                      _fmt(r.ms, ".3f"), _fmt(r.kernels, "d"),
                       f"{r.bytes / 1e9:.2f}", f"{r.floor_ms:.3f}", _fmt(r.fraction_of_floor, ".0%"),
                       _fmt(r.tokens_per_s, ".0f"))
     out.print(table)

@@ -7,9 +7,10 @@ evidence: `k3forge evidence decode` refuses them):
 - in-pipeline time: N distinct layers (their weights together far beyond the L2) captured back to back in one CUDA
   graph, replay time / N (kernels.timing.time_pipeline), beside the one-layer-per-graph time with the L2 flushed
   (launch latency included, as the benchmark gate used to time ops);
-- kernels per layer and a per-op breakdown from an eager profiler trace;
+- kernels per layer and a per-op breakdown from an eager profiler trace, and a per-block one (attention, MoE or
+  MLP, AttnRes: `trace.tracking_blocks`) with each block's bytes and floor;
 - bytes the layer must move (each op's own cost model over the calls it made; only the experts routed to) and the
-  fraction of the bandwidth floor;
+  fraction of the bandwidth floor, at the copy bandwidth measured on the device (`floor_bandwidth`);
 - correctness on the same weights: each backend's layer output against the reference layer's, and every op
   call's standard against its reference within the op's `standard_tolerance`.
 Collectives are excluded (one rank of the TP group on one GPU), and so is the drafter in speculative mode; or, with
@@ -20,6 +21,9 @@ time is its slowest rank's.
 
 from __future__ import annotations
 
+import functools
+import gc
+from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -33,16 +37,18 @@ from ..config import KimiK3Config
 from ..dispatch import DECODE_BACKENDS, Dispatcher, Reason, Target, judged_here
 from ..distributed import BACKENDS
 from ..errors import UsageError
+from ..ops import moe_experts_standard
+from ..ops.op import Cost
 from ..ops.registry import OPS, load_specialized
 from ..parallel import TP
 from .layers import BenchLayer, build_layer, layer_ids, planned_bytes, standard_copy_bytes
-from .trace import RecordingDispatcher, call_costs, op_trace
+from .trace import BLOCKS, RecordingDispatcher, call_costs, op_trace, tracking_blocks
 
 DECLARED = "declared"  # the bench-only backend (module doc)
 BENCH_BACKENDS = (*DECODE_BACKENDS, DECLARED)
 LAYER_OUTPUT_REL_L2 = 2e-2  # a bf16 layer against the reference layer: many bf16 roundings, none amplified
 HEADROOM_BYTES = 8 << 30  # left free on the device for graphs, workspaces and temporaries
-FLOOR_ARCH_OFF_GPU = "sm_90"
+FLOOR_ARCH_OFF_GPU = "sm_90"  # whose declared bandwidth the floors take off a GPU (CI's tiny shapes)
 
 
 class BenchError(UsageError):
@@ -66,6 +72,7 @@ class LayerRow:
     floor_us: float
     fraction_of_floor: float | None
     ops: dict[str, dict] = field(default_factory=dict)  # per-op trace rows
+    blocks: dict[str, dict] = field(default_factory=dict)  # per block of the layer: µs, kernels, bytes, floor_us
     dispatch: dict = field(default_factory=dict)  # specialized / standard calls and fallback reasons per op
     output_rel_l2: float | None = None  # vs the reference layer, every token
     output_rel_l2_same_routing: float | None = None  # over the tokens routed to the same experts as the reference
@@ -74,6 +81,8 @@ class LayerRow:
     collectives: str = "excluded"  # or the TP group's backend ("nccl"; "gloo" untimed on CPU): the all-reduces ran
     kv_cache: str = "auto"  # the MLA cache's dtype ("fp8": e4m3, ModelCache)
     ranks_us: list[float | None] | None = None  # with collectives: each rank's in-pipeline µs (`us` the slowest)
+    floor_bandwidth_Bps: float | None = None  # the copy bandwidth floor_us is at (FloorBandwidth)
+    floor_bandwidth_source: str | None = None  # measured on which device, or declared for which arch
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -101,20 +110,82 @@ class ReferenceDispatcher(RecordingDispatcher):
         return OPS[name].reference
 
 
+def free_device_bytes(device: torch.device) -> int | None:
+    """The device's free bytes once this process holds only what is still alive (None off a GPU: nothing to fit).
+    It is called before a point builds its layers, when the earlier point's are gone; but the caching allocator keeps
+    their blocks, and the MXFP4 experts' standard keeps each prepared weight set's repacked copy (~2 GB per MoE layer
+    at TP8) until its cache is cleared: both are released first, so they count as free (run 13: 32.3 GiB read free
+    after `bench step` batch 1, on an 80 GB H100). A live layer whose set is dropped is prepared again by its first
+    eager call, which every point makes before it captures a graph."""
+    if device.type != "cuda":
+        return None
+    gc.collect()  # an earlier point's layers held only in reference cycles
+    moe_experts_standard.clear_cache()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
+
+
 def fit_count(cfg: KimiK3Config, ids: Sequence[int], tp: int, batch: int, context: int, wanted: int,
               device: torch.device, kv_cache_dtype: str = "auto") -> int:
     """How many distinct layers of `ids` fit the device's free memory (at most `wanted`); an error saying what
     fits when not even one does."""
-    if device.type != "cuda":
+    free = free_device_bytes(device)
+    if free is None:
         return wanted
     per_layer = (planned_bytes(cfg, ids[0], tp, batch, context, kv_cache_dtype=kv_cache_dtype)
                  + standard_copy_bytes(cfg, ids[0], tp))
-    free, _ = torch.cuda.mem_get_info(device)
     fits = int((free - HEADROOM_BYTES) // per_layer)
     if fits < 1:
         raise BenchError(f"one layer at TP{tp}, batch {batch}, context {context} needs {per_layer / 2**30:.1f} GiB; "
                          f"{free / 2**30:.1f} GiB are free: lower the batch or the context")
     return min(wanted, fits)
+
+
+def fit_weight_sets(wanted: dict[str, int], set_bytes: dict[str, int], free: int) -> dict[str, int]:
+    """The weight sets per kind `bench step` builds: `wanted`, or, where those and HEADROOM_BYTES exceed `free`, fewer:
+    one set at a time off the kind with the most (ties: the larger set), down to one of each kind. An error when one
+    set of each kind does not fit."""
+    sets = dict(wanted)
+
+    def need() -> int:
+        return sum(set_bytes[kind] * n for kind, n in sets.items())
+
+    while need() + HEADROOM_BYTES > free:
+        kind = max(sets, key=lambda k: (sets[k], set_bytes[k]))
+        if sets[kind] == 1:
+            raise BenchError(f"one weight set of each kind ({', '.join(sets)}) needs {need() / 2**30:.1f} GiB; "
+                             f"{free / 2**30:.1f} GiB are free (keep {HEADROOM_BYTES >> 30} GiB headroom): "
+                             f"lower the batch or the context")
+        sets[kind] -= 1
+    return sets
+
+
+def set_order(kinds: Sequence[str], sets: dict[str, int]) -> list[tuple[str, int]]:
+    """(kind, weight set) of each layer of the schedule `kinds`: each kind's sets taken in turn."""
+    turns: Counter[str] = Counter()
+    order = []
+    for kind in kinds:
+        order.append((kind, turns[kind] % sets[kind]))
+        turns[kind] += 1
+    return order
+
+
+def bytes_between_turns(kinds: Sequence[str], sets: dict[str, int], layer_bytes: dict[str, float],
+                        head_bytes: float) -> float:
+    """The fewest bytes a step moves from one turn of a weight set to its next: between reading a weight and reading
+    it again the device reads the rest of that turn's layer, every layer between the turns and the start of the next
+    turn, which sum to this (each layer reads its bytes in the same order every turn). Steps replay back to back, so a
+    set's last turn is followed by its first in the next step, the head between."""
+    order = set_order(kinds, sets)
+    starts = [0.0]
+    for kind in kinds:
+        starts.append(starts[-1] + layer_bytes[kind])
+    step = starts[-1] + head_bytes
+    turns: dict[tuple[str, int], list[int]] = {}
+    for at, turn in enumerate(order):
+        turns.setdefault(turn, []).append(at)
+    return min(((starts[b] - starts[a]) if b > a else (step - starts[a] + starts[b])
+                for at in turns.values() for a, b in zip(at, [*at[1:], at[0]])), default=0.0)
 
 
 def _snapshot(bl: BenchLayer) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -189,6 +260,7 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
     for b in backends:
         if b not in BENCH_BACKENDS:
             raise BenchError(f"backend {b!r}: one of {', '.join(BENCH_BACKENDS)}")
+    bandwidth = floor_bandwidth(device)  # first: its 2 GiB measurement must not compete with the layers
     ids = layer_ids(cfg, kind)
     n = fit_count(cfg, ids, tp, batch, context, count, device, kv_cache_dtype)
     # Layers spread over the network, so AttnRes mixes as many sources as a mid-network layer does.
@@ -222,18 +294,21 @@ def bench_layers(cfg: KimiK3Config, kind: str, tp: int, batch: int, context: int
         op_checks = check_op_calls(ops.calls, gpu=device.type == "cuda") if backend == "auto" else {}
         _restore(saved)
         ops.record()
-        for bl in layers:  # the bytes each layer must move: its calls through the op cost models
-            bl.run(ops)
-        costs = call_costs(ops.calls)
+        with tracking_blocks(ops, [bl.layer for bl in layers]):
+            for bl in layers:  # the bytes each layer must move: its calls through the op cost models
+                bl.run(ops)
+        costs, block_costs = call_costs(ops.calls), call_costs(ops.calls, ops.call_blocks)
         ops.calls = None
         layer_bytes = sum(c.bytes for c in costs.values()) / n
-        floor_us = layer_bytes / tgt_bandwidth(tgt) * 1e6
+        floor_us = layer_bytes / bandwidth.Bps * 1e6
         dispatch = _dispatch_summary(ops, layers[0])
         row = LayerRow(kind, tp, batch, context, backend, n, None, None, None, None, None, layer_bytes, floor_us,
                        None, dispatch=dispatch, output_rel_l2=out_rel, output_rel_l2_same_routing=out_rel_agree,
-                       routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype)
+                       routing_flips=int((~agree).sum()), op_checks=op_checks, kv_cache=kv_cache_dtype,
+                       floor_bandwidth_Bps=bandwidth.Bps, floor_bandwidth_source=bandwidth.source)
+        row.blocks = per_block(block_costs, n, bandwidth)
         if device.type == "cuda":
-            _time_layers(row, layers, ops, costs, iters)
+            _time_layers(row, layers, ops, costs, block_costs, bandwidth, iters)
         rows.append(row)
     return rows
 
@@ -264,10 +339,12 @@ def bench_layers_on_ranks(tp: TP, device: torch.device, cfg: KimiK3Config, kind:
     return rows
 
 
-def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatcher, costs, iters: int) -> None:
-    """Fill the row's times, kernel count and per-op trace (GPU only)."""
+def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatcher, costs, block_costs,
+                 bandwidth: FloorBandwidth, iters: int) -> None:
+    """Fill the row's times, kernel count and per-op and per-block traces (GPU only)."""
     n = len(layers)
-    trace = op_trace([bl.closure(ops) for bl in layers], ops)
+    with tracking_blocks(ops, [bl.layer for bl in layers]):
+        trace, traced_blocks = op_trace([bl.closure(ops) for bl in layers], ops)
     with ops.recording():
         row.kernels = count_kernels(layers[0].closure(ops))
         piped = time_pipeline([bl.closure(ops) for bl in layers], iters=iters)
@@ -277,13 +354,51 @@ def _time_layers(row: LayerRow, layers: list[BenchLayer], ops: RecordingDispatch
         op_row["kernels"] /= n
         op_row["bytes"] = costs[name].bytes / n if name in costs else 0.0
     row.ops = trace
+    row.blocks = per_block(block_costs, n, bandwidth, traced_blocks)
     row.us, row.us_q1, row.us_q3, row.us_one_per_graph = piped.median_us, piped.q1_us, piped.q3_us, single.median_us
     row.fraction_of_floor = row.floor_us / piped.median_us
 
 
-def tgt_bandwidth(tgt: Target) -> float:
-    """The copy bandwidth of the target's arch; on a CPU (CI's tiny shapes) the H200's, so floors stay comparable."""
-    return arch_info.known(tgt.arch if tgt.gpu else FLOOR_ARCH_OFF_GPU).mem_bw_Bps
+def per_block(costs: dict[str, Cost], n: int, bandwidth: FloorBandwidth,
+              traced: dict[str, dict] | None = None) -> dict[str, dict]:
+    """One layer's share per block (of `n` traced): the µs and kernels the eager trace placed in it (None untimed),
+    the bytes its op calls must move (their cost models) and their floor at the row's bandwidth. A block holding
+    only glue kernels (no op call) has no bytes."""
+    traced = traced or {}
+    out = {}
+    for block in (b for b in BLOCKS if b in costs or b in traced):
+        t, moved = traced.get(block), costs[block].bytes / n if block in costs else 0.0
+        out[block] = {"us": t["us"] / n if t else None, "kernels": t["kernels"] / n if t else None, "bytes": moved,
+                      "floor_us": moved / bandwidth.Bps * 1e6}
+    return out
+
+
+@dataclass(frozen=True)
+class FloorBandwidth:
+    """The copy bandwidth (read + write bytes per second) a row's floors are at, and where the figure comes from."""
+
+    Bps: float
+    source: str  # "measured on <device>" or "declared for <arch> (<device>); no GPU measured it"
+
+
+def floor_bandwidth(device: torch.device) -> FloorBandwidth:
+    """The bandwidth every floor of the layer and step rows is at. On a GPU its copy bandwidth, measured once per
+    process and device: an arch's declared figure is one device's (sm_90's is the H200's 4.3 TB/s, where an H100
+    copies ~2.98 TB/s, so at the declared figure an H100's fractions of the floor read ~30 % low). Off a GPU (CI's
+    tiny shapes, untimed) FLOOR_ARCH_OFF_GPU's declared figure, so the floors stay comparable, and the source says
+    so."""
+    if device.type != "cuda":
+        declared = arch_info.known(FLOOR_ARCH_OFF_GPU)
+        return FloorBandwidth(declared.mem_bw_Bps,
+                              f"declared for {declared.arch} ({declared.device_name}); no GPU measured it")
+    return _measured_bandwidth(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _measured_bandwidth(index: int) -> FloorBandwidth:
+    measured = arch_info.measure_copy_bandwidth(index)
+    torch.cuda.empty_cache()  # the measurement's 2 GiB back to the device, before any layer is fitted to it
+    return FloorBandwidth(measured, f"measured on {torch.cuda.get_device_name(index)}")
 
 
 def _dispatch_summary(ops: Dispatcher, layer: BenchLayer) -> dict:
@@ -349,6 +464,8 @@ class StepRow:
     tokens_per_step: float  # per sequence: 1, or the accepted drafts plus one
     tokens_per_s: float | None  # the whole batch's (accepted) tokens per second
     dispatch: dict = field(default_factory=dict)
+    floor_bandwidth_Bps: float | None = None  # the copy bandwidth floor_ms is at (FloorBandwidth)
+    floor_bandwidth_source: str | None = None  # measured on which device, or declared for which arch
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -396,20 +513,25 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                seed: int = 0, progress: Callable[[str], None] = lambda _: None) -> list[StepRow]:
     """One whole decode (or verification) step of the model's schedule in one CUDA graph per backend: every layer
     in model order, each kind's distinct weight sets cycled, then the final AttnRes, norm and lm_head."""
+    bandwidth = floor_bandwidth(device)  # first: its 2 GiB measurement must not compete with the layers
     kinds = schedule(cfg)
     wanted = {"dense": 1, "kda": kda_sets, "mla": mla_sets}
     ids = {kind: layer_ids(cfg, kind) for kind in wanted}
-    need = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens) + standard_copy_bytes(cfg, ids[k][0], tp)
-            for k in wanted}
-    total = sum(need[k] * wanted[k] for k in wanted)
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else total + HEADROOM_BYTES
-    if total + HEADROOM_BYTES > free:
-        raise BenchError(f"{kda_sets} KDA and {mla_sets} MLA weight sets at TP{tp}, batch {batch}, context {context} "
-                         f"need {total / 2**30:.1f} GiB; {free / 2**30:.1f} GiB are free (keep {HEADROOM_BYTES >> 30} "
-                         f"GiB headroom): one KDA set is {need['kda'] / 2**30:.2f} GiB, one MLA set "
-                         f"{need['mla'] / 2**30:.2f} GiB")
+    set_bytes = {k: planned_bytes(cfg, ids[k][0], tp, batch, context, spec_tokens)
+                 + standard_copy_bytes(cfg, ids[k][0], tp) for k in wanted}
+    free = free_device_bytes(device)
+    # Fewer sets than asked still time cold weights: from one turn of a set to its next the step moves at least one
+    # whole layer's bytes (bytes_between_turns: a K3 layer at TP8 moves ~280-300 MB at batch 1, ~5x an H100's 50 MB
+    # L2, more at larger batches), so no weight is still in the L2 when it is read again; where the sets were
+    # reduced, this is checked on the GPU below with the bytes each backend's layers must move.
+    counts = wanted if free is None else fit_weight_sets(wanted, set_bytes, free)
+    if counts != wanted:
+        asked = sum(set_bytes[k] * n for k, n in wanted.items())
+        progress(f"step TP{tp} batch {batch}: {counts['kda']} KDA and {counts['mla']} MLA weight sets, not "
+                 f"{kda_sets} and {mla_sets}: those need {asked / 2**30:.1f} GiB, {free / 2**30:.1f} GiB are free "
+                 f"(keep {HEADROOM_BYTES >> 30} GiB headroom)")
     sets: dict[str, list[BenchLayer]] = {}
-    for kind, n in wanted.items():
+    for kind, n in counts.items():
         progress(f"step TP{tp} batch {batch}: building {n} {kind} layers")
         chosen = [ids[kind][(i * len(ids[kind])) // n] for i in range(n)]
         sets[kind] = [build_layer(cfg, lid, tp, batch, context, device, seed + 100 * len(sets) + j, spec_tokens)
@@ -420,11 +542,7 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
     # geometry, so any layer's table is every layer's)
     step = sets["dense"][0].step
     sets = {kind: [replace(bl, step=step) for bl in built] for kind, built in sets.items()}
-    used = {kind: 0 for kind in wanted}
-    order = []
-    for kind in kinds:
-        order.append(sets[kind][used[kind] % len(sets[kind])])
-        used[kind] += 1
+    order = [sets[kind][j] for kind, j in set_order(kinds, counts)]
 
     tgt = target(tp, device)
     per_step = speculative_tokens_per_step(spec_tokens, acceptance) if spec_tokens else 1.0
@@ -437,6 +555,8 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                           for kind in wanted}
         head_bytes = _recorded_bytes(ops, [head.run])
         step_bytes = sum(per_kind_bytes[k] for k in kinds) + head_bytes
+        if device.type == "cuda" and counts != wanted:
+            _check_cold(bytes_between_turns(kinds, counts, per_kind_bytes, head_bytes), device, counts)
 
         def whole_step(ops=ops) -> None:
             with step.forward_pass():
@@ -444,9 +564,10 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
                     bl.run(ops)
             head.run(ops)
 
-        floor_ms = step_bytes / tgt_bandwidth(tgt) * 1e3
-        row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(wanted), None, None, None, None,
-                      step_bytes, floor_ms, None, per_step, None)
+        floor_ms = step_bytes / bandwidth.Bps * 1e3
+        row = StepRow(tp, batch, context, spec_tokens, backend, len(kinds), dict(counts), None, None, None, None,
+                      step_bytes, floor_ms, None, per_step, None, floor_bandwidth_Bps=bandwidth.Bps,
+                      floor_bandwidth_source=bandwidth.source)
         with ops.recording() as decisions:
             if device.type == "cuda":
                 row.kernels = count_kernels(whole_step)
@@ -459,6 +580,19 @@ def bench_step(cfg: KimiK3Config, tp: int, batch: int, context: int, spec_tokens
         row.dispatch = tally_decisions(decisions)
         rows.append(row)
     return rows
+
+
+COLD_L2_MULTIPLE = 2  # bytes moved between two reads of a weight, in L2 sizes, for it to have left the L2
+
+
+def _check_cold(between: float, device: torch.device, counts: dict[str, int]) -> None:
+    """An error where the sets `fit_weight_sets` left could be read again while still in the L2 (layers too small for
+    that few sets): the step would be timed warm where the asked sets were cold."""
+    l2 = arch_info.detect(device).l2_bytes
+    if between < COLD_L2_MULTIPLE * l2:
+        raise BenchError(f"with {counts['kda']} KDA and {counts['mla']} MLA weight sets a set is read again after "
+                         f"{between / 1e6:.1f} MB, under {COLD_L2_MULTIPLE}x the {l2 / 1e6:.0f} MB L2: its weights "
+                         f"would be timed warm: lower the batch or the context")
 
 
 def _recorded_bytes(ops: RecordingDispatcher, runs: Sequence[Callable[[Dispatcher], object]]) -> float:

@@ -3,6 +3,7 @@ the runs loaded changes, broken when a file is edited."""
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 
@@ -114,3 +115,58 @@ def test_rows_with_and_without_collectives_are_two_series(records):
     (chart,) = [v for k, v in decode._plots(bundle).items() if k.startswith("layer")]
     label = decode.BACKEND_LABEL.get(row["backend"], row["backend"])
     assert f"{label} + collectives" in chart and chart.count(label) >= 2
+
+
+def test_the_report_names_the_bandwidth_of_the_floors_and_renders_older_bundles(records, tmp_path):
+    """Rows record the bandwidth their floors are at (measured on the device, or declared off a GPU); the report
+    says it above each table. Bundles made before the rows recorded it still render, saying the floors were at
+    the arch's declared figure."""
+    bundle = decode.from_records(records)
+    decode.write(bundle, tmp_path / "new")
+    sentence = "Floors at 4.30 TB/s (copy bandwidth declared for sm_90 (NVIDIA H200); no GPU measured it)."
+    for report in ("report.md", "report.html"):
+        assert (tmp_path / "new" / report).read_text().count(sentence) == 2  # the MLA layer's table, the step's
+    measured = {"floor_bandwidth_Bps": 2.98e12, "floor_bandwidth_source": "measured on NVIDIA H100 80GB HBM3"}
+    assert decode.floors([{**row, **measured} for row in bundle.steps]) == (
+        "Floors at 2.98 TB/s (copy bandwidth measured on NVIDIA H100 80GB HBM3).")
+    for row in (*bundle.layers, *bundle.steps):
+        del row["floor_bandwidth_Bps"], row["floor_bandwidth_source"]
+    decode.write(bundle, tmp_path / "old")
+    assert verify_bundle(tmp_path / "old") == []
+    for report in ("report.md", "report.html"):
+        assert "Floors at the arch's declared copy bandwidth (not recorded in these rows)." in html.unescape(
+            (tmp_path / "old" / report).read_text())
+
+
+def test_each_step_row_shows_its_own_weight_sets(records, tmp_path):
+    """`bench step` builds fewer sets where the device cannot hold the asked ones, so rows of one bundle may differ:
+    each row's sets are in its own table line."""
+    bundle = decode.from_records(records)
+    bundle.steps[1] = {**bundle.steps[1], "batch": 64, "weight_sets": {"dense": 1, "kda": 3, "mla": 2}}
+    decode.write(bundle, tmp_path / "b")
+    for report in ("report.md", "report.html"):
+        text = (tmp_path / "b" / report).read_text()
+        assert "1 dense, 1 kda, 1 mla" in text and "1 dense, 3 kda, 2 mla" in text
+
+
+def test_the_report_has_a_per_block_table_with_both_backends_and_renders_older_bundles(records, tmp_path):
+    """Layer rows carry a per-block breakdown: the report sets each block's standard and specialized µs side by side
+    with the speedup, bytes and floor. Rows recorded before the breakdown (older bundles) render without it."""
+    bundle = decode.from_records(records)
+    auto, spec = (r for r in bundle.layers if r["backend"] in ("auto", "latency_specialized"))
+    for r, us in ((auto, 30.0), (spec, 12.0)):
+        r["blocks"] = {name: {**b, "us": us, "kernels": 4.0} for name, b in r["blocks"].items()}
+    (table,) = decode.block_tables(bundle.layers)
+    assert table["title"] == "TP1, batch 1" and [b["block"] for b in table["blocks"]] == ["attn_res", "attention",
+                                                                                          "moe"]
+    assert all(b["speedup"] == pytest.approx(2.5) and b["bytes"] > 0 for b in table["blocks"])
+    decode.write(bundle, tmp_path / "new")
+    for report in ("report.md", "report.html"):
+        text = (tmp_path / "new" / report).read_text()
+        assert "Per block: " in text and text.count("2.50×") == 3
+    for row in bundle.layers:
+        del row["blocks"]
+    assert decode.block_tables(bundle.layers) == []
+    decode.write(bundle, tmp_path / "old")
+    assert verify_bundle(tmp_path / "old") == []
+    assert "Per block: " not in (tmp_path / "old" / "report.md").read_text()
