@@ -4,8 +4,11 @@
 # with the tree: the wheelhouse travels in three parts):
 #   call 1 (carry .wheelhouse/a):  source kernels/device_install.sh
 #   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh
-#   call 3 (carry .wheelhouse/c):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests gate COMMIT
-#   call 4 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh collect evals
+#   call 3 (carry .wheelhouse/c):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests
+#   call 4 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh gate COMMIT
+# Call 3's tree lacks the mini-K3 checkpoint (moved out so the tree and wheels fit 64 MiB), and a job copies the
+# call's tree: a gate started there cannot load it for its accuracy eval (session 34's KDA gate ERRORed so), and
+# `gate`, `evals` and `accuracy` refuse to start without it.
 #   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
 # contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
@@ -223,6 +226,14 @@ run_profile_experts() {
 
 alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
 
+MINI_K3=model/kimi_k3/train/mini_k3/model.safetensors
+need_checkpoint() {
+  # the evals judge accuracy on the trained mini-K3; a call whose tree left it out (the .wheelhouse/c call) says so
+  [ -s "$MINI_K3" ] && return 0
+  echo "== not started: $MINI_K3 is missing from this call's tree (the .wheelhouse/c call leaves it out): start it in the next call" >&2
+  return 1
+}
+
 start_job() {
   # job name, file for its stdout (its log when empty), command...; stderr goes to its log.
   # The job runs in its own copy of the tree, $RUN/tree-NAME: the device tool copies the working tree afresh at
@@ -278,11 +289,13 @@ while [ $# -gt 0 ]; do
       run_limited l2_probe 60 python3 -m gates.core.l2 --json "$OUT/l2.json"
       shift ;;
     gate)
+      need_checkpoint || { shift 2; continue; }
       K3FORGE_COMMIT=$2 start_job gate "" python3 -m gates.cli gate --ops "${OPS:-kda_decode}" \
         --out "$RUN/evidence" --trials 1 --runs 3 --steps 16
       collect; shift 2 ;;
     evals)
       if alive gate; then echo "== evals not started: the gate is still timing"; shift; continue; fi
+      need_checkpoint || { shift; continue; }
       # shellcheck disable=SC2086  # EVAL_ARGS: more of the eval command's options, e.g. --kv-cache-dtype fp8
       start_job evals "$RUN/evals.json" python3 -m gates.cli eval --preset k3 --json --report "$RUN/evals_report" \
         ${EVAL_ARGS:-}
@@ -293,6 +306,7 @@ while [ $# -gt 0 ]; do
       # latency_specialized, the KDA steps right by construction and the known-bad kernels, each judged against the
       # reference. ~150 s a measurement: `collect` in the calls after brings back $OUT/accuracy.json (rewritten
       # after each measurement) and $OUT/calibration.json (commit its cuda entry into the checkpoint's)
+      need_checkpoint || { shift; continue; }
       rm -rf "$RUN/mini_k3_eval" && cp -r model/kimi_k3/train/mini_k3 "$RUN/mini_k3_eval"
       # ACCURACY_ARGS replaces the calibration run's options, e.g. "--budget gate --seeds 1": the known-bad kernels
       # judged on the evals gate's own items, its margin (2x the standard's distance on them), in a third the time

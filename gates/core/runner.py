@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gates.core import caches, sandbox
 from gates.core.contracts import load_contracts, parsed_contract_problems
-from gates.core.machine import Environment, environment, gpu_memory_bytes, one_thread
+from gates.core.machine import Environment, environment, gpu_memory_bytes, one_thread, release_cached_memory
 from gates.core.registry import Gate, GateContext, GateOptions, preload, registered, verdict_of
 from gates.core.sources import harness_digest, relative
 from gates.core.status import GateResult, Status
@@ -98,6 +98,7 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
             if result is not None and _blocked(gate, ctx):
                 result = None  # it ran beside a gate that then failed: what it found does not count
             if result is None:
+                release_cached_memory()
                 companions = {g.name: pool.submit(_run_gate, g, _beside_context(ctx, g, gate, reporter))
                               for g in order if together and g.beside == gate.name and not _blocked(g, ctx)}
                 result = _run_gate(gate, ctx)
