@@ -103,18 +103,30 @@ def trained_accuracy(box: Sandbox, ctx: GateContext, progress: Progress, start: 
             "kernel_calls": candidate.report()["ops"].get(ctx.contract.op, {})}
 
 
+# The TP whose rank shapes the GPU evals run at: K3's serving TP. At TP1 the KDA gate's eval model (a whole 896-expert
+# MoE layer) held ~37-40 GiB in the gate's process and again in the candidate's, and humming's repack asked 9 GiB more,
+# which an 80 GB H100 cannot hold (session 34); the kernel's other TP shapes are the numerics' and benchmarks' to cover.
+SERVING_TP = 8
+
+
+def eval_tp(tp_sizes: list[int]) -> int:
+    """The smallest TP size the contract admits from SERVING_TP up, else its largest."""
+    served = [tp for tp in tp_sizes if tp >= SERVING_TP]
+    return min(served) if served else max(tp_sizes)
+
+
 def eval_subject(contract: Contract, gpu: bool) -> tuple[dict, str]:
     """The eval model (load_subject's arguments) and the MLA cache's dtype for this contract's kernel.
 
-    On the GPU, K3's first layers at the smallest TP size the contract admits, so a kernel contracted for rank-local
-    shapes (TP8's projections) is chosen: GPU_LAYERS, or through the first MLA layer for an op that reads the MLA
-    cache (its contract constrains `kv_cache`), whose cache is then of that dtype (fp8_e4m3: kv_cache_dtype
-    "fp8"). The CPU's tiny model never has K3's shapes, whatever its TP; its MLA layers come early."""
+    On the GPU, K3's first layers at one rank's shapes of the TP eval_tp picks from the contract's, so a kernel
+    contracted for rank-local shapes (TP8's projections) is chosen: GPU_LAYERS, or through the first MLA layer for
+    an op that reads the MLA cache (its contract constrains `kv_cache`), whose cache is then of that dtype
+    (fp8_e4m3: kv_cache_dtype "fp8"). The CPU's tiny model never has K3's shapes, whatever its TP; its MLA layers come early."""
     mla = contract.dtypes.kv_cache is not None
     kv_cache_dtype = "fp8" if contract.dtypes.kv_cache == "fp8_e4m3" else "auto"
     layers = (preset("k3").mla_layer_ids[0] + 1 if mla else GPU_LAYERS) if gpu else None
     subject = {"preset_name": "k3" if gpu else "tiny", "layers": layers, "device": "cuda" if gpu else "cpu",
-               "dtype": torch.bfloat16 if gpu else torch.float32, "tp": min(contract.tp_sizes) if gpu else 1}
+               "dtype": torch.bfloat16 if gpu else torch.float32, "tp": eval_tp(contract.tp_sizes) if gpu else 1}
     return subject, kv_cache_dtype
 
 

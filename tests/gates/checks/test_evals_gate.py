@@ -120,7 +120,7 @@ def test_the_eval_model_reaches_the_kernels_layers_and_cache():
     kda, _ = evals.eval_subject(load_contract(Path("contracts/kda_decode.yaml")), gpu=True)
     mla, mla_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode.yaml")), gpu=True)
     fp8, fp8_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode_fp8.yaml")), gpu=True)
-    assert kda["layers"] == evals.GPU_LAYERS and kda["preset_name"] == "k3" and kda["tp"] == 1
+    assert kda["layers"] == evals.GPU_LAYERS and kda["preset_name"] == "k3" and kda["tp"] == 8  # serving TP, not 1
     assert mla["layers"] == fp8["layers"] == 4 and (mla_cache, fp8_cache) == ("auto", "fp8")
     cpu, cpu_cache = evals.eval_subject(load_contract(Path("contracts/mla_decode_fp8.yaml")), gpu=False)
     assert cpu["preset_name"] == "tiny" and cpu["layers"] is None and cpu_cache == "fp8"
