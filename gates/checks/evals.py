@@ -121,7 +121,8 @@ def eval_subject(contract: Contract, gpu: bool) -> tuple[dict, str]:
     On the GPU, K3's first layers at one rank's shapes of the TP eval_tp picks from the contract's, so a kernel
     contracted for rank-local shapes (TP8's projections) is chosen: GPU_LAYERS, or through the first MLA layer for
     an op that reads the MLA cache (its contract constrains `kv_cache`), whose cache is then of that dtype
-    (fp8_e4m3: kv_cache_dtype "fp8"). The CPU's tiny model never has K3's shapes, whatever its TP; its MLA layers come early."""
+    (fp8_e4m3: kv_cache_dtype "fp8"). The CPU's tiny model never has K3's shapes, whatever its TP; its MLA layers
+    come early."""
     mla = contract.dtypes.kv_cache is not None
     kv_cache_dtype = "fp8" if contract.dtypes.kv_cache == "fp8_e4m3" else "auto"
     layers = (preset("k3").mla_layer_ids[0] + 1 if mla else GPU_LAYERS) if gpu else None
