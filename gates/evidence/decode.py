@@ -194,9 +194,10 @@ def floors(rows: list[dict]) -> str:
 
 def block_tables(rows: list[dict]) -> list[dict]:
     """Per point of a layer kind (TP, batch, MLA cache, collectives) whose rows carry a per-block breakdown (older
-    records have none): each block's µs per layer under the standard and the specialized backend, the speedup, and
-    the bytes its op calls must move with their floor (the specialized row's where there is one; the ops' cost models
-    count what the layer must move, whichever backend moves it)."""
+    records have none): each block's µs per layer under the standard and the specialized backend (the eager trace's
+    sums; and in-pipeline where the block was timed alone, the FFN's: `us_in_pipeline`), the speedups, and the bytes
+    its op calls must move with their floor (the specialized row's where there is one; the ops' cost models count what
+    the layer must move, whichever backend moves it). `piped` says whether any block of the table was timed alone."""
     points: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         if r.get("blocks"):
@@ -207,16 +208,23 @@ def block_tables(rows: list[dict]) -> list[dict]:
         std, spec = by_backend.get("auto"), by_backend.get("latency_specialized")
         shown = spec or std
 
-        def us(r: dict | None, block: str) -> float | None:
-            return r["blocks"].get(block, {}).get("us") if r else None
+        def us(r: dict | None, block: str, key: str = "us") -> float | None:
+            return r["blocks"].get(block, {}).get(key) if r else None
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return a / b if a and b else None
 
         blocks = [{"block": block, "standard_us": us(std, block), "specialized_us": us(spec, block),
-                   "speedup": us(std, block) / us(spec, block) if us(std, block) and us(spec, block) else None,
+                   "speedup": ratio(us(std, block), us(spec, block)),
+                   "standard_piped_us": us(std, block, "us_in_pipeline"),
+                   "specialized_piped_us": us(spec, block, "us_in_pipeline"),
+                   "piped_speedup": ratio(us(std, block, "us_in_pipeline"), us(spec, block, "us_in_pipeline")),
                    **{key: shown["blocks"].get(block, {}).get(key) for key in ("bytes", "floor_us")}}
                   for block in dict.fromkeys(b for r in (std, spec) if r for b in r["blocks"])]
         title = (f"TP{tp}, batch {batch}" + (f", {kv_cache} MLA cache" if kv_cache != "auto" else "")
                  + (f", with the collectives ({collectives})" if collectives != "excluded" else ""))
-        tables.append({"title": title, "blocks": blocks})
+        tables.append({"title": title, "blocks": blocks,
+                       "piped": any(b["standard_piped_us"] or b["specialized_piped_us"] for b in blocks)})
     return tables
 
 

@@ -160,10 +160,20 @@ def test_the_report_has_a_per_block_table_with_both_backends_and_renders_older_b
     assert table["title"] == "TP1, batch 1" and [b["block"] for b in table["blocks"]] == ["attn_res", "attention",
                                                                                           "moe"]
     assert all(b["speedup"] == pytest.approx(2.5) and b["bytes"] > 0 for b in table["blocks"])
+    assert not table["piped"] and all(b["piped_speedup"] is None for b in table["blocks"])
     decode.write(bundle, tmp_path / "new")
     for report in ("report.md", "report.html"):
         text = (tmp_path / "new" / report).read_text()
-        assert "Per block: " in text and text.count("2.50×") == 3
+        assert "Per block: " in text and text.count("2.50×") == 3 and "n-pipeline specialized" not in text
+    for r, us in ((auto, 40.0), (spec, 25.0)):  # the MoE also timed alone in-pipeline
+        r["blocks"]["moe"]["us_in_pipeline"] = us
+    (table,) = decode.block_tables(bundle.layers)
+    moe = table["blocks"][-1]
+    assert table["piped"] and moe["piped_speedup"] == pytest.approx(1.6) and table["blocks"][0]["piped_speedup"] is None
+    decode.write(bundle, tmp_path / "piped")
+    for report in ("report.md", "report.html"):
+        text = (tmp_path / "piped" / report).read_text()
+        assert "1.60×" in text and text.count("2.50×") == 3
     for row in bundle.layers:
         del row["blocks"]
     assert decode.block_tables(bundle.layers) == []
