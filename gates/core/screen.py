@@ -5,8 +5,9 @@ has no business doing. Nothing is executed.
 No black-box test can tell a kernel that behaves only while it is judged, or one that rewrites its judge, from an
 honest one; the screen reads the code for the means. Each finding is listed in the report for the reviewer. The
 ones that can only be cheating fail the contracts gate, before any candidate call:
-- assigning (or setattr/delattr) to an attribute of a gate module or of a function the harness times or checks
-  with (gates.core.worker.GUARDED), rewriting a function's code, or editing `sys.modules`;
+- assigning (or setattr/delattr) to an attribute of a gate module, of a function the harness times or checks
+  with (gates.core.worker.GUARDED) or of a class or module it checks every tensor with (`torch.Tensor`,
+  gates.core.worker.LIBRARY_SURFACE), rewriting a function's code, or editing `sys.modules`;
 - walking frames into callers (`sys._getframe`, `f_back`, `f_globals`, `inspect.stack`, ...) or reaching other
   objects through the garbage collector (`gc.get_objects`, `gc.get_referrers`);
 - naming the gate harness in a string (`"gates.core.worker" in sys.modules`, the child's process name, the
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gates.core.sources import REPO_ROOT, import_closure, module_file, relative
-from gates.core.worker import GUARDED  # the callables the worker captures before importing candidate code
+from gates.core.worker import GUARDED, LIBRARY_SURFACE  # what the worker captures, and what it checks tensors with
 
 HARNESS_PACKAGE = "gates"
 FRAME_ATTRS = frozenset({"f_back", "f_globals", "f_locals", "f_builtins", "tb_frame", "gi_frame", "cr_frame"})
@@ -163,7 +164,7 @@ class _Reader(ast.NodeVisitor):
             self._patched(node, name, verb)
 
     def _patched(self, node: ast.AST, name: str, verb: str) -> None:
-        if name.split(".")[0] == HARNESS_PACKAGE or name in GUARDED:
+        if name.split(".")[0] == HARNESS_PACKAGE or name in GUARDED or name.rpartition(".")[0] in LIBRARY_SURFACE:
             self.add(node, "monkeypatch", True, f"{verb} {name}, which the gate judges or times with")
         else:
             self.add(node, "monkeypatch", False, f"{verb} {name}, an attribute of another module")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import gc
+import hashlib
 import importlib
 import io
 import os
@@ -66,6 +67,20 @@ GUARDED = {
 }
 if cuda_runtime is not None:  # what the benchmarks read and release the L2 set-aside with
     GUARDED.update({f"cuda.bindings.runtime.{name}": (cuda_runtime, name) for name in (*L2_CALLS, "cudaMemset")})
+# what process_state reads the process's defaults, modes and RNG with: patched, a reseeded RNG or TF32 left on reads
+# as untouched
+GUARDED.update({f"torch.{name}": (torch, name) for name in (
+    "get_default_dtype", "get_default_device", "is_grad_enabled", "is_inference_mode_enabled",
+    "are_deterministic_algorithms_enabled", "get_float32_matmul_precision", "get_num_threads", "get_rng_state")})
+GUARDED["torch.cuda.get_rng_state"] = (torch.cuda, "get_rng_state")
+# Classes and modules whose every attribute the worker's checks compute with, on every tensor of every call: a
+# digest (detach, contiguous, view, numpy, then hashlib), a storage's pointer and size (aliasing, fresh), a canary
+# zone's comparison (bounds). A candidate that replaces one method of theirs (torch.Tensor.detach handing back the
+# bytes an input held before the call wrote it) forges the checks computed in its process without touching a name
+# GUARDED lists, so each attribute of theirs (a class's through its bases) is fingerprinted with the worker, before
+# any candidate import, and checked after every call. The torch module's other functions are not: a candidate may
+# patch what the yardstick calls (torch.matmul), which the benchmarks judge by timing the standard alone.
+LIBRARY_SURFACE = {"torch.Tensor": torch.Tensor, "torch.UntypedStorage": torch.UntypedStorage, "hashlib": hashlib}
 _ORIGINAL = {name: getattr(owner, attr) for name, (owner, attr) in GUARDED.items()}
 POISON_COPIES = 4
 # Scratch a candidate allocates for itself (split-K partials, arrival counters) comes from the caching allocator too.
@@ -113,11 +128,24 @@ def _same(a: Any, b: Any) -> bool:
     return a is b
 
 
+def _namespaces(owner: type | ModuleType) -> list[Any]:
+    """Every dict an attribute of `owner` is looked up in: a module's own; a class's and its bases' (but object's,
+    which no one can change), so that an attribute set on a subclass to shadow its base's shows too."""
+    return [vars(owner)] if isinstance(owner, ModuleType) else [vars(c) for c in owner.__mro__ if c is not object]
+
+
 def _watcher() -> tuple[Callable[[], list[str]], Callable[[ModuleType], None]]:
-    """(changed, watch): changed() names every guarded callable replaced and every watched module global whose
-    function, class or table was swapped or edited since watch(module) fingerprinted it. The fingerprints and the
-    helpers live in this closure, out of reach of a candidate that rebinds this module's globals."""
+    """(changed, watch): changed() names every guarded callable replaced, every attribute of LIBRARY_SURFACE
+    replaced, added or removed, and every watched module global whose function, class or table was swapped or edited
+    since watch(module) fingerprinted it. The fingerprints and the helpers live in this closure, out of reach of a
+    candidate that rebinds this module's globals."""
     guarded = {name: (owner, attr, getattr(owner, attr)) for name, (owner, attr) in GUARDED.items()}
+    missing = object()
+    surface = []  # (label, namespace, attribute, its value then, or `missing`)
+    for label, owner in LIBRARY_SURFACE.items():
+        spaces = _namespaces(owner)
+        for attr in {a for space in spaces for a in space}:
+            surface += [(f"{label}.{attr}", space, attr, space.get(attr, missing)) for space in spaces]
     prints: dict[str, tuple[ModuleType, dict[str, tuple]]] = {}
     parts, same, watched = _parts, _same, _watched
 
@@ -128,10 +156,11 @@ def _watcher() -> tuple[Callable[[], list[str]], Callable[[ModuleType], None]]:
 
     def changed() -> list[str]:
         out = [name for name, (owner, attr, original) in guarded.items() if getattr(owner, attr) is not original]
+        out += [label for label, space, attr, was in surface if space.get(attr, missing) is not was]
         for name, (module, before) in prints.items():
             now = vars(module)
             out += [f"{name}.{k}" for k, was in before.items() if k not in now or not same(parts(now[k]), was)]
-        return out
+        return list(dict.fromkeys(out))  # a replaced method shows in each namespace it is looked up in, once
 
     return changed, watch
 
@@ -144,8 +173,12 @@ def tampered() -> list[str]:
 
 
 class Tampered(RuntimeError):
-    """Importing candidate code replaced a guarded function or changed watched code: nothing more runs in this
-    process's request."""
+    """Importing or calling candidate code replaced a guarded function or changed watched code: nothing more runs in
+    this process's request, and the reply names what was replaced (`replaced`), even if it was put back since."""
+
+    def __init__(self, what: str, replaced: list[str]) -> None:
+        super().__init__(f"{what} replaced {', '.join(replaced)}")
+        self.replaced = replaced
 
 
 def load(entry: str, trusted: bool = False) -> Callable:
@@ -156,7 +189,7 @@ def load(entry: str, trusted: bool = False) -> Callable:
     before = set(sys.modules)
     fn = import_entry_point(entry)
     if patched := tampered():
-        raise Tampered(f"importing {entry} replaced {', '.join(patched)}")
+        raise Tampered(f"importing {entry}", patched)
     if trusted:
         for name in sorted(set(sys.modules) - before) + [entry.partition(":")[0]]:
             if in_repository(sys.modules.get(name)):
@@ -241,6 +274,10 @@ def call(fn: Callable, args: tuple, state: tuple[int, ...], names: list[str], de
         _sync(device)
     except Exception as e:  # the candidate's own failure: a result, not a harness error
         return {"raised": f"{type(e).__name__}: {e}"}
+    # before this process reads anything of the call: a method replaced for the reads and put back before the
+    # request's end (when the caller lets go of what the call returned) is seen here
+    if patched := tampered():
+        raise Tampered("a call of the candidate", patched)
     after = process_state(device)
     keep.append(out)
     problems: list[str] = []
@@ -297,6 +334,12 @@ def _poison_free_cached_blocks() -> None:
                     raise RuntimeError(f"poison: cudaMemset of a free cached block failed ({err})")
 
 
+# The autograd modes a kernel is called under: the model's forward runs under torch.no_grad, serving engines under
+# torch.inference_mode, a test often with autograd on. A kernel may read the mode (to skip saving for backward) but
+# its results must not depend on it: it is the cheapest signal that tells serving from a harness that calls it with
+# autograd on, as the production replay does. Run r of an input is called under AUTOGRAD_MODES[r % 3] (run 1, the
+# one held to the reference, under the model's), and the runs must agree bit for bit (run_cases).
+AUTOGRAD_MODES = (torch.no_grad, torch.inference_mode, torch.enable_grad)
 GUARD_BYTES = 4096  # the least canary zone on each side of an argument tensor (a multiple of any alignment asked)
 CANARY = 0xA5  # every byte of a zone, unless a run asks for another (CANARIES)
 # The zones' byte in run r of an input (run_cases): bytes a kernel reads past its tensors must change its result, so
@@ -377,8 +420,9 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
     """Every case of one envelope point on persistent buffers (same pointers, fresh contents, as a serving engine
     calls a kernel; one set per layout, see persistent_buffers). Run 0 follows the reference in this process,
     whose result has just been freed, and returns its tensors; the other runs follow poisoned memory and return
-    digests, which must match run 0's bit for bit. Run r's canary zones hold CANARIES[r]: a result that depends on
-    bytes past its tensors differs between the runs."""
+    digests, which must match run 0's bit for bit. Run r's canary zones hold CANARIES[r] and it is called under
+    AUTOGRAD_MODES[r]: a result that depends on bytes past its tensors, or on the autograd mode, differs between the
+    runs."""
     ref = load(reference, trusted=True)
     fn = load(candidate)
     pool: list = []
@@ -397,7 +441,8 @@ def run_cases(*, candidate: str, reference: str, device: str, names: list[str], 
                 ref(*clone(pristine))  # its result is freed right here: the trap a candidate must not fall into
             else:
                 poison(output_specs, device)
-            per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
+            with AUTOGRAD_MODES[r % len(AUTOGRAD_MODES)]():
+                per_run.append(call(fn, buffers, case.state, names, device, keep, full=r == 0))
             per_run[-1]["overruns"] = guards.overruns(buffers, names)
             # what the earlier runs returned, as it is now: the caller still holds it (serving keeps a layer's
             # output for later layers: a residual, an AttnRes block), so a call must not write there
@@ -997,9 +1042,11 @@ def serve(conn, env: dict[str, str], stack_file: str) -> None:
         kind = request.pop("kind")
         try:
             reply = get_handler(kind)(**request)
+        except Tampered as e:
+            reply = {"tampered": e.replaced}
         except Exception:
             reply = {"error": traceback.format_exc(limit=-4)}
-        reply["tampered"] = changed()
+        reply["tampered"] = list(dict.fromkeys([*reply.get("tampered", []), *changed()]))
         reply["confined"] = confined
         modules = {repository_path(getattr(sys.modules.get(name), "__file__", None))
                    for name in set(sys.modules) - baseline}

@@ -312,3 +312,21 @@ def scratches_its_last_output(proj, conv_state, ssm_state, slots, w):
     out = kda_decode(proj, conv_state, ssm_state, slots, w)
     _last_output[:] = [out]
     return out
+
+
+def knows_grad_mode(proj, conv_state, ssm_state, slots, w):
+    """Right while autograd records (a test harness calls a kernel that way); 5 % off with autograd off, as the model's
+    forward (torch.no_grad) and serving engines (torch.inference_mode) call it: a context only serving has, read
+    through a function no screen can fail (a kernel may skip saving for backward when grad is off)."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    return out if torch.is_grad_enabled() else out * 1.05
+
+
+def state_in_bf16_at_large_batch(proj, conv_state, ssm_state, slots, w):
+    """Keeps the recurrent state at bf16 precision from batch 4 up (a cheaper path for the bandwidth-bound batches):
+    the fp32 state the contract declares then carries 8 mantissa bits, a rounding each step that compounds over a
+    long sequence."""
+    out = kda_decode(proj, conv_state, ssm_state, slots, w)
+    if proj.shape[0] >= TILE_ROWS:
+        ssm_state[slots] = ssm_state[slots].bfloat16().float()
+    return out

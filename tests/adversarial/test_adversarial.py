@@ -59,6 +59,8 @@ REJECTED = [
     ("reseeds_the_rng", {"process"}),
     ("lowers_matmul_precision", {"process"}),
     ("scale_folded_slightly_off", {"tolerance"}),
+    ("knows_grad_mode", {"tolerance", "determinism"}),
+    ("state_in_bf16_at_large_batch", {"state", "trajectory", "repeat"}),
 ]
 
 
@@ -137,6 +139,21 @@ def test_a_kernel_wrong_at_one_batch_fails_whichever_batches_are_drawn(seed):
     assert result.details["coverage"]["batch"]["exercised"] == list(range(1, 9))
     if seed == 20260101:
         assert not failed_rows and failed_sweep == ["batch 6 · heads 2 · head_dim 16 · bf16"]
+
+
+def test_a_result_that_depends_on_the_autograd_mode_differs_between_runs():
+    """Right only with autograd on: run 1 is called as the model's forward calls it (no_grad) and fails the tolerance,
+    and the runs under the other modes differ from it bit for bit."""
+    assert {"tolerance", "determinism"} <= failed_checks(numerics_of("knows_grad_mode"))
+
+
+def test_a_tensor_method_replaced_during_a_call_and_put_back_after_is_an_error_of_the_candidate():
+    """It forges the digest of the input it wrote through torch.Tensor.detach, patched only during its calls and put
+    back when the caller drops the output: the worker checks the library surface right after every call, before it
+    reads anything, and the reply names the method though it was put back by then."""
+    result = run_gate(numerics.GATE, kda_contract(implementation="tests.adversarial.hides_its_writes:kda_decode"))
+    assert result.status is Status.ERROR, result.reason
+    assert result.reason.startswith("the candidate replaced torch.Tensor.detach:"), result.reason
 
 
 def test_timer_patch_is_an_error_of_the_candidate():
@@ -402,6 +419,7 @@ SCREENED = [
     ("tests.adversarial.knows_it_is_judged:by_importing_the_replay",
      "imports model.kimi_k3.replay, the gate's production replay"),
     ("tests.adversarial.writes_tree:kda_decode", ".write_text(): writes into the repository"),
+    ("tests.adversarial.hides_its_writes:kda_decode", "setattrs torch.Tensor.detach, which the gate judges or"),
 ]
 
 
