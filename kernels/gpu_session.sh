@@ -6,10 +6,10 @@
 #   call 2 (carry .wheelhouse/b):  source kernels/device_install.sh
 #   call 3 (carry .wheelhouse/c):  source kernels/device_install.sh; bash kernels/gpu_session.sh tests
 #   call 4 (no carry):             source kernels/device_install.sh; bash kernels/gpu_session.sh gate COMMIT
+#   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # Call 3's tree lacks the mini-K3 checkpoint (moved out so the tree and wheels fit 64 MiB), and a job copies the
 # call's tree: a gate started there cannot load it for its accuracy eval (session 34's KDA gate ERRORed so), and
 # `gate`, `evals` and `accuracy` refuse to start without it.
-#   call 5 (no carry), if needed:  bash kernels/gpu_session.sh collect
 # A gate that is to validate an arch runs on a contract that already lists it under hardware.validated (the
 # contract is one of the files its bundle covers: moving the arch afterwards makes the bundle stale).
 # Budget (fresh machine): the KDA gate took ~500 s (run 16: compile 32, numerics 202, benchmarks 104, evals 131),

@@ -88,7 +88,7 @@ def run_gates(contract: Contract, contract_path: Path, machine: ArchInfo, option
                       contract_problems=list(contract_problems), progress=reporter.note)
     order = gates if gates is not None else registered()
     ran_beside: dict[str, GateResult] = {}
-    together = room_beside(machine, gpu_memory_bytes() if machine.is_gpu else None)
+    together = room_beside(machine, gpu_memory_bytes())
     if not together and any(g.beside for g in order):
         reporter.note(f"one gate at a time: this GPU has under {BESIDE_MIN_GPU_BYTES >> 30} GiB of memory")
     with one_thread(), ThreadPoolExecutor(max_workers=1) as pool:
